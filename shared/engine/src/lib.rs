@@ -1,0 +1,6 @@
+//! Turnstone's pure core: the decision protocol's types and the event-sourced session.
+//!
+//! Nothing here does I/O, spawns tasks or reads a clock: time and fresh ids come in through
+//! [`session::Ctx`], so replaying a session's events rebuilds the identical state.
+
+pub mod protocol;

@@ -1,0 +1,232 @@
+//! Actions: what a decision tells the engine to do next.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::agent::{LlmHandler, RetryPolicy, ToolHandler};
+use super::llm::{LlmTool, ReasoningConfig};
+use super::message::DraftMessage;
+use super::trigger::ErrorCode;
+
+/// One thing a decision asks the engine to do.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type")]
+pub enum Action {
+    /// Call the model.
+    #[serde(rename = "llm.call")]
+    LlmCall(LlmCallAction),
+    /// Call a tool.
+    #[serde(rename = "tool.call")]
+    ToolCall(ToolCallAction),
+    /// Settle a tool call with its result.
+    #[serde(rename = "tool.result")]
+    ToolResult(ToolResultAction),
+    /// Settle a tool call with an error.
+    #[serde(rename = "tool.error")]
+    ToolError(CallErrorAction),
+    /// Settle a worker LLM call with the model's response.
+    #[serde(rename = "llm.result")]
+    LlmResult(LlmResultAction),
+    /// Settle a worker LLM call with an error.
+    #[serde(rename = "llm.error")]
+    LlmError(CallErrorAction),
+    /// Start a child session for a sub-agent.
+    #[serde(rename = "sub_agent.spawn")]
+    SubAgentSpawn(SubAgentSpawnAction),
+    /// Send a message to a (child) session.
+    #[serde(rename = "message.send")]
+    MessageSend(MessageSendAction),
+    /// Pause the branch until the client resumes.
+    #[serde(rename = "interrupt")]
+    Interrupt(InterruptAction),
+    /// End the turn.
+    #[serde(rename = "done")]
+    Done(DoneAction),
+}
+
+impl Action {
+    /// The protocol's name of this action, e.g. `tool.call`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::LlmCall(_) => "llm.call",
+            Action::ToolCall(_) => "tool.call",
+            Action::ToolResult(_) => "tool.result",
+            Action::ToolError(_) => "tool.error",
+            Action::LlmResult(_) => "llm.result",
+            Action::LlmError(_) => "llm.error",
+            Action::SubAgentSpawn(_) => "sub_agent.spawn",
+            Action::MessageSend(_) => "message.send",
+            Action::Interrupt(_) => "interrupt",
+            Action::Done(_) => "done",
+        }
+    }
+}
+
+super::parse::tagged_deserialize! {
+    Action, "action", {
+        "llm.call" => LlmCallAction => Action::LlmCall,
+        "tool.call" => ToolCallAction => Action::ToolCall,
+        "tool.result" => ToolResultAction => Action::ToolResult,
+        "tool.error" => CallErrorAction => Action::ToolError,
+        "llm.result" => LlmResultAction => Action::LlmResult,
+        "llm.error" => CallErrorAction => Action::LlmError,
+        "sub_agent.spawn" => SubAgentSpawnAction => Action::SubAgentSpawn,
+        "message.send" => MessageSendAction => Action::MessageSend,
+        "interrupt" => InterruptAction => Action::Interrupt,
+        "done" => DoneAction => Action::Done,
+    }
+}
+
+/// `llm.call`: every field optional; omitted ones fill from the agent config, then defaults.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmCallAction {
+    /// The call's id; omitted: the engine mints one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Explicit messages; these suppress system-prompt injection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<DraftMessage>>,
+    /// The tools the model sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<LlmTool>>,
+    /// Sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// The cap on generated tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u64>,
+    /// Reasoning settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningConfig>,
+    /// Whether to stream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Retry policy for this call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+    /// Where it runs (default server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<LlmHandler>,
+}
+
+/// `tool.call`: call a tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallAction {
+    /// The call's id; omitted: the engine mints one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The tool.
+    pub name: String,
+    /// The arguments: a JSON value, or the model's raw argument string.
+    pub arguments: Value,
+    /// Who runs it (default worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handler: Option<ToolHandler>,
+    /// Retry policy (default: no retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+}
+
+/// `tool.result`: a tool call's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolResultAction {
+    /// The call; omitted: the answered `tool.execute`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The attempt; omitted: the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// The result.
+    pub result: Value,
+}
+
+/// `tool.error` / `llm.error`: a call attempt failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallErrorAction {
+    /// The call; omitted: the answered execute trigger's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The attempt; omitted: the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// What went wrong.
+    pub error: String,
+    /// Whether another attempt may follow (default false: terminal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retryable: Option<bool>,
+    /// The error class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    /// Detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Value>,
+}
+
+/// `llm.result`: a worker LLM call's response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmResultAction {
+    /// The call; omitted: the answered `llm.execute`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The attempt; omitted: the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// An `LlmResponse`, or provider-native when the `llm.execute` carried a format.
+    pub response: Value,
+}
+
+/// `sub_agent.spawn`: start a child session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubAgentSpawnAction {
+    /// The child session's id.
+    pub session_id: String,
+    /// The child's agent.
+    pub agent_id: String,
+    /// The model tool call this delegation answers.
+    pub tool_call_id: String,
+    /// Retry policy for the delegation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+}
+
+/// `message.send`: write a message into another session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageSendAction {
+    /// The receiving session.
+    pub session_id: String,
+    /// The message.
+    pub message: DraftMessage,
+}
+
+/// `interrupt`: pause the branch at the head.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptAction {
+    /// The interrupt's id; omitted: the engine mints one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupt_id: Option<String>,
+    /// Why, for the client.
+    pub reason: String,
+    /// Anything the client needs to answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+}
+
+/// `done`: end the turn.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DoneAction {
+    /// The turn's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}

@@ -1,0 +1,167 @@
+//! Client inputs: what a client submits to a session.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::message::DraftMessage;
+use super::trigger::ClientContext;
+
+/// One input from a client.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type")]
+pub enum ClientInput {
+    /// One new message at the head.
+    #[serde(rename = "client.message")]
+    Message(ClientMessageInput),
+    /// The client's full conversation view.
+    #[serde(rename = "client.messages")]
+    Messages(ClientMessagesInput),
+    /// A named action.
+    #[serde(rename = "client.action")]
+    Action(ClientActionInput),
+    /// Resume an open interrupt.
+    #[serde(rename = "interrupt.resume")]
+    InterruptResume(InterruptResumeInput),
+    /// Settle a client tool call with its result.
+    #[serde(rename = "tool.result")]
+    ToolResult(ToolResultInput),
+    /// Settle a client tool call with an error.
+    #[serde(rename = "tool.error")]
+    ToolError(ToolErrorInput),
+}
+
+impl ClientInput {
+    /// The protocol's name of this input, e.g. `client.message`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ClientInput::Message(_) => "client.message",
+            ClientInput::Messages(_) => "client.messages",
+            ClientInput::Action(_) => "client.action",
+            ClientInput::InterruptResume(_) => "interrupt.resume",
+            ClientInput::ToolResult(_) => "tool.result",
+            ClientInput::ToolError(_) => "tool.error",
+        }
+    }
+
+    /// The agent the input is for, on inputs that start turns.
+    pub fn agent_id(&self) -> Option<&str> {
+        match self {
+            ClientInput::Message(i) => Some(&i.agent_id),
+            ClientInput::Messages(i) => Some(&i.agent_id),
+            ClientInput::Action(i) => Some(&i.agent_id),
+            _ => None,
+        }
+    }
+
+    /// The idempotency key, on inputs that start turns.
+    pub fn turn_id(&self) -> Option<&str> {
+        match self {
+            ClientInput::Message(i) => i.turn_id.as_deref(),
+            ClientInput::Messages(i) => i.turn_id.as_deref(),
+            ClientInput::Action(i) => i.turn_id.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+super::parse::tagged_deserialize! {
+    ClientInput, "client input", {
+        "client.message" => ClientMessageInput => ClientInput::Message,
+        "client.messages" => ClientMessagesInput => ClientInput::Messages,
+        "client.action" => ClientActionInput => ClientInput::Action,
+        "interrupt.resume" => InterruptResumeInput => ClientInput::InterruptResume,
+        "tool.result" => ToolResultInput => ClientInput::ToolResult,
+        "tool.error" => ToolErrorInput => ClientInput::ToolError,
+    }
+}
+
+/// `client.message`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientMessageInput {
+    /// The agent that runs the session.
+    pub agent_id: String,
+    /// Idempotency key of the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// The message.
+    pub message: DraftMessage,
+    /// Whether the client wants token streaming.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+}
+
+/// `client.messages`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientMessagesInput {
+    /// The agent that runs the session.
+    pub agent_id: String,
+    /// Idempotency key of the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// The client's full conversation view.
+    pub messages: Vec<DraftMessage>,
+    /// Whether the client wants token streaming.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Client tools and context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<ClientContext>,
+}
+
+/// `client.action`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientActionInput {
+    /// The agent that runs the session.
+    pub agent_id: String,
+    /// Idempotency key of the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// The action's name.
+    pub name: String,
+    /// Its arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Value>,
+}
+
+/// `interrupt.resume`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptResumeInput {
+    /// The open interrupt.
+    pub interrupt_id: String,
+    /// The answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+}
+
+/// `tool.result` from the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolResultInput {
+    /// The client tool call.
+    pub id: String,
+    /// The attempt; omitted: the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// The result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+/// `tool.error` from the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolErrorInput {
+    /// The client tool call.
+    pub id: String,
+    /// What went wrong.
+    pub error: String,
+    /// Whether another attempt may follow.
+    pub retryable: bool,
+    /// The attempt; omitted: the current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+}

@@ -1,0 +1,147 @@
+//! The provider-neutral LLM request and response, and streaming deltas.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::message::{DraftMessage, ToolCall};
+
+/// A model call, provider-neutral.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmRequest {
+    /// The model.
+    pub model: String,
+    /// The conversation, system prompt first when the agent has one.
+    pub messages: Vec<DraftMessage>,
+    /// The tools the model may call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<LlmTool>>,
+    /// Sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// The cap on generated tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u64>,
+    /// Reasoning settings, where the model offers reasoning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningConfig>,
+}
+
+/// A tool as the model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmTool {
+    /// The tool's name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema for the arguments; absent: no arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Value>,
+    /// JSON Schema of the result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+}
+
+/// How hard the model should think.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Effort {
+    /// The most.
+    Xhigh,
+    /// High.
+    High,
+    /// Medium.
+    Medium,
+    /// Low.
+    Low,
+    /// Barely.
+    Minimal,
+    /// Not at all.
+    None,
+}
+
+/// Reasoning settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReasoningConfig {
+    /// Effort level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort: Option<Effort>,
+    /// Token budget for reasoning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Reason, but leave the reasoning out of the response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude: Option<bool>,
+    /// Turn reasoning on or off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+/// A model's answer, provider-neutral.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlmResponse {
+    /// The model that answered.
+    pub model: String,
+    /// The text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// Tool calls requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// Why generation stopped: `stop`, `tool_calls`, `length`, `content_filter`, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// Token usage, provider-shaped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Value>,
+    /// Cost in dollars, a decimal string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<String>,
+    /// Generated images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<Vec<super::message::UrlRef>>,
+}
+
+impl LlmResponse {
+    /// Whether the model stopped because it ran out of tokens.
+    pub fn is_truncated(&self) -> bool {
+        matches!(self.finish_reason.as_deref(), Some("length" | "max_tokens"))
+    }
+
+    /// Whether the model refused (a content filter stopped it).
+    pub fn is_refused(&self) -> bool {
+        matches!(self.finish_reason.as_deref(), Some("content_filter" | "refusal"))
+    }
+}
+
+/// One chunk of a streaming model answer.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct StreamDelta {
+    /// More text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// More reasoning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    /// Tool call fragments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+    /// Set on the last chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+}
+
+/// A fragment of one tool call in a [`StreamDelta`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    /// The tool call's id.
+    pub id: String,
+    /// The tool's name, on the first fragment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More of the argument string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}

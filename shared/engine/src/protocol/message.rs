@@ -1,0 +1,317 @@
+//! Conversation messages: roles, content, tool calls, and the message tree.
+
+use serde::{Deserialize, Serialize};
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions; never stored in the transcript (the agent config holds the system prompt).
+    System,
+    /// The person (or client) talking to the agent.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's answer to one tool call.
+    Tool,
+}
+
+/// A message body: plain text or a list of typed parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Multimodal parts.
+    Parts(Vec<ContentPart>),
+}
+
+impl Content {
+    /// The text of this content: the string itself, or every text part joined by newlines.
+    pub fn text(&self) -> String {
+        match self {
+            Content::Text(text) => text.clone(),
+            Content::Parts(parts) => parts
+                .iter()
+                .filter_map(|part| match part {
+                    ContentPart::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+impl From<&str> for Content {
+    fn from(text: &str) -> Self {
+        Content::Text(text.to_owned())
+    }
+}
+
+impl From<String> for Content {
+    fn from(text: String) -> Self {
+        Content::Text(text)
+    }
+}
+
+/// One part of a multimodal message.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image by URL (or data URL).
+    ImageUrl {
+        /// Where the image is.
+        image_url: UrlRef,
+    },
+    /// An attached file, base64 encoded.
+    File {
+        /// The file.
+        file: FileData,
+    },
+    /// Audio input, base64 encoded.
+    InputAudio {
+        /// The audio.
+        input_audio: AudioData,
+    },
+    /// A video by URL.
+    VideoUrl {
+        /// Where the video is.
+        video_url: UrlRef,
+    },
+}
+
+/// `{ url }`, as used by image and video parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UrlRef {
+    /// The URL.
+    pub url: String,
+}
+
+/// The `file` of a file part.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileData {
+    /// The file's name.
+    pub filename: String,
+    /// The file's bytes, base64 (or a data URL).
+    pub file_data: String,
+}
+
+/// The `input_audio` of an audio part.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AudioData {
+    /// The audio bytes, base64.
+    pub data: String,
+    /// The audio format, e.g. `wav`.
+    pub format: String,
+}
+
+#[derive(Deserialize)]
+struct TextPart {
+    text: String,
+}
+#[derive(Deserialize)]
+struct ImageUrlPart {
+    image_url: UrlRef,
+}
+#[derive(Deserialize)]
+struct FilePart {
+    file: FileData,
+}
+#[derive(Deserialize)]
+struct InputAudioPart {
+    input_audio: AudioData,
+}
+#[derive(Deserialize)]
+struct VideoUrlPart {
+    video_url: UrlRef,
+}
+
+super::parse::tagged_deserialize! {
+    ContentPart, "content part", {
+        "text" => TextPart => |p: TextPart| ContentPart::Text { text: p.text },
+        "image_url" => ImageUrlPart => |p: ImageUrlPart| ContentPart::ImageUrl { image_url: p.image_url },
+        "file" => FilePart => |p: FilePart| ContentPart::File { file: p.file },
+        "input_audio" => InputAudioPart => |p: InputAudioPart| ContentPart::InputAudio { input_audio: p.input_audio },
+        "video_url" => VideoUrlPart => |p: VideoUrlPart| ContentPart::VideoUrl { video_url: p.video_url },
+    }
+}
+
+/// A tool call requested by the model, in the OpenAI shape the protocol uses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id; the answering tool message carries it as `tool_call_id`.
+    pub id: String,
+    /// Always `function` today.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Which function, with what arguments.
+    pub function: FunctionCall,
+}
+
+impl ToolCall {
+    /// A `function` tool call.
+    pub fn function(id: impl Into<String>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
+        ToolCall {
+            id: id.into(),
+            kind: "function".to_owned(),
+            function: FunctionCall { name: name.into(), arguments: arguments.into() },
+        }
+    }
+}
+
+/// The function of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The tool's name.
+    pub name: String,
+    /// The raw argument string, usually JSON.
+    pub arguments: String,
+}
+
+/// A message not yet recorded: the same shape as [`Message`] with an optional id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DraftMessage {
+    /// The recorded node this message is, if it is one; absent for news.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Who wrote it.
+    pub role: Role,
+    /// Its body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Content>,
+    /// Tool calls the assistant made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// For a tool message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For a tool message: the tool's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl DraftMessage {
+    /// A message of `role` with text content and nothing else.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        DraftMessage {
+            id: None,
+            role,
+            content: Some(Content::Text(text.into())),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+
+    /// A user message with text content.
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::text(Role::User, text)
+    }
+
+    /// A tool message answering `tool_call_id`.
+    pub fn tool_result(
+        tool_call_id: impl Into<String>,
+        name: impl Into<String>,
+        text: impl Into<String>,
+    ) -> Self {
+        DraftMessage {
+            tool_call_id: Some(tool_call_id.into()),
+            name: Some(name.into()),
+            ..Self::text(Role::Tool, text)
+        }
+    }
+
+    /// The same message with `id` set.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// This draft recorded as node `id`.
+    pub fn into_message(self, id: String) -> Message {
+        Message {
+            id,
+            role: self.role,
+            content: self.content,
+            tool_calls: self.tool_calls,
+            tool_call_id: self.tool_call_id,
+            name: self.name,
+        }
+    }
+
+    /// The text of the content, empty when there is none.
+    pub fn content_text(&self) -> String {
+        self.content.as_ref().map(Content::text).unwrap_or_default()
+    }
+}
+
+/// A recorded message: a node of the session's message tree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// The node id.
+    pub id: String,
+    /// Who wrote it.
+    pub role: Role,
+    /// Its body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Content>,
+    /// Tool calls the assistant made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// For a tool message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For a tool message: the tool's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Message {
+    /// This message as a draft that names its recorded id.
+    pub fn to_draft(&self) -> DraftMessage {
+        DraftMessage {
+            id: Some(self.id.clone()),
+            role: self.role,
+            content: self.content.clone(),
+            tool_calls: self.tool_calls.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            name: self.name.clone(),
+        }
+    }
+
+    /// The text of the content, empty when there is none.
+    pub fn content_text(&self) -> String {
+        self.content.as_ref().map(Content::text).unwrap_or_default()
+    }
+
+    /// The tool calls of this message, empty when it has none.
+    pub fn tool_calls(&self) -> &[ToolCall] {
+        self.tool_calls.as_deref().unwrap_or_default()
+    }
+}
+
+/// Every recorded message of a session, with the branch structure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MessageTree {
+    /// Every node, parents before children.
+    pub nodes: Vec<TreeNode>,
+    /// The head of the active branch; absent while the tree is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_id: Option<String>,
+}
+
+/// One node of a [`MessageTree`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TreeNode {
+    /// The message.
+    pub message: Message,
+    /// Its parent; absent for a root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+}

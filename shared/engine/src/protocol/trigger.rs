@@ -1,0 +1,273 @@
+//! Triggers: the news a decision is about.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::agent::{AgentTool, LlmFormat};
+use super::message::DraftMessage;
+
+/// News not yet written into the conversation, delivered in a `DecisionRequest`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type")]
+pub enum Trigger {
+    /// The session was created.
+    #[serde(rename = "session.start")]
+    SessionStart,
+    /// The client's full conversation view.
+    #[serde(rename = "client.messages")]
+    ClientMessages(ClientMessagesTrigger),
+    /// A named client action.
+    #[serde(rename = "client.action")]
+    ClientAction(ClientActionTrigger),
+    /// A worker tool call to run.
+    #[serde(rename = "tool.execute")]
+    ToolExecute(ToolExecuteTrigger),
+    /// A tool call settled.
+    #[serde(rename = "tool.finished")]
+    ToolFinished(ToolFinishedTrigger),
+    /// A worker LLM call to run.
+    #[serde(rename = "llm.execute")]
+    LlmExecute(LlmExecuteTrigger),
+    /// An LLM call settled.
+    #[serde(rename = "llm.finished")]
+    LlmFinished(LlmFinishedTrigger),
+    /// A sub-agent's turn ended.
+    #[serde(rename = "sub_agent.finished")]
+    SubAgentFinished(SubAgentFinishedTrigger),
+    /// An open interrupt was resumed.
+    #[serde(rename = "interrupt.resumed")]
+    InterruptResumed(InterruptResumedTrigger),
+}
+
+impl Trigger {
+    /// The protocol's name of this trigger, e.g. `tool.execute`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Trigger::SessionStart => "session.start",
+            Trigger::ClientMessages(_) => "client.messages",
+            Trigger::ClientAction(_) => "client.action",
+            Trigger::ToolExecute(_) => "tool.execute",
+            Trigger::ToolFinished(_) => "tool.finished",
+            Trigger::LlmExecute(_) => "llm.execute",
+            Trigger::LlmFinished(_) => "llm.finished",
+            Trigger::SubAgentFinished(_) => "sub_agent.finished",
+            Trigger::InterruptResumed(_) => "interrupt.resumed",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoFields {}
+
+super::parse::tagged_deserialize! {
+    Trigger, "trigger", {
+        "session.start" => NoFields => |_: NoFields| Trigger::SessionStart,
+        "client.messages" => ClientMessagesTrigger => Trigger::ClientMessages,
+        "client.action" => ClientActionTrigger => Trigger::ClientAction,
+        "tool.execute" => ToolExecuteTrigger => Trigger::ToolExecute,
+        "tool.finished" => ToolFinishedTrigger => Trigger::ToolFinished,
+        "llm.execute" => LlmExecuteTrigger => Trigger::LlmExecute,
+        "llm.finished" => LlmFinishedTrigger => Trigger::LlmFinished,
+        "sub_agent.finished" => SubAgentFinishedTrigger => Trigger::SubAgentFinished,
+        "interrupt.resumed" => InterruptResumedTrigger => Trigger::InterruptResumed,
+    }
+}
+
+/// `client.messages`: the client's full view of the conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientMessagesTrigger {
+    /// The client's full conversation view.
+    pub messages: Vec<DraftMessage>,
+    /// Index of the first new message.
+    pub new_from: usize,
+    /// What the client brought along.
+    pub client: ClientContext,
+}
+
+/// `client.action`: a named action from the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientActionTrigger {
+    /// The action's name.
+    pub name: String,
+    /// Its arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Value>,
+}
+
+/// `tool.execute`: run one attempt of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolExecuteTrigger {
+    /// The tool call's id.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The raw argument string.
+    pub arguments: String,
+    /// The engine's validation of the arguments.
+    pub input: ToolInput,
+    /// The attempt being run (1-based).
+    pub attempt: u32,
+    /// When this attempt times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+}
+
+/// `tool.finished`: a tool call settled for good.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFinishedTrigger {
+    /// The tool call's id.
+    pub id: String,
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// The tool's name.
+    pub name: String,
+    /// The result text, when ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// The error text, when not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `llm.execute`: run one attempt of an LLM call on the worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmExecuteTrigger {
+    /// The LLM call's id.
+    pub id: String,
+    /// An `LlmRequest`, or provider-native when `format` is set.
+    pub request: Value,
+    /// The provider format of `request`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<LlmFormat>,
+    /// Whether to stream tokens back.
+    pub stream: bool,
+    /// The attempt being run (1-based).
+    pub attempt: u32,
+    /// When this attempt times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+}
+
+/// `llm.finished`: an LLM call settled for good.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmFinishedTrigger {
+    /// The LLM call's id.
+    pub id: String,
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// The assistant message, when ok; its id is the call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<DraftMessage>,
+    /// Whether the model ran out of tokens.
+    pub truncated: bool,
+    /// Token usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Value>,
+    /// Cost in dollars, a decimal string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<String>,
+    /// The error text, when not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The error class, when not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    /// Provider detail of the error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Value>,
+}
+
+/// `sub_agent.finished`: a delegated session's turn ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubAgentFinishedTrigger {
+    /// The tool call the delegation answers.
+    pub id: String,
+    /// Whether the child's turn succeeded.
+    pub ok: bool,
+    /// The child session.
+    pub session_id: String,
+    /// The child's agent.
+    pub agent_id: String,
+    /// The child's final output, when ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
+    /// The error text, when not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `interrupt.resumed`: the client resumed an open interrupt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterruptResumedTrigger {
+    /// The interrupt.
+    pub interrupt_id: String,
+    /// What the client answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+}
+
+/// The engine's validation of a tool call's arguments.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ToolInput {
+    /// Parsed, and conforms to the tool's input schema.
+    Valid {
+        /// The parsed arguments.
+        value: Value,
+    },
+    /// Parsed, but violates the schema.
+    Invalid {
+        /// The parsed arguments.
+        value: Value,
+        /// What is wrong.
+        error: String,
+    },
+    /// Not a JSON object.
+    Malformed {
+        /// What is wrong.
+        error: String,
+    },
+}
+
+/// The class of a call failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The provider failed.
+    ProviderError,
+    /// The provider throttled the call.
+    RateLimited,
+    /// The model refused.
+    Refused,
+    /// A budget ran out.
+    BudgetExceeded,
+    /// The attempt ran past its deadline.
+    DeadlineExceeded,
+}
+
+/// What the client brought with a `client.messages` input.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientContext {
+    /// Client-executed tools, layered onto the proposed config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<AgentTool>>,
+    /// Extra context items.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Vec<Value>>,
+    /// Client-side state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Value>,
+    /// Anything else the client forwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarded_props: Option<Value>,
+}
