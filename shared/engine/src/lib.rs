@@ -3,4 +3,5 @@
 //! Nothing here does I/O, spawns tasks or reads a clock: time and fresh ids come in through
 //! [`session::Ctx`], so replaying a session's events rebuilds the identical state.
 
+pub mod llm_format;
 pub mod protocol;

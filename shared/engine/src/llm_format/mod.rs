@@ -1,0 +1,1 @@
+//! Provider wire formats (OpenAI chat completions, Anthropic messages) <-> the neutral LlmRequest/LlmResponse.
