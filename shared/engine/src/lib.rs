@@ -3,5 +3,8 @@
 //! Nothing here does I/O, spawns tasks or reads a clock: time and fresh ids come in through
 //! [`session::Ctx`], so replaying a session's events rebuilds the identical state.
 
+pub mod ids;
 pub mod llm_format;
 pub mod protocol;
+pub mod session;
+pub mod time;

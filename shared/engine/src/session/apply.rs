@@ -1,0 +1,163 @@
+//! Folding an event into the session. Events are facts: apply never fails and never mints.
+
+use super::event::Event;
+use super::records::{CallSpec, TurnStatus, Versioned};
+use super::{CallClosure, Session};
+use crate::protocol::CallStatus;
+
+impl Session {
+    /// Folds one event in.
+    pub fn apply(&mut self, event: &Event) {
+        self.events_applied += 1;
+        match event {
+            Event::SessionCreated { session_id, init, at } => {
+                self.id = session_id.clone();
+                self.init = Some(init.clone());
+                self.created_at = *at;
+            }
+            Event::TurnStarted { turn } => {
+                self.active_turn = Some(turn.id.clone());
+                self.turns.insert(turn.id.clone(), turn.clone());
+            }
+            Event::TurnQueued { turn } => {
+                self.queued_turns.push(turn.id.clone());
+                self.turns.insert(turn.id.clone(), turn.clone());
+            }
+            Event::TurnActivated { turn_id, at } => {
+                self.queued_turns.retain(|t| t != turn_id);
+                self.active_turn = Some(turn_id.clone());
+                if let Some(turn) = self.turns.get_mut(turn_id) {
+                    turn.status = TurnStatus::Active;
+                    turn.started_at = Some(*at);
+                }
+            }
+            Event::TurnAliased { alias, turn_id } => {
+                self.turn_aliases.insert(alias.clone(), turn_id.clone());
+            }
+            Event::TurnEnded { turn_id, status, data, error, at } => {
+                if self.active_turn.as_deref() == Some(turn_id) {
+                    self.active_turn = None;
+                }
+                self.queued_turns.retain(|t| t != turn_id);
+                if let Some(turn) = self.turns.get_mut(turn_id) {
+                    turn.status = *status;
+                    turn.data = data.clone();
+                    turn.error = error.clone();
+                    turn.ended_at = Some(*at);
+                }
+            }
+            Event::TriggerQueued { trigger } => self.triggers.push(trigger.clone()),
+            Event::TriggerDropped { queue_index, .. } => {
+                if *queue_index < self.triggers.len() {
+                    self.triggers.remove(*queue_index);
+                }
+            }
+            Event::DecisionOpened { decision, queue_index } => {
+                if *queue_index < self.triggers.len() {
+                    self.triggers.remove(*queue_index);
+                }
+                self.decision = Some(decision.clone());
+            }
+            Event::DecisionDispatched { decision_id, attempt, deadline } => {
+                if let Some(d) = self.live_decision_mut(decision_id) {
+                    d.attempts = *attempt;
+                    d.deadline = *deadline;
+                    d.in_flight = true;
+                    d.retry_at = None;
+                }
+            }
+            Event::DecisionRetryScheduled { decision_id, retry_at, .. } => {
+                if let Some(d) = self.live_decision_mut(decision_id) {
+                    d.in_flight = false;
+                    d.deadline = None;
+                    d.retry_at = Some(*retry_at);
+                }
+            }
+            Event::DecisionResolved { decision_id, .. }
+            | Event::DecisionFailed { decision_id, .. }
+            | Event::DecisionVoided { decision_id, .. } => {
+                if self.decision.as_ref().is_some_and(|d| &d.id == decision_id) {
+                    self.decision = None;
+                }
+            }
+            Event::ActionIgnored { .. } => {}
+            Event::MessageRecorded { message, parent_id } => {
+                self.tree.record(message.clone(), parent_id.clone())
+            }
+            Event::HeadMoved { head_id } => self.tree.move_head(head_id.clone()),
+            Event::StateWritten { anchor, value } => {
+                self.states.push(Versioned { anchor: anchor.clone(), value: value.clone() })
+            }
+            Event::AgentWritten { anchor, config } => {
+                self.agents.push(Versioned { anchor: anchor.clone(), value: config.clone() })
+            }
+            Event::CallCreated { call } => self.calls.push(call.clone()),
+            Event::CallDispatched { call_id, attempt, deadline } => {
+                if let Some(c) = self.call_mut(call_id) {
+                    c.status = CallStatus::Pending;
+                    c.attempt = *attempt;
+                    c.deadline = *deadline;
+                    c.retry_at = None;
+                }
+            }
+            Event::CallRetryScheduled { call_id, retry_at, .. } => {
+                if let Some(c) = self.call_mut(call_id) {
+                    c.status = CallStatus::RetryScheduled;
+                    c.deadline = None;
+                    c.retry_at = Some(*retry_at);
+                }
+            }
+            Event::CallRequeued { call_id } => {
+                if let Some(c) = self.call_mut(call_id) {
+                    c.status = CallStatus::Queued;
+                    c.retry_at = None;
+                }
+            }
+            Event::CallSettled { call_id, outcome, .. } => {
+                let Some(call) = self.call_mut(call_id) else { return };
+                call.status = if outcome.is_ok() { CallStatus::Completed } else { CallStatus::Failed };
+                call.deadline = None;
+                call.retry_at = None;
+                call.outcome = Some(outcome.clone());
+                if let (Ok(super::records::CallValue::Llm(response)), CallSpec::LlmCall { .. }) =
+                    (outcome, &call.spec)
+                {
+                    let turn_id = call.turn_id.clone();
+                    let (usage, cost) = (response.usage.clone(), response.cost.clone());
+                    self.usage.add(usage.as_ref(), cost.as_deref());
+                    if let Some(turn) = turn_id.and_then(|t| self.turns.get_mut(&t)) {
+                        turn.usage.add(usage.as_ref(), cost.as_deref());
+                    }
+                }
+            }
+            Event::CallReported { call_id } => {
+                self.calls.retain(|c| &c.id != call_id);
+                self.closed_calls.insert(call_id.clone(), CallClosure::Reported);
+            }
+            Event::CallVoided { call_id, .. } => {
+                self.calls.retain(|c| &c.id != call_id);
+                self.triggers.retain(|t| t.source.call_id() != Some(call_id.as_str()));
+                self.closed_calls.insert(call_id.clone(), CallClosure::Voided);
+            }
+            Event::InterruptOpened { interrupt } => self.interrupts.push(interrupt.clone()),
+            Event::InterruptResumed { interrupt_id, .. } | Event::InterruptClosed { interrupt_id } => {
+                self.interrupts.retain(|i| &i.id != interrupt_id)
+            }
+            Event::OutboxQueued { seq, item } => {
+                self.outbox.insert(*seq, item.clone());
+                self.next_outbox_seq = self.next_outbox_seq.max(seq + 1);
+            }
+            Event::OutboxDelivered { seq } => {
+                self.outbox.remove(seq);
+            }
+        }
+    }
+
+    fn live_decision_mut(&mut self, id: &str) -> Option<&mut super::records::Decision> {
+        self.decision.as_mut().filter(|d| d.id == id)
+    }
+
+    pub(crate) fn call_mut(&mut self, id: &str) -> Option<&mut super::records::CallRecord> {
+        self.calls.iter_mut().find(|c| c.id == id)
+    }
+}

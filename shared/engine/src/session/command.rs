@@ -1,0 +1,208 @@
+//! Commands: everything that can change a session, and why one may be refused.
+
+use serde::{Deserialize, Serialize};
+
+use super::records::{CallError, SessionInit, TurnOrigin};
+use crate::protocol::{Action, CallStatus, ClientInput, DecisionResponse, LlmResponse, ProtocolError};
+
+/// Something that asks to change a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Command {
+    /// Create the session (the runtime does this on the first input for an agent).
+    Create {
+        /// Agent, owner, parent and defaults.
+        init: SessionInit,
+    },
+    /// A client input.
+    Submit {
+        /// The input.
+        input: ClientInput,
+        /// Queue a new turn behind the active one instead of refusing it.
+        #[serde(default)]
+        queue: bool,
+        /// Who submits it.
+        #[serde(default)]
+        origin: TurnOrigin,
+    },
+    /// The runtime starts delivering the live decision (claims the effect).
+    ClaimDecision {
+        /// The decision.
+        decision_id: String,
+        /// The delivery attempt it starts.
+        attempt: u32,
+    },
+    /// The worker answered a decision.
+    Answer {
+        /// The decision.
+        decision_id: String,
+        /// The delivery attempt that got the answer.
+        attempt: u32,
+        /// The answer.
+        response: DecisionResponse,
+    },
+    /// A delivery of a decision failed.
+    DeliveryFailed {
+        /// The decision.
+        decision_id: String,
+        /// The delivery attempt.
+        attempt: u32,
+        /// What went wrong (never the worker's body).
+        error: String,
+        /// Whether another delivery may follow.
+        retryable: bool,
+    },
+    /// The runtime starts an attempt of a server LLM call (claims the effect).
+    ClaimLlmCall {
+        /// The call.
+        call_id: String,
+        /// The attempt it starts.
+        attempt: u32,
+    },
+    /// A server LLM call attempt ended.
+    LlmCallFinished {
+        /// The call.
+        call_id: String,
+        /// The attempt.
+        attempt: u32,
+        /// The model's response or the failure.
+        outcome: Result<LlmResponse, CallError>,
+    },
+    /// A worker settles a deferred call (`tool.result`, `tool.error`, `llm.result`, `llm.error`
+    /// with an `id`), fenced by attempt.
+    Settle {
+        /// The settling action.
+        action: Action,
+    },
+    /// A child session's turn ended (routed from the child's outbox).
+    SubAgentFinished {
+        /// The tool call the delegation answers.
+        tool_call_id: String,
+        /// The child.
+        session_id: String,
+        /// Whether it succeeded.
+        ok: bool,
+        /// Its final output.
+        result: Option<String>,
+        /// Its error.
+        error: Option<String>,
+    },
+    /// End the active turn and void its open work.
+    Cancel {
+        /// Why, recorded on the turn and in synthetic tool results.
+        reason: String,
+    },
+    /// Time passed: expire deadlines and start due retries.
+    Tick,
+    /// The runtime delivered an outbox item.
+    OutboxDelivered {
+        /// Its sequence number.
+        seq: u64,
+    },
+}
+
+/// Why a command was refused. A refused command writes nothing.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Rejection {
+    /// The session has not been created.
+    #[error("session {0:?} does not exist")]
+    NotFound(String),
+    /// The session exists already.
+    #[error("session {0:?} already exists")]
+    AlreadyExists(String),
+    /// The input names another agent than the session's.
+    #[error("session runs agent {expected:?}; this input is for {given:?}")]
+    AgentMismatch {
+        /// The session's agent.
+        expected: String,
+        /// The input's.
+        given: String,
+    },
+    /// A turn is running and the input did not ask to queue.
+    #[error("turn {turn_id:?} is still active: wait for it to end, cancel it, or submit with queue")]
+    TurnAlreadyActive {
+        /// The running turn.
+        turn_id: String,
+    },
+    /// The branch is paused by open interrupts.
+    #[error("the branch is paused by interrupt {}: resume it with interrupt.resume first", .interrupt_ids.join(", "))]
+    BranchPaused {
+        /// The open interrupts pausing it.
+        interrupt_ids: Vec<String>,
+    },
+    /// No open interrupt has that id.
+    #[error("no open interrupt {id:?} (open: {})", if .open.is_empty() { "none".to_owned() } else { .open.join(", ") })]
+    UnknownInterrupt {
+        /// The id given.
+        id: String,
+        /// The open interrupts.
+        open: Vec<String>,
+    },
+    /// No call has that id.
+    #[error("no call {0:?} in this session")]
+    UnknownCall(String),
+    /// The call settled already.
+    #[error("call {0:?} has already settled")]
+    CallAlreadySettled(String),
+    /// The call was voided (fork, cancel, failed turn).
+    #[error("call {0:?} was voided (its branch was forked or its turn ended)")]
+    CallVoided(String),
+    /// The settle names an attempt that is not the current one.
+    #[error("call {id:?} is at attempt {current}, not {attempt}")]
+    StaleAttempt {
+        /// The call.
+        id: String,
+        /// The attempt given.
+        attempt: u32,
+        /// The current attempt.
+        current: u32,
+    },
+    /// The call has no running attempt to settle.
+    #[error("call {id:?} has no running attempt (status {status:?})")]
+    CallNotRunning {
+        /// The call.
+        id: String,
+        /// Its status.
+        status: CallStatus,
+    },
+    /// A client tried to settle a call that is not a client tool call.
+    #[error("call {0:?} is not a client tool call")]
+    NotAClientCall(String),
+    /// Cancel with no active turn.
+    #[error("no active turn to cancel")]
+    NoActiveTurn,
+    /// The input is malformed in a way its type cannot express.
+    #[error("{0}")]
+    InvalidInput(ProtocolError),
+    /// A claim for an effect that is no longer due (another host took it, or it changed).
+    #[error("effect no longer due: {0}")]
+    StaleClaim(String),
+}
+
+impl Rejection {
+    /// A stable machine-readable code, e.g. `turn_already_active`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::NotFound(_) => "session_not_found",
+            Rejection::AlreadyExists(_) => "session_exists",
+            Rejection::AgentMismatch { .. } => "agent_mismatch",
+            Rejection::TurnAlreadyActive { .. } => "turn_already_active",
+            Rejection::BranchPaused { .. } => "branch_paused",
+            Rejection::UnknownInterrupt { .. } => "unknown_interrupt",
+            Rejection::UnknownCall(_) => "unknown_call",
+            Rejection::CallAlreadySettled(_) => "call_already_settled",
+            Rejection::CallVoided(_) => "call_voided",
+            Rejection::StaleAttempt { .. } => "stale_attempt",
+            Rejection::CallNotRunning { .. } => "call_not_running",
+            Rejection::NotAClientCall(_) => "not_a_client_call",
+            Rejection::NoActiveTurn => "no_active_turn",
+            Rejection::InvalidInput(_) => "invalid_input",
+            Rejection::StaleClaim(_) => "stale_claim",
+        }
+    }
+
+    /// An invalid-input rejection at `path`.
+    pub fn invalid(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Rejection::InvalidInput(ProtocolError::new(path, message))
+    }
+}

@@ -1,0 +1,280 @@
+//! Events: the facts a session's log is made of. Folding them in order rebuilds the session.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::records::{
+    CallError, CallOutcome, CallRecord, Decision, Interrupt, OutboxItem, PendingTrigger, Resolver,
+    SessionInit, TurnRecord, TurnStatus,
+};
+use crate::protocol::{AgentConfig, DecisionResponse, Message};
+use crate::time::Timestamp;
+
+/// One fact in a session's log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The session came to be.
+    SessionCreated {
+        /// The session.
+        session_id: String,
+        /// Agent, owner, parent and defaults.
+        init: SessionInit,
+        /// When.
+        at: Timestamp,
+    },
+    /// A turn started.
+    TurnStarted {
+        /// The turn (status active).
+        turn: TurnRecord,
+    },
+    /// A turn was queued behind the active one.
+    TurnQueued {
+        /// The turn (status queued).
+        turn: TurnRecord,
+    },
+    /// A queued turn became active.
+    TurnActivated {
+        /// The turn.
+        turn_id: String,
+        /// When.
+        at: Timestamp,
+    },
+    /// A second idempotency id now names an existing turn (a `client.action` joining it).
+    TurnAliased {
+        /// The new id.
+        alias: String,
+        /// The turn it names.
+        turn_id: String,
+    },
+    /// A turn ended.
+    TurnEnded {
+        /// The turn.
+        turn_id: String,
+        /// How.
+        status: TurnStatus,
+        /// `done`'s data.
+        data: Option<Value>,
+        /// Why it failed or was cancelled.
+        error: Option<String>,
+        /// When.
+        at: Timestamp,
+    },
+    /// News waits for a decision.
+    TriggerQueued {
+        /// The news.
+        trigger: PendingTrigger,
+    },
+    /// The pending trigger at `queue_index` was dropped: there is nothing to decide.
+    TriggerDropped {
+        /// Which pending trigger.
+        queue_index: usize,
+        /// Why.
+        reason: String,
+    },
+    /// A decision opened for the pending trigger at `queue_index`.
+    DecisionOpened {
+        /// The decision (trigger and proposal fixed from here on).
+        decision: Decision,
+        /// Which pending trigger it consumed.
+        queue_index: usize,
+    },
+    /// A delivery of the live decision started.
+    DecisionDispatched {
+        /// The decision.
+        decision_id: String,
+        /// The delivery attempt.
+        attempt: u32,
+        /// When it times out.
+        deadline: Option<Timestamp>,
+    },
+    /// A delivery failed and another will follow.
+    DecisionRetryScheduled {
+        /// The decision.
+        decision_id: String,
+        /// The failed attempt.
+        attempt: u32,
+        /// Why.
+        error: String,
+        /// When the next may start.
+        retry_at: Timestamp,
+    },
+    /// The live decision was answered.
+    DecisionResolved {
+        /// The decision.
+        decision_id: String,
+        /// Who answered.
+        by: Resolver,
+        /// The answer.
+        response: DecisionResponse,
+    },
+    /// The live decision failed for good.
+    DecisionFailed {
+        /// The decision.
+        decision_id: String,
+        /// Why.
+        error: String,
+    },
+    /// The live decision was withdrawn (its turn was cancelled); a late answer is ignored.
+    DecisionVoided {
+        /// The decision.
+        decision_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// An action of a response was not carried out.
+    ActionIgnored {
+        /// The decision.
+        decision_id: String,
+        /// The action's index in `actions`.
+        index: usize,
+        /// Why.
+        reason: String,
+    },
+    /// A message was recorded and became the head.
+    MessageRecorded {
+        /// The message.
+        message: Message,
+        /// Its parent.
+        parent_id: Option<String>,
+    },
+    /// The head moved to a recorded node.
+    HeadMoved {
+        /// The new head.
+        head_id: Option<String>,
+    },
+    /// Agent state was written at the head.
+    StateWritten {
+        /// The head.
+        anchor: Option<String>,
+        /// The state.
+        value: Value,
+    },
+    /// Agent config was written at the head.
+    AgentWritten {
+        /// The head.
+        anchor: Option<String>,
+        /// The config.
+        config: AgentConfig,
+    },
+    /// A call was created.
+    CallCreated {
+        /// The call (status queued).
+        call: CallRecord,
+    },
+    /// An attempt of a call started.
+    CallDispatched {
+        /// The call.
+        call_id: String,
+        /// The attempt.
+        attempt: u32,
+        /// When it times out.
+        deadline: Option<Timestamp>,
+    },
+    /// An attempt failed; another follows after backoff.
+    CallRetryScheduled {
+        /// The call.
+        call_id: String,
+        /// The failed attempt.
+        attempt: u32,
+        /// Why.
+        error: CallError,
+        /// When the next may start.
+        retry_at: Timestamp,
+    },
+    /// A call waiting for its retry is ready for its next attempt.
+    CallRequeued {
+        /// The call.
+        call_id: String,
+    },
+    /// A call settled for good.
+    CallSettled {
+        /// The call.
+        call_id: String,
+        /// The attempt that settled it.
+        attempt: u32,
+        /// How.
+        outcome: CallOutcome,
+    },
+    /// A settled call was reported (its `*.finished` decision opened, or the client's view
+    /// carried its result): it leaves the session's open calls.
+    CallReported {
+        /// The call.
+        call_id: String,
+    },
+    /// An open call was voided (fork, cancel, failed turn); late results are refused.
+    CallVoided {
+        /// The call.
+        call_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// An interrupt paused the branch.
+    InterruptOpened {
+        /// The interrupt.
+        interrupt: Interrupt,
+    },
+    /// An interrupt was resumed.
+    InterruptResumed {
+        /// The interrupt.
+        interrupt_id: String,
+        /// The client's answer.
+        payload: Option<Value>,
+    },
+    /// An interrupt was closed without a resume (its turn ended).
+    InterruptClosed {
+        /// The interrupt.
+        interrupt_id: String,
+    },
+    /// Work for another session was queued.
+    OutboxQueued {
+        /// Its sequence number.
+        seq: u64,
+        /// The work.
+        item: OutboxItem,
+    },
+    /// Work for another session was delivered.
+    OutboxDelivered {
+        /// Its sequence number.
+        seq: u64,
+    },
+}
+
+impl Event {
+    /// The event's name, e.g. `call.settled`, as golden traces and the log show it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Event::SessionCreated { .. } => "session.created",
+            Event::TurnStarted { .. } => "turn.started",
+            Event::TurnQueued { .. } => "turn.queued",
+            Event::TurnActivated { .. } => "turn.activated",
+            Event::TurnAliased { .. } => "turn.aliased",
+            Event::TurnEnded { .. } => "turn.ended",
+            Event::TriggerQueued { .. } => "trigger.queued",
+            Event::TriggerDropped { .. } => "trigger.dropped",
+            Event::DecisionOpened { .. } => "decision.opened",
+            Event::DecisionDispatched { .. } => "decision.dispatched",
+            Event::DecisionRetryScheduled { .. } => "decision.retry_scheduled",
+            Event::DecisionResolved { .. } => "decision.resolved",
+            Event::DecisionFailed { .. } => "decision.failed",
+            Event::DecisionVoided { .. } => "decision.voided",
+            Event::ActionIgnored { .. } => "action.ignored",
+            Event::MessageRecorded { .. } => "message.recorded",
+            Event::HeadMoved { .. } => "head.moved",
+            Event::StateWritten { .. } => "state.written",
+            Event::AgentWritten { .. } => "agent.written",
+            Event::CallCreated { .. } => "call.created",
+            Event::CallDispatched { .. } => "call.dispatched",
+            Event::CallRetryScheduled { .. } => "call.retry_scheduled",
+            Event::CallRequeued { .. } => "call.requeued",
+            Event::CallSettled { .. } => "call.settled",
+            Event::CallReported { .. } => "call.reported",
+            Event::CallVoided { .. } => "call.voided",
+            Event::InterruptOpened { .. } => "interrupt.opened",
+            Event::InterruptResumed { .. } => "interrupt.resumed",
+            Event::InterruptClosed { .. } => "interrupt.closed",
+            Event::OutboxQueued { .. } => "outbox.queued",
+            Event::OutboxDelivered { .. } => "outbox.delivered",
+        }
+    }
+}

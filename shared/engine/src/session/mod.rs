@@ -1,0 +1,228 @@
+//! One agent session as an event-sourced aggregate.
+//!
+//! [`handle`] turns a [`Command`] into [`Event`]s (or a [`Rejection`] that writes nothing);
+//! [`Session::apply`] folds an event in; [`Session::plan`] derives the [`Effect`]s due now.
+//! Nothing here does I/O: the runtime performs effects and reports their outcomes as commands.
+
+mod apply;
+mod command;
+mod event;
+mod handle;
+mod plan;
+mod propose;
+mod records;
+mod request;
+mod respond;
+mod tool_input;
+mod tree;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub use command::{Command, Rejection};
+pub use event::Event;
+pub use plan::{Effect, Plan};
+pub use records::*;
+pub use tool_input::{check_output, validate_arguments};
+pub use tree::{Reconciled, Tree};
+
+use crate::protocol::{AgentConfig, AgentTool, WorkerIdentity};
+use crate::time::Timestamp;
+
+/// What a command needs from the outside world: the time, and entropy for fresh ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ctx {
+    /// Now.
+    pub now: Timestamp,
+    /// Seeds the ids this command mints; use fresh randomness per command.
+    pub seed: u64,
+}
+
+/// How a call left the open set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallClosure {
+    /// Settled and reported.
+    Reported,
+    /// Voided by a fork, cancel or failed turn.
+    Voided,
+}
+
+/// One agent session: the message tree, calls, decisions, turns, interrupts, versions.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    /// The session's id.
+    pub id: String,
+    /// Agent, owner, parent and defaults; `None` until created.
+    pub init: Option<SessionInit>,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// Every recorded message.
+    pub tree: Tree,
+    /// Agent state versions, oldest first.
+    pub states: Vec<Versioned<Value>>,
+    /// Agent config versions, oldest first.
+    pub agents: Vec<Versioned<AgentConfig>>,
+    /// Calls not yet reported, in creation order.
+    pub calls: Vec<CallRecord>,
+    /// Ids of calls that left the open set, and how.
+    pub closed_calls: BTreeMap<String, CallClosure>,
+    /// The live decision.
+    pub decision: Option<Decision>,
+    /// News waiting for a decision, in arrival order.
+    pub triggers: Vec<PendingTrigger>,
+    /// Every turn by id.
+    pub turns: BTreeMap<String, TurnRecord>,
+    /// Extra idempotency ids naming existing turns.
+    pub turn_aliases: BTreeMap<String, String>,
+    /// The running turn.
+    pub active_turn: Option<String>,
+    /// Turns waiting to start, in arrival order.
+    pub queued_turns: Vec<String>,
+    /// Open interrupts, oldest first.
+    pub interrupts: Vec<Interrupt>,
+    /// Undelivered work for other sessions.
+    pub outbox: BTreeMap<u64, OutboxItem>,
+    /// The next outbox sequence number.
+    pub next_outbox_seq: u64,
+    /// Model usage over the whole session.
+    pub usage: Usage,
+    /// How many events have been applied (the log's length).
+    pub events_applied: u64,
+}
+
+/// The result of handling a command: the events to persist, and the session after them.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    /// The new events, in order.
+    pub events: Vec<Event>,
+    /// The session with the events applied.
+    pub session: Session,
+}
+
+/// Handles `command` against `session`: the events it causes, or why it is refused.
+/// Pure: the same session, command and ctx always give the same events.
+pub fn handle(session: &Session, command: Command, ctx: &Ctx) -> Result<Transition, Rejection> {
+    let mut tx = handle::Tx::new(session.clone(), ctx);
+    tx.run(command)?;
+    Ok(Transition { events: tx.events, session: tx.session })
+}
+
+impl Session {
+    /// An empty, not yet created session with this id.
+    pub fn new(id: impl Into<String>) -> Self {
+        Session { id: id.into(), ..Session::default() }
+    }
+
+    /// Rebuilds a session by folding `events` in order.
+    pub fn replay<'a>(id: impl Into<String>, events: impl IntoIterator<Item = &'a Event>) -> Self {
+        let mut session = Session::new(id);
+        for event in events {
+            session.apply(event);
+        }
+        session
+    }
+
+    /// Whether the session has been created.
+    pub fn is_created(&self) -> bool {
+        self.init.is_some()
+    }
+
+    /// The session's agent.
+    pub fn agent_id(&self) -> &str {
+        self.init.as_ref().map_or("", |i| i.agent_id.as_str())
+    }
+
+    /// The session owner.
+    pub fn identity(&self) -> WorkerIdentity {
+        self.init.as_ref().map(|i| i.identity.clone()).unwrap_or_default()
+    }
+
+    /// Whether a worker answers this session's decisions.
+    pub fn has_worker(&self) -> bool {
+        self.init.as_ref().is_some_and(|i| i.has_worker)
+    }
+
+    /// The engine default policies.
+    pub fn defaults(&self) -> Defaults {
+        self.init.as_ref().map(|i| i.defaults).unwrap_or_default()
+    }
+
+    /// Ancestor session ids, nearest last.
+    pub fn ancestry(&self) -> Vec<String> {
+        self.init.as_ref().map(|i| i.ancestry.clone()).unwrap_or_default()
+    }
+
+    /// The agent state on the active path (`null` when never written).
+    pub fn current_state(&self) -> Value {
+        newest_on_path(&self.tree, &self.states).cloned().unwrap_or(Value::Null)
+    }
+
+    /// The agent config on the active path.
+    pub fn current_agent(&self) -> Option<&AgentConfig> {
+        newest_on_path(&self.tree, &self.agents)
+    }
+
+    /// An open call by id.
+    pub fn call(&self, id: &str) -> Option<&CallRecord> {
+        self.calls.iter().find(|c| c.id == id)
+    }
+
+    /// Whether a call id was ever used in this session.
+    pub fn call_id_used(&self, id: &str) -> bool {
+        self.call(id).is_some() || self.closed_calls.contains_key(id)
+    }
+
+    /// Tool and sub-agent calls not yet reported (the protocol's `pending_calls`).
+    pub fn pending_calls(&self) -> usize {
+        self.calls.iter().filter(|c| c.counts_as_pending()).count()
+    }
+
+    /// A turn by its id or an alias.
+    pub fn turn(&self, id: &str) -> Option<&TurnRecord> {
+        let id = self.turn_aliases.get(id).map_or(id, String::as_str);
+        self.turns.get(id)
+    }
+
+    /// The open interrupts that pause the active branch.
+    pub fn pausing_interrupts(&self) -> Vec<&Interrupt> {
+        self.interrupts.iter().filter(|i| self.tree.is_on_active_path(i.anchor.as_deref())).collect()
+    }
+
+    /// Whether the active branch is paused.
+    pub fn is_paused(&self) -> bool {
+        !self.pausing_interrupts().is_empty()
+    }
+
+    /// The declaration of tool `name` for a call in `turn_id`: the agent's tools, then the
+    /// client tools the turn brought.
+    pub fn tool_declaration(&self, name: &str, turn_id: Option<&str>) -> Option<AgentTool> {
+        let agent = self.current_agent().and_then(|a| a.tools().iter().find(|t| t.name == name)).cloned();
+        agent.or_else(|| {
+            turn_id
+                .and_then(|t| self.turns.get(t))
+                .and_then(|turn| turn.client_tools.iter().find(|t| t.name == name))
+                .cloned()
+        })
+    }
+
+    /// Whether `name` is a sub-agent of the current config.
+    pub fn is_sub_agent(&self, name: &str) -> bool {
+        self.current_agent().is_some_and(|a| a.sub_agents().iter().any(|s| s.id == name))
+    }
+
+    /// The ids of calls whose report is queued or running (settled, not yet reported).
+    pub fn unreported_settled_calls(&self) -> BTreeSet<&str> {
+        self.calls.iter().filter(|c| c.is_settled()).map(|c| c.id.as_str()).collect()
+    }
+}
+
+fn newest_on_path<'a, T>(tree: &Tree, versions: &'a [Versioned<T>]) -> Option<&'a T> {
+    if versions.is_empty() {
+        return None;
+    }
+    let on_path = tree.active_set();
+    versions.iter().rev().find(|v| v.anchor.as_ref().is_none_or(|a| on_path.contains(a))).map(|v| &v.value)
+}

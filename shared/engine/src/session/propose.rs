@@ -1,0 +1,139 @@
+//! The engine's proposal for each trigger: what it would do if the worker agrees (and what it
+//! does for an agent without a worker).
+
+use serde_json::Value;
+
+use super::Session;
+use crate::protocol::*;
+
+/// The proposal for `trigger` in decision `decision_id`, delivered within `turn_id`.
+pub(super) fn propose(
+    s: &Session,
+    trigger: &Trigger,
+    turn_id: Option<&str>,
+    decision_id: &str,
+) -> DecisionResponse {
+    // Outside its turn (a late result after `done`), news is recorded but starts no model call.
+    let in_turn = turn_id.is_some() && turn_id == s.active_turn.as_deref();
+    match trigger {
+        Trigger::SessionStart => DecisionResponse {
+            agent: s.init.as_ref().and_then(|i| i.declared.clone()),
+            ..DecisionResponse::default()
+        },
+        Trigger::ClientMessages(t) => DecisionResponse {
+            messages: Some(t.messages.clone()),
+            actions: in_turn.then(|| vec![llm_call()]),
+            ..DecisionResponse::default()
+        },
+        Trigger::ClientAction(_) | Trigger::LlmExecute(_) => DecisionResponse::default(),
+        Trigger::ToolExecute(t) => match (s.tool_declaration(&t.name, turn_id), &t.input) {
+            (None, _) => tool_error(format!("unknown tool: {}", t.name)),
+            (Some(_), ToolInput::Valid { .. }) => DecisionResponse::default(),
+            (Some(_), ToolInput::Invalid { error, .. }) => {
+                tool_error(format!("invalid arguments for tool {}: {error}", t.name))
+            }
+            (Some(_), ToolInput::Malformed { error }) => {
+                tool_error(format!("malformed arguments for tool {}: {error}", t.name))
+            }
+        },
+        Trigger::ToolFinished(t) => {
+            tool_message(s, in_turn, &t.id, &t.name, t.result.as_ref(), t.error.as_ref())
+        }
+        Trigger::SubAgentFinished(t) => {
+            tool_message(s, in_turn, &t.id, &t.agent_id, t.result.as_ref(), t.error.as_ref())
+        }
+        Trigger::LlmFinished(t) => {
+            let usable = t.ok && !t.truncated && t.code != Some(ErrorCode::Refused);
+            let Some(message) = t.message.clone().filter(|_| usable) else {
+                // Failed, truncated or refused: record nothing; the turn ends with the error.
+                return DecisionResponse::default();
+            };
+            let tool_calls = message.tool_calls.clone().unwrap_or_default();
+            let content = message.content.as_ref().map(Content::text);
+            let mut messages = path(s);
+            messages.push(message);
+            let actions = if !in_turn {
+                Vec::new()
+            } else if tool_calls.is_empty() {
+                vec![Action::Done(DoneAction { data: content.map(Value::String) })]
+            } else {
+                tool_calls.iter().flat_map(|call| call_actions(s, turn_id, decision_id, call)).collect()
+            };
+            DecisionResponse {
+                messages: Some(messages),
+                actions: Some(actions),
+                ..DecisionResponse::default()
+            }
+        }
+        Trigger::InterruptResumed(_) => {
+            DecisionResponse { actions: in_turn.then(|| vec![llm_call()]), ..DecisionResponse::default() }
+        }
+    }
+}
+
+/// The actions for one model tool call: a tool call, or a delegation to a sub-agent.
+fn call_actions(s: &Session, turn_id: Option<&str>, decision_id: &str, call: &ToolCall) -> Vec<Action> {
+    let name = &call.function.name;
+    if s.is_sub_agent(name) {
+        let session_id = format!("{decision_id}-{}", call.id);
+        let task = serde_json::from_str::<Value>(&call.function.arguments)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_else(|| call.function.arguments.clone());
+        return vec![
+            Action::SubAgentSpawn(SubAgentSpawnAction {
+                session_id: session_id.clone(),
+                agent_id: name.clone(),
+                tool_call_id: call.id.clone(),
+                retry: None,
+            }),
+            Action::MessageSend(MessageSendAction { session_id, message: DraftMessage::user(task) }),
+        ];
+    }
+    let handler = s.tool_declaration(name, turn_id).and_then(|t| t.handler);
+    vec![Action::ToolCall(ToolCallAction {
+        id: Some(call.id.clone()),
+        name: name.clone(),
+        arguments: Value::String(call.function.arguments.clone()),
+        handler,
+        retry: None,
+    })]
+}
+
+/// Record the tool message; call the model again once nothing else of the step is pending.
+fn tool_message(
+    s: &Session,
+    in_turn: bool,
+    call_id: &str,
+    name: &str,
+    result: Option<&String>,
+    error: Option<&String>,
+) -> DecisionResponse {
+    let text = result.or(error).cloned().unwrap_or_default();
+    let mut messages = path(s);
+    messages.push(DraftMessage::tool_result(call_id, name, text));
+    let actions = (in_turn && s.pending_calls() == 0).then(|| vec![llm_call()]);
+    DecisionResponse { messages: Some(messages), actions, ..DecisionResponse::default() }
+}
+
+fn path(s: &Session) -> Vec<DraftMessage> {
+    s.tree.active_path().into_iter().map(Message::to_draft).collect()
+}
+
+fn llm_call() -> Action {
+    Action::LlmCall(LlmCallAction::default())
+}
+
+fn tool_error(error: String) -> DecisionResponse {
+    DecisionResponse {
+        actions: Some(vec![Action::ToolError(CallErrorAction {
+            id: None,
+            attempt: None,
+            error,
+            retryable: Some(false),
+            code: None,
+            detail: None,
+        })]),
+        ..DecisionResponse::default()
+    }
+}

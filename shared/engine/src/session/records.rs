@@ -1,0 +1,615 @@
+//! The records a session keeps: calls, decisions, turns, interrupts, versions, outbox, usage.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::protocol::{
+    AgentConfig, AgentTool, CallKind, CallStatus, ClientContext, DecisionResponse, DraftMessage, ErrorCode,
+    LlmCallAction, LlmFormat, LlmHandler, LlmResponse, RetryPolicy, ToolHandler, Trigger, WorkerIdentity,
+};
+use crate::time::Timestamp;
+
+/// The engine's default retry policies, per kind of work.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Defaults {
+    /// Server and worker LLM calls.
+    pub llm: RetryPolicy,
+    /// Worker tool calls ("default: no retry").
+    pub tool: RetryPolicy,
+    /// Client tool calls: a person may take their time, so no timeout by default.
+    pub client_tool: RetryPolicy,
+    /// Sub-agent delegations.
+    pub sub_agent: RetryPolicy,
+    /// Delivering a decision to the worker.
+    pub decision: RetryPolicy,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults {
+            llm: RetryPolicy {
+                timeout_secs: Some(120.0),
+                max_retries: 2,
+                backoff_base_secs: 1.0,
+                backoff_max_secs: 30.0,
+            },
+            tool: RetryPolicy {
+                timeout_secs: Some(300.0),
+                max_retries: 0,
+                backoff_base_secs: 1.0,
+                backoff_max_secs: 30.0,
+            },
+            client_tool: RetryPolicy::NONE,
+            sub_agent: RetryPolicy::NONE,
+            decision: RetryPolicy {
+                timeout_secs: Some(30.0),
+                max_retries: 3,
+                backoff_base_secs: 1.0,
+                backoff_max_secs: 30.0,
+            },
+        }
+    }
+}
+
+/// How a child session is tied to the parent that spawned it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentLink {
+    /// The parent session.
+    pub session_id: String,
+    /// The parent's tool call this delegation answers.
+    pub tool_call_id: String,
+}
+
+/// What a call is, beyond its lifecycle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CallSpec {
+    /// A tool call.
+    ToolCall {
+        /// The tool.
+        name: String,
+        /// The raw argument string.
+        arguments: String,
+        /// Who runs it.
+        handler: ToolHandler,
+    },
+    /// A model call; the request is built from the anchor when an attempt starts.
+    LlmCall {
+        /// The action as given (its omitted fields fill at attempt time).
+        action: LlmCallAction,
+        /// Where it runs.
+        handler: LlmHandler,
+        /// Whether it streams.
+        stream: bool,
+        /// Provider format for worker-run calls.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        format: Option<LlmFormat>,
+        /// The system prompt, fixed when the call was requested (none with explicit messages).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        system: Option<String>,
+    },
+    /// A sub-agent delegation.
+    SubAgent {
+        /// The child's agent.
+        agent_id: String,
+        /// The child session.
+        session_id: String,
+    },
+}
+
+/// A call failure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallError {
+    /// What went wrong.
+    pub error: String,
+    /// Its class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
+    /// Detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<Value>,
+    /// Whether another attempt may follow.
+    pub retryable: bool,
+}
+
+impl CallError {
+    /// A terminal error with no code.
+    pub fn terminal(error: impl Into<String>) -> Self {
+        CallError { error: error.into(), code: None, detail: None, retryable: false }
+    }
+
+    /// The retryable error of an attempt that ran past its deadline.
+    pub fn deadline_exceeded(attempt: u32) -> Self {
+        CallError {
+            error: format!("attempt {attempt} ran past its deadline"),
+            code: Some(ErrorCode::DeadlineExceeded),
+            detail: None,
+            retryable: true,
+        }
+    }
+}
+
+/// A successful call's value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "value", rename_all = "snake_case")]
+pub enum CallValue {
+    /// A tool's result or a sub-agent's output, as text.
+    Text(String),
+    /// A model's response.
+    Llm(LlmResponse),
+}
+
+/// How a call settled.
+pub type CallOutcome = Result<CallValue, CallError>;
+
+/// A call and its lifecycle, kept until its `*.finished` trigger is delivered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// The call's id.
+    pub id: String,
+    /// What it is.
+    pub spec: CallSpec,
+    /// Where it is in its lifecycle.
+    pub status: CallStatus,
+    /// The current attempt (0 before the first starts).
+    pub attempt: u32,
+    /// When the current attempt times out.
+    pub deadline: Option<Timestamp>,
+    /// When the next attempt may start.
+    pub retry_at: Option<Timestamp>,
+    /// The head when the call was requested.
+    pub anchor: Option<String>,
+    /// The turn it belongs to.
+    pub turn_id: Option<String>,
+    /// Its bounds and retries.
+    pub policy: RetryPolicy,
+    /// How it settled, once it has.
+    pub outcome: Option<CallOutcome>,
+}
+
+impl CallRecord {
+    /// The wire kind.
+    pub fn kind(&self) -> CallKind {
+        match self.spec {
+            CallSpec::ToolCall { .. } => CallKind::ToolCall,
+            CallSpec::LlmCall { .. } => CallKind::LlmCall,
+            CallSpec::SubAgent { .. } => CallKind::SubAgent,
+        }
+    }
+
+    /// Whether it settled (completed or failed).
+    pub fn is_settled(&self) -> bool {
+        matches!(self.status, CallStatus::Completed | CallStatus::Failed)
+    }
+
+    /// Whether an attempt is running.
+    pub fn is_pending(&self) -> bool {
+        self.status == CallStatus::Pending
+    }
+
+    /// Whether `pending_calls` counts it: tool and sub-agent calls only.
+    pub fn counts_as_pending(&self) -> bool {
+        self.kind() != CallKind::LlmCall
+    }
+
+    /// The tool name or sub-agent id this call answers to.
+    pub fn name(&self) -> Option<&str> {
+        match &self.spec {
+            CallSpec::ToolCall { name, .. } => Some(name),
+            CallSpec::SubAgent { agent_id, .. } => Some(agent_id),
+            CallSpec::LlmCall { .. } => None,
+        }
+    }
+
+    /// Whether it is a server-run LLM call.
+    pub fn is_server_llm(&self) -> bool {
+        matches!(self.spec, CallSpec::LlmCall { handler: LlmHandler::Server, .. })
+    }
+
+    /// Whether it is a client tool call.
+    pub fn is_client_tool(&self) -> bool {
+        matches!(self.spec, CallSpec::ToolCall { handler: ToolHandler::Client, .. })
+    }
+}
+
+/// Who resolved a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolver {
+    /// The engine accepted its own proposal (agent without a worker).
+    Engine,
+    /// The worker answered.
+    Worker,
+}
+
+/// The live decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Its id; redeliveries carry the same.
+    pub id: String,
+    /// The news.
+    pub trigger: Trigger,
+    /// What the engine proposes.
+    pub proposed: DecisionResponse,
+    /// The turn it belongs to.
+    pub turn_id: Option<String>,
+    /// Deliveries started.
+    pub attempts: u32,
+    /// When the running delivery times out.
+    pub deadline: Option<Timestamp>,
+    /// Whether a delivery is running.
+    pub in_flight: bool,
+    /// The next delivery may not start before this.
+    pub retry_at: Option<Timestamp>,
+    /// The execute trigger's call, which `tool.result`/`llm.result` without an id answer.
+    pub call_id: Option<String>,
+}
+
+/// News waiting for its decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingTrigger {
+    /// What happened.
+    pub source: TriggerSource,
+    /// The turn it belongs to, if any.
+    pub turn_id: Option<String>,
+}
+
+/// What a pending trigger will become when its decision opens (materialized then, against
+/// the session as it is at that time).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TriggerSource {
+    /// `session.start`.
+    SessionStart,
+    /// `client.message`: one message at the head.
+    ClientMessage {
+        /// The message.
+        message: DraftMessage,
+    },
+    /// `client.messages`: the client's full view.
+    ClientMessages {
+        /// The view (system messages already dropped).
+        messages: Vec<DraftMessage>,
+        /// What the client brought.
+        client: ClientContext,
+    },
+    /// `client.action`.
+    ClientAction {
+        /// Its name.
+        name: String,
+        /// Its arguments.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args: Option<Value>,
+    },
+    /// `tool.execute` for a worker tool call.
+    ToolExecute {
+        /// The call.
+        call_id: String,
+    },
+    /// `llm.execute` for a worker LLM call.
+    LlmExecute {
+        /// The call.
+        call_id: String,
+    },
+    /// `tool.finished`, `llm.finished` or `sub_agent.finished`, by the call's kind.
+    CallFinished {
+        /// The call.
+        call_id: String,
+    },
+    /// `interrupt.resumed`.
+    InterruptResumed {
+        /// The interrupt.
+        interrupt_id: String,
+        /// The client's answer.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        payload: Option<Value>,
+    },
+}
+
+impl TriggerSource {
+    /// The call this trigger is about, if any.
+    pub fn call_id(&self) -> Option<&str> {
+        match self {
+            TriggerSource::ToolExecute { call_id }
+            | TriggerSource::LlmExecute { call_id }
+            | TriggerSource::CallFinished { call_id } => Some(call_id),
+            _ => None,
+        }
+    }
+}
+
+/// Where a turn is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    /// Waiting for the active turn to end.
+    Queued,
+    /// Running.
+    Active,
+    /// Ended by `done`.
+    Completed,
+    /// Ended by a failure.
+    Failed,
+    /// Ended by cancel.
+    Cancelled,
+}
+
+impl TurnStatus {
+    /// Whether the turn has ended.
+    pub fn is_ended(self) -> bool {
+        matches!(self, TurnStatus::Completed | TurnStatus::Failed | TurnStatus::Cancelled)
+    }
+}
+
+/// Who started a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnOrigin {
+    /// A client.
+    #[default]
+    Client,
+    /// The parent session, through `message.send`.
+    Parent,
+}
+
+/// The input that starts a turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TurnInput {
+    /// `client.message`.
+    Message {
+        /// The message.
+        message: DraftMessage,
+    },
+    /// `client.messages`.
+    Messages {
+        /// The view.
+        messages: Vec<DraftMessage>,
+        /// What the client brought.
+        client: ClientContext,
+    },
+    /// `client.action`.
+    Action {
+        /// Its name.
+        name: String,
+        /// Its arguments.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        args: Option<Value>,
+    },
+}
+
+/// A turn: from a client input to `done`, failure or cancel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    /// Its idempotency id.
+    pub id: String,
+    /// Where it is.
+    pub status: TurnStatus,
+    /// Who started it.
+    pub origin: TurnOrigin,
+    /// What started it.
+    pub input: TurnInput,
+    /// Client tools the input brought, layered onto the agent's tools for this turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<AgentTool>,
+    /// When it was submitted.
+    pub submitted_at: Timestamp,
+    /// When it started.
+    pub started_at: Option<Timestamp>,
+    /// When it ended.
+    pub ended_at: Option<Timestamp>,
+    /// `done`'s data.
+    pub data: Option<Value>,
+    /// Why it failed or was cancelled.
+    pub error: Option<String>,
+    /// Model usage within it.
+    pub usage: Usage,
+}
+
+/// An open interrupt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Interrupt {
+    /// Its id.
+    pub id: String,
+    /// Why, for the client.
+    pub reason: String,
+    /// Anything the client needs to answer.
+    pub payload: Option<Value>,
+    /// The head it paused (`None`: raised before any message, pauses every branch).
+    pub anchor: Option<String>,
+    /// The turn it belongs to.
+    pub turn_id: Option<String>,
+}
+
+/// A value written on a branch: it applies from `anchor` down.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Versioned<T> {
+    /// The head when it was written.
+    pub anchor: Option<String>,
+    /// The value.
+    pub value: T,
+}
+
+/// Work for another session, delivered by the runtime at least once and acknowledged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutboxItem {
+    /// Create the child session of a delegation.
+    SpawnChild {
+        /// The child.
+        session_id: String,
+        /// Its agent.
+        agent_id: String,
+        /// The parent's tool call it answers.
+        tool_call_id: String,
+        /// The child's ancestry (parents, nearest last).
+        ancestry: Vec<String>,
+        /// The owner, inherited.
+        identity: WorkerIdentity,
+    },
+    /// Write a message into another session, starting a turn there.
+    SendMessage {
+        /// The receiving session.
+        session_id: String,
+        /// The message.
+        message: DraftMessage,
+        /// The turn's idempotency id, deterministic so redelivery is a no-op.
+        turn_id: String,
+    },
+    /// Cancel a child whose delegation was voided (it cancels its own children in turn).
+    CancelChild {
+        /// The child.
+        session_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// Tell the parent that this child's turn ended.
+    NotifyParent {
+        /// The parent.
+        session_id: String,
+        /// The parent's tool call.
+        tool_call_id: String,
+        /// This session.
+        child_session_id: String,
+        /// This session's agent.
+        agent_id: String,
+        /// Whether the turn succeeded.
+        ok: bool,
+        /// The final output.
+        result: Option<String>,
+        /// The error.
+        error: Option<String>,
+    },
+}
+
+/// Model usage, accumulated.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// Completed model calls.
+    pub llm_calls: u64,
+    /// Every numeric usage field summed, nested fields joined by dots
+    /// (e.g. `prompt_tokens`, `completion_tokens_details.reasoning_tokens`).
+    pub tokens: BTreeMap<String, u64>,
+    /// Cost in pico-dollars (10^-12), summed exactly from the decimal strings.
+    pub cost_picodollars: i128,
+}
+
+impl Usage {
+    /// Adds one model call's usage and cost.
+    pub fn add(&mut self, usage: Option<&Value>, cost: Option<&str>) {
+        self.llm_calls += 1;
+        if let Some(usage) = usage {
+            add_numbers(&mut self.tokens, "", usage);
+        }
+        if let Some(p) = cost.and_then(parse_picodollars) {
+            self.cost_picodollars += p;
+        }
+    }
+
+    /// The cost as a decimal string of dollars, e.g. `0.0123`.
+    pub fn cost(&self) -> String {
+        format_picodollars(self.cost_picodollars)
+    }
+}
+
+fn add_numbers(into: &mut BTreeMap<String, u64>, prefix: &str, value: &Value) {
+    match value {
+        Value::Number(n) => {
+            if let Some(n) = n.as_u64() {
+                *into.entry(prefix.to_owned()).or_default() += n;
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                add_numbers(into, &key, v);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Parses a decimal dollar string (`"0.0012"`, `"-1"`, `"3."`) into pico-dollars.
+pub fn parse_picodollars(text: &str) -> Option<i128> {
+    let text = text.trim();
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let (whole, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    if whole.is_empty() && frac.is_empty() {
+        return None;
+    }
+    if !whole.chars().chain(frac.chars()).all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    let whole: i128 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
+    let mut frac_digits: String = frac.chars().take(12).collect();
+    while frac_digits.len() < 12 {
+        frac_digits.push('0');
+    }
+    let frac: i128 = frac_digits.parse().ok()?;
+    let value = whole.checked_mul(1_000_000_000_000)?.checked_add(frac)?;
+    Some(if negative { -value } else { value })
+}
+
+/// Formats pico-dollars as a decimal dollar string without trailing zeros.
+pub fn format_picodollars(p: i128) -> String {
+    let sign = if p < 0 { "-" } else { "" };
+    let p = p.unsigned_abs();
+    let whole = p / 1_000_000_000_000;
+    let frac = p % 1_000_000_000_000;
+    if frac == 0 {
+        return format!("{sign}{whole}");
+    }
+    let frac = format!("{frac:012}");
+    format!("{sign}{whole}.{}", frac.trim_end_matches('0'))
+}
+
+/// What a session holds for the agent: declared config and whether a worker answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionInit {
+    /// The agent.
+    pub agent_id: String,
+    /// The owner.
+    pub identity: WorkerIdentity,
+    /// The agent's declared config, proposed at `session.start`.
+    pub declared: Option<AgentConfig>,
+    /// Whether a worker webhook answers decisions (otherwise the engine accepts proposals).
+    pub has_worker: bool,
+    /// The parent, for a sub-agent's session.
+    pub parent: Option<ParentLink>,
+    /// Ancestor session ids, nearest last.
+    pub ancestry: Vec<String>,
+    /// Engine default policies.
+    pub defaults: Defaults,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_sums_exactly() {
+        let mut u = Usage::default();
+        u.add(None, Some("0.1"));
+        u.add(None, Some("0.2"));
+        assert_eq!(u.cost(), "0.3");
+        assert_eq!(parse_picodollars("abc"), None);
+        assert_eq!(parse_picodollars("-1.5"), Some(-1_500_000_000_000));
+        assert_eq!(format_picodollars(1), "0.000000000001");
+    }
+
+    #[test]
+    fn usage_sums_nested_numbers() {
+        let mut u = Usage::default();
+        let v = serde_json::json!({"prompt_tokens": 3, "details": {"cached": 1}, "model": "x"});
+        u.add(Some(&v), None);
+        u.add(Some(&v), None);
+        assert_eq!(u.tokens.get("prompt_tokens"), Some(&6));
+        assert_eq!(u.tokens.get("details.cached"), Some(&2));
+        assert_eq!(u.llm_calls, 2);
+    }
+}

@@ -1,0 +1,126 @@
+//! Building what goes over the wire from the session: the `DecisionRequest` of the live
+//! decision and the `LlmRequest` of an LLM call.
+
+use serde_json::json;
+
+use super::Session;
+use super::records::{CallRecord, CallSpec};
+use crate::protocol::*;
+
+impl Session {
+    /// The `DecisionRequest` for the live decision, as it is delivered now.
+    pub fn decision_request(&self) -> Option<DecisionRequest> {
+        let d = self.decision.as_ref()?;
+        Some(DecisionRequest {
+            session_id: self.id.clone(),
+            decision_id: d.id.clone(),
+            agent_id: self.agent_id().to_owned(),
+            identity: self.identity(),
+            trigger: d.trigger.clone(),
+            proposed: d.proposed.clone(),
+            state: self.current_state(),
+            agent: self.current_agent().cloned(),
+            calls: self.calls.iter().map(|c| self.wire_call(c)).collect(),
+            pending_calls: self.pending_calls(),
+            messages: self.tree.active_path().into_iter().cloned().collect(),
+            message_tree: self.tree.to_wire(),
+            ancestry: self.ancestry(),
+            attempts: d.attempts,
+            deadline: d.deadline.map(|t| t.to_rfc3339()),
+            turn_id: d.turn_id.clone(),
+        })
+    }
+
+    /// A call as a decision sees it.
+    pub fn wire_call(&self, c: &CallRecord) -> Call {
+        let mut call = Call {
+            id: c.id.clone(),
+            kind: c.kind(),
+            status: c.status,
+            attempt: c.attempt,
+            deadline: c.deadline.map(|t| t.to_rfc3339()),
+            anchor: c.anchor.clone(),
+            name: None,
+            arguments: None,
+            handler: None,
+            stream: None,
+            agent_id: None,
+            session_id: None,
+        };
+        match &c.spec {
+            CallSpec::ToolCall { name, arguments, handler } => {
+                call.name = Some(name.clone());
+                call.arguments = Some(arguments.clone());
+                call.handler = Some((*handler).into());
+            }
+            CallSpec::LlmCall { handler, stream, .. } => {
+                call.handler = Some((*handler).into());
+                call.stream = Some(*stream);
+            }
+            CallSpec::SubAgent { agent_id, session_id } => {
+                call.agent_id = Some(agent_id.clone());
+                call.session_id = Some(session_id.clone());
+            }
+        }
+        call
+    }
+
+    /// The request of an LLM call's next attempt: explicit messages as given, otherwise the
+    /// system prompt and the conversation from the root to the call's anchor.
+    pub fn llm_request(&self, call: &CallRecord) -> Option<LlmRequest> {
+        let CallSpec::LlmCall { action, system, .. } = &call.spec else { return None };
+        let messages = match &action.messages {
+            Some(explicit) => explicit.clone(),
+            None => {
+                let mut messages: Vec<DraftMessage> =
+                    system.iter().map(|s| DraftMessage::text(Role::System, s.clone())).collect();
+                messages.extend(self.tree.path_to(call.anchor.as_deref()).into_iter().map(Message::to_draft));
+                messages
+            }
+        };
+        Some(LlmRequest {
+            model: action.model.clone()?,
+            messages,
+            tools: action.tools.clone(),
+            temperature: action.temperature,
+            max_completion_tokens: action.max_completion_tokens,
+            reasoning: action.reasoning.clone(),
+        })
+    }
+
+    /// The tools a model call offers when its action names none: the agent's tools, one tool
+    /// per sub-agent (taking a `message`), and the client tools the turn brought.
+    pub fn offered_tools(&self, turn_id: Option<&str>) -> Option<Vec<LlmTool>> {
+        let mut tools = Vec::new();
+        let client_tools =
+            turn_id.and_then(|t| self.turns.get(t)).map(|t| t.client_tools.as_slice()).unwrap_or_default();
+        let agent = self.current_agent();
+        let declared = agent.map(AgentConfig::tools).unwrap_or_default();
+        for tool in
+            declared.iter().chain(client_tools.iter().filter(|c| !declared.iter().any(|d| d.name == c.name)))
+        {
+            tools.push(LlmTool {
+                name: tool.name.clone(),
+                description: tool.description.clone().unwrap_or_default(),
+                input: tool.input.clone(),
+                output: tool.output.clone(),
+            });
+        }
+        for sub in agent.map(AgentConfig::sub_agents).unwrap_or_default() {
+            tools.push(LlmTool {
+                name: sub.id.clone(),
+                description: sub
+                    .description
+                    .clone()
+                    .unwrap_or_else(|| format!("Delegate a task to the {} agent.", sub.id)),
+                input: Some(json!({
+                    "type": "object",
+                    "properties": {"message": {"type": "string", "description": "The task for the agent."}},
+                    "required": ["message"]
+                })),
+                output: None,
+            });
+        }
+        (!tools.is_empty()).then_some(tools)
+    }
+}

@@ -1,0 +1,358 @@
+//! Carrying out a decision's response: reconcile its messages, write state and config,
+//! then run its actions in order.
+
+use serde_json::Value;
+
+use super::event::Event;
+use super::handle::{Tx, call_error, result_text};
+use super::records::*;
+use crate::protocol::*;
+
+impl Tx {
+    /// Resolves the live decision with `response`. An invalid response fails the decision
+    /// (and its turn) before anything of it is written.
+    pub(super) fn resolve(&mut self, decision: &Decision, response: DecisionResponse, by: Resolver) {
+        if let Err(problem) = self.validate_response(decision, &response) {
+            let who = if by == Resolver::Worker { "invalid_response" } else { "invalid proposal" };
+            self.fail_decision(decision, format!("{who}: {problem}"));
+            return;
+        }
+        self.emit(Event::DecisionResolved {
+            decision_id: decision.id.clone(),
+            by,
+            response: response.clone(),
+        });
+        if let Some(messages) = response.messages.as_deref().filter(|m| !m.is_empty()) {
+            self.record_messages(messages);
+        }
+        if let Some(state) = response.state
+            && state != self.session.current_state()
+        {
+            let anchor = self.session.tree.head().map(str::to_owned);
+            self.emit(Event::StateWritten { anchor, value: state });
+        }
+        if let Some(config) = response.agent
+            && Some(&config) != self.session.current_agent()
+        {
+            let anchor = self.session.tree.head().map(str::to_owned);
+            self.emit(Event::AgentWritten { anchor, config });
+        }
+        let actions = response.actions.unwrap_or_default();
+        for (index, action) in actions.iter().enumerate() {
+            if let Err(reason) = self.run_action(decision, index, action) {
+                self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
+            }
+        }
+        self.end_turn_after_failed_model_call(decision, actions.is_empty());
+    }
+
+    /// A failed, truncated or refused model call whose decision asks for nothing more ends the
+    /// turn with that error (rule 13: the proposal records nothing and does nothing).
+    fn end_turn_after_failed_model_call(&mut self, decision: &Decision, no_actions: bool) {
+        let Trigger::LlmFinished(finished) = &decision.trigger else { return };
+        let failed = !finished.ok || finished.truncated || finished.code == Some(ErrorCode::Refused);
+        let Some(turn_id) = decision.turn_id.clone() else { return };
+        if !failed || !no_actions || self.session.active_turn.as_ref() != Some(&turn_id) {
+            return;
+        }
+        let error = if !finished.ok {
+            let code = finished
+                .code
+                .map(|c| {
+                    format!(" ({})", serde_json::to_value(c).unwrap_or_default().as_str().unwrap_or_default())
+                })
+                .unwrap_or_default();
+            format!("model call {} failed{code}: {}", finished.id, finished.error.clone().unwrap_or_default())
+        } else if finished.truncated {
+            format!("model call {} was truncated: the output hit the token limit", finished.id)
+        } else {
+            format!("model call {} was refused", finished.id)
+        };
+        self.end_turn(&turn_id, TurnStatus::Failed, None, Some(error));
+    }
+
+    /// Checks what the types cannot, so an invalid response writes nothing.
+    fn validate_response(
+        &self,
+        decision: &Decision,
+        response: &DecisionResponse,
+    ) -> Result<(), ProtocolError> {
+        if let Some(config) = &response.agent {
+            config.validate().map_err(|e| ProtocolError::new(format!("agent.{}", e.path), e.message))?;
+        }
+        let agent = response.agent.as_ref().or(self.session.current_agent());
+        let spawned: Vec<&str> = response
+            .actions()
+            .iter()
+            .filter_map(|a| match a {
+                Action::SubAgentSpawn(s) => Some(s.session_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        for (i, action) in response.actions().iter().enumerate() {
+            let at =
+                |field: &str, message: String| ProtocolError::new(format!("actions[{i}].{field}"), message);
+            match action {
+                Action::LlmCall(a) => {
+                    if a.model.is_none() && agent.is_none() {
+                        return Err(at(
+                            "model",
+                            "required: the session has no agent config to take it from".into(),
+                        ));
+                    }
+                    if let Some(policy) = &a.retry {
+                        policy.validate().map_err(|e| at(&format!("retry.{}", e.path), e.message))?;
+                    }
+                }
+                Action::ToolCall(a) => {
+                    if let Some(policy) = &a.retry {
+                        policy.validate().map_err(|e| at(&format!("retry.{}", e.path), e.message))?;
+                    }
+                }
+                Action::ToolResult(ToolResultAction { id, .. })
+                | Action::ToolError(CallErrorAction { id, .. })
+                | Action::LlmResult(LlmResultAction { id, .. })
+                | Action::LlmError(CallErrorAction { id, .. }) => {
+                    if id.is_none() && decision.call_id.is_none() {
+                        return Err(at(
+                            "id",
+                            format!(
+                                "required: the trigger ({}) is not an execute trigger",
+                                decision.trigger.name()
+                            ),
+                        ));
+                    }
+                }
+                Action::MessageSend(a) => {
+                    let child = self.session.calls.iter().any(|c| {
+                        matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id)
+                    });
+                    if !child && !spawned.contains(&a.session_id.as_str()) {
+                        return Err(at(
+                            "session_id",
+                            format!("{:?} is not a sub-agent session of this session", a.session_id),
+                        ));
+                    }
+                }
+                Action::SubAgentSpawn(a) => {
+                    if a.session_id.is_empty() {
+                        return Err(at("session_id", "must not be empty".into()));
+                    }
+                    if a.session_id == self.session.id || self.session.ancestry().contains(&a.session_id) {
+                        return Err(at(
+                            "session_id",
+                            "a sub-agent cannot be this session or one of its ancestors".into(),
+                        ));
+                    }
+                }
+                Action::Interrupt(_) | Action::Done(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Reconciles `messages` into the tree; open calls anchored off the new active path are
+    /// voided (a fork voids the work below the fork point).
+    fn record_messages(&mut self, messages: &[DraftMessage]) {
+        let reconciled = self.session.tree.reconcile(messages, &mut self.ids);
+        if reconciled.is_noop(&self.session.tree) {
+            return;
+        }
+        let writes = !reconciled.new_nodes.is_empty();
+        for (message, parent_id) in reconciled.new_nodes {
+            self.emit(Event::MessageRecorded { message, parent_id });
+        }
+        if !writes {
+            self.emit(Event::HeadMoved { head_id: reconciled.head });
+        }
+        let off_path: Vec<String> = self
+            .session
+            .calls
+            .iter()
+            .filter(|c| !c.is_settled() && !self.session.tree.is_on_active_path(c.anchor.as_deref()))
+            .map(|c| c.id.clone())
+            .collect();
+        for id in off_path {
+            self.void_call(&id, "its branch was forked");
+        }
+    }
+
+    /// Runs one action; `Err` says why it was not carried out.
+    fn run_action(&mut self, decision: &Decision, index: usize, action: &Action) -> Result<(), String> {
+        let anchor = self.session.tree.head().map(str::to_owned);
+        let turn_id = decision.turn_id.clone();
+        match action {
+            Action::LlmCall(a) => {
+                let id = a.id.clone().unwrap_or_else(|| self.ids.mint("llm"));
+                self.check_fresh(&id)?;
+                let call = self.llm_call_record(id, a, anchor, turn_id)?;
+                self.create_call(call);
+            }
+            Action::ToolCall(a) => {
+                let id = a.id.clone().unwrap_or_else(|| self.ids.mint("call"));
+                self.check_fresh(&id)?;
+                let declared = self.session.tool_declaration(&a.name, turn_id.as_deref());
+                let handler = a.handler.or(declared.and_then(|t| t.handler)).unwrap_or_default();
+                let defaults = self.session.defaults();
+                let policy = a.retry.unwrap_or(match handler {
+                    ToolHandler::Client => defaults.client_tool,
+                    ToolHandler::Worker => {
+                        self.session.current_agent().and_then(|c| c.retry).unwrap_or(defaults.tool)
+                    }
+                });
+                let arguments = match &a.arguments {
+                    Value::String(raw) => raw.clone(),
+                    other => other.to_string(),
+                };
+                let spec = CallSpec::ToolCall { name: a.name.clone(), arguments, handler };
+                self.create_call(new_call(id, spec, anchor, turn_id, policy));
+            }
+            Action::ToolResult(a) => {
+                let id = self.answered_call(decision, a.id.as_ref());
+                self.settle_in_response(&id, a.attempt, Ok(CallValue::Text(result_text(&a.result))), false)?;
+            }
+            Action::ToolError(a) => {
+                let id = self.answered_call(decision, a.id.as_ref());
+                self.settle_in_response(&id, a.attempt, Err(call_error(a)), false)?;
+            }
+            Action::LlmResult(a) => {
+                let id = self.answered_call(decision, a.id.as_ref());
+                let call = self.session.call(&id).cloned().ok_or_else(|| format!("no open call {id:?}"))?;
+                let outcome = self.llm_result(&call, &a.response);
+                self.settle_in_response(&id, a.attempt, outcome, true)?;
+            }
+            Action::LlmError(a) => {
+                let id = self.answered_call(decision, a.id.as_ref());
+                self.settle_in_response(&id, a.attempt, Err(call_error(a)), true)?;
+            }
+            Action::SubAgentSpawn(a) => {
+                self.check_fresh(&a.tool_call_id)?;
+                let policy = a.retry.unwrap_or(self.session.defaults().sub_agent);
+                let spec =
+                    CallSpec::SubAgent { agent_id: a.agent_id.clone(), session_id: a.session_id.clone() };
+                self.create_call(new_call(a.tool_call_id.clone(), spec, anchor, turn_id, policy));
+                let mut ancestry = self.session.ancestry();
+                ancestry.push(self.session.id.clone());
+                self.outbox(OutboxItem::SpawnChild {
+                    session_id: a.session_id.clone(),
+                    agent_id: a.agent_id.clone(),
+                    tool_call_id: a.tool_call_id.clone(),
+                    ancestry,
+                    identity: self.session.identity(),
+                });
+            }
+            Action::MessageSend(a) => {
+                let open = self.session.calls.iter().any(|c| {
+                    !c.is_settled() && matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id)
+                });
+                if !open {
+                    return Err(format!("sub-agent session {:?} has no open delegation", a.session_id));
+                }
+                self.outbox(OutboxItem::SendMessage {
+                    session_id: a.session_id.clone(),
+                    message: a.message.clone(),
+                    turn_id: format!("{}.{index}", decision.id),
+                });
+            }
+            Action::Interrupt(a) => {
+                let id = a.interrupt_id.clone().unwrap_or_else(|| self.ids.mint("int"));
+                if self.session.interrupts.iter().any(|i| i.id == id) {
+                    return Err(format!("interrupt {id:?} is already open"));
+                }
+                let interrupt =
+                    Interrupt { id, reason: a.reason.clone(), payload: a.payload.clone(), anchor, turn_id };
+                self.emit(Event::InterruptOpened { interrupt });
+            }
+            Action::Done(a) => {
+                let active = self.session.active_turn.clone();
+                match turn_id {
+                    Some(t) if active.as_ref() == Some(&t) => {
+                        self.end_turn(&t, TurnStatus::Completed, a.data.clone(), None);
+                    }
+                    _ => return Err("no active turn to end: this decision is outside its turn".into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_fresh(&self, id: &str) -> Result<(), String> {
+        if self.session.call_id_used(id) {
+            return Err(format!("call id {id:?} is already used: the call is not made again"));
+        }
+        Ok(())
+    }
+
+    fn answered_call(&self, decision: &Decision, id: Option<&String>) -> String {
+        id.cloned().or_else(|| decision.call_id.clone()).unwrap_or_default()
+    }
+
+    fn settle_in_response(
+        &mut self,
+        id: &str,
+        attempt: Option<u32>,
+        outcome: CallOutcome,
+        want_llm: bool,
+    ) -> Result<(), String> {
+        let call = self.session.call(id).ok_or_else(|| format!("no open call {id:?}"))?;
+        if (call.kind() == CallKind::LlmCall) != want_llm {
+            return Err(format!("call {id:?} is of kind {:?}", call.kind()));
+        }
+        if call.is_server_llm() {
+            return Err(format!("call {id:?} is run by the engine, not the worker"));
+        }
+        self.settle_checked(id, attempt, outcome).map_err(|r| r.to_string())
+    }
+
+    fn llm_call_record(
+        &self,
+        id: String,
+        a: &LlmCallAction,
+        anchor: Option<String>,
+        turn_id: Option<String>,
+    ) -> Result<CallRecord, String> {
+        let agent = self.session.current_agent();
+        let mut action = a.clone();
+        action.id = Some(id.clone());
+        action.model = a.model.clone().or(agent.map(|c| c.model.clone()));
+        if action.model.is_none() {
+            return Err("no model: the action names none and the session has no agent config".into());
+        }
+        if action.tools.is_none() {
+            action.tools = self.session.offered_tools(turn_id.as_deref());
+        }
+        let handler = a.handler.or(agent.and_then(|c| c.handler)).unwrap_or_default();
+        let stream = a.stream.or(agent.and_then(|c| c.stream)).unwrap_or(false);
+        let format = if handler == LlmHandler::Worker { agent.and_then(|c| c.format) } else { None };
+        let system = if a.messages.is_some() { None } else { agent.and_then(|c| c.system.clone()) };
+        let policy = a.retry.or(agent.and_then(|c| c.retry)).unwrap_or(self.session.defaults().llm);
+        let spec = CallSpec::LlmCall { action, handler, stream, format, system };
+        Ok(new_call(id, spec, anchor, turn_id, policy))
+    }
+
+    fn create_call(&mut self, call: CallRecord) {
+        self.emit(Event::CallCreated { call: call.clone() });
+        self.start_queued_call(&call);
+    }
+}
+
+fn new_call(
+    id: String,
+    spec: CallSpec,
+    anchor: Option<String>,
+    turn_id: Option<String>,
+    policy: RetryPolicy,
+) -> CallRecord {
+    CallRecord {
+        id,
+        spec,
+        status: CallStatus::Queued,
+        attempt: 0,
+        deadline: None,
+        retry_at: None,
+        anchor,
+        turn_id,
+        policy,
+        outcome: None,
+    }
+}

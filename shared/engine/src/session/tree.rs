@@ -1,0 +1,326 @@
+//! The message tree: every recorded message, the active branch, and reconcile.
+//!
+//! Reconcile reads a list of messages as "how the conversation now reads, root to head":
+//! messages with known ids continue the branch; the first message with no id or an unknown id
+//! starts the news, and from there every message is written as a new node (an edit is a new
+//! message, so a fork rewrites its whole tail). A resent copy of a recorded tool result (same
+//! `tool_call_id`, no id) folds onto the recorded node instead of forking.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::IdMinter;
+use crate::protocol::{DraftMessage, Message, MessageTree, Role, TreeNode};
+
+/// Every recorded message of a session, with the branch structure and the head.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(from = "TreeData", into = "TreeData")]
+pub struct Tree {
+    nodes: Vec<TreeNode>,
+    head: Option<String>,
+    /// Node id -> index in `nodes`; derived, rebuilt on load.
+    index: HashMap<String, usize>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TreeData {
+    nodes: Vec<TreeNode>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    head: Option<String>,
+}
+
+impl From<TreeData> for Tree {
+    fn from(data: TreeData) -> Self {
+        let index = data.nodes.iter().enumerate().map(|(i, n)| (n.message.id.clone(), i)).collect();
+        Tree { nodes: data.nodes, head: data.head, index }
+    }
+}
+
+impl From<Tree> for TreeData {
+    fn from(tree: Tree) -> Self {
+        TreeData { nodes: tree.nodes, head: tree.head }
+    }
+}
+
+impl PartialEq for Tree {
+    fn eq(&self, other: &Self) -> bool {
+        self.nodes == other.nodes && self.head == other.head
+    }
+}
+
+/// What reconciling a list of messages against the tree would write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reconciled {
+    /// New nodes, parents first: `(message, parent_id)`.
+    pub new_nodes: Vec<(Message, Option<String>)>,
+    /// Where the head ends up.
+    pub head: Option<String>,
+    /// Index in the input of the first message that is news (= input length when none is).
+    pub new_from: usize,
+}
+
+impl Reconciled {
+    /// Whether applying this changes nothing.
+    pub fn is_noop(&self, tree: &Tree) -> bool {
+        self.new_nodes.is_empty() && (self.head == tree.head || tree.is_on_active_path(self.head.as_deref()))
+    }
+}
+
+impl Tree {
+    /// The head of the active branch.
+    pub fn head(&self) -> Option<&str> {
+        self.head.as_deref()
+    }
+
+    /// A recorded node by id.
+    pub fn get(&self, id: &str) -> Option<&TreeNode> {
+        self.index.get(id).map(|&i| &self.nodes[i])
+    }
+
+    /// Whether `id` is a recorded node.
+    pub fn contains(&self, id: &str) -> bool {
+        self.index.contains_key(id)
+    }
+
+    /// How many nodes are recorded.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Every node, parents before children.
+    pub fn nodes(&self) -> &[TreeNode] {
+        &self.nodes
+    }
+
+    /// The ids from the root to `node`, inclusive.
+    pub fn path_ids_to(&self, node: Option<&str>) -> Vec<String> {
+        let mut ids = Vec::new();
+        let mut cursor = node.map(str::to_owned);
+        while let Some(id) = cursor {
+            cursor = self.get(&id).and_then(|n| n.parent_id.clone());
+            ids.push(id);
+        }
+        ids.reverse();
+        ids
+    }
+
+    /// The messages from the root to `node`, inclusive.
+    pub fn path_to(&self, node: Option<&str>) -> Vec<&Message> {
+        self.path_ids_to(node).iter().filter_map(|id| self.get(id)).map(|n| &n.message).collect()
+    }
+
+    /// The active path, root to head.
+    pub fn active_path(&self) -> Vec<&Message> {
+        self.path_to(self.head())
+    }
+
+    /// Whether `anchor` lies on the active path (`None`, the empty root, always does).
+    pub fn is_on_active_path(&self, anchor: Option<&str>) -> bool {
+        self.is_ancestor_or_self(anchor, self.head())
+    }
+
+    /// Whether `ancestor` is `node` or one of its ancestors (`None` is everyone's).
+    pub fn is_ancestor_or_self(&self, ancestor: Option<&str>, node: Option<&str>) -> bool {
+        let Some(ancestor) = ancestor else { return true };
+        let mut cursor = node;
+        while let Some(id) = cursor {
+            if id == ancestor {
+                return true;
+            }
+            cursor = self.get(id).and_then(|n| n.parent_id.as_deref());
+        }
+        false
+    }
+
+    /// The ids on the active path, as a set.
+    pub fn active_set(&self) -> HashSet<String> {
+        self.path_ids_to(self.head()).into_iter().collect()
+    }
+
+    /// Reads `drafts` as the conversation root to head and says what recording it writes.
+    /// System messages are skipped (the system prompt belongs to the agent config).
+    pub fn reconcile(&self, drafts: &[DraftMessage], ids: &mut IdMinter) -> Reconciled {
+        let mut cursor: Option<String> = None;
+        let mut new_nodes: Vec<(Message, Option<String>)> = Vec::new();
+        let mut minted: HashSet<String> = HashSet::new();
+        let mut new_from = drafts.len();
+        for (i, draft) in drafts.iter().enumerate() {
+            if draft.role == Role::System {
+                continue;
+            }
+            if new_nodes.is_empty() {
+                if let Some(id) = self.continues(cursor.as_deref(), draft) {
+                    cursor = Some(id);
+                    continue;
+                }
+                new_from = i;
+            }
+            let id = match &draft.id {
+                Some(id) if !self.contains(id) && !minted.contains(id) => id.clone(),
+                _ => ids.mint("msg"),
+            };
+            minted.insert(id.clone());
+            new_nodes.push((draft.clone().into_message(id.clone()), cursor.clone()));
+            cursor = Some(id);
+        }
+        let head = if drafts.iter().all(|d| d.role == Role::System) { self.head.clone() } else { cursor };
+        Reconciled { new_nodes, head, new_from }
+    }
+
+    /// The recorded child of `parent` that `draft` is, if any: the node it names, or the
+    /// recorded tool result it resends.
+    fn continues(&self, parent: Option<&str>, draft: &DraftMessage) -> Option<String> {
+        if let Some(id) = &draft.id {
+            let node = self.get(id)?;
+            return (node.parent_id.as_deref() == parent).then(|| id.clone());
+        }
+        let call_id = draft.tool_call_id.as_deref().filter(|_| draft.role == Role::Tool)?;
+        self.nodes
+            .iter()
+            .find(|n| {
+                n.parent_id.as_deref() == parent
+                    && n.message.role == Role::Tool
+                    && n.message.tool_call_id.as_deref() == Some(call_id)
+            })
+            .map(|n| n.message.id.clone())
+    }
+
+    /// The index of the first message of `drafts` that is news.
+    pub fn new_from(&self, drafts: &[DraftMessage]) -> usize {
+        self.reconcile(drafts, &mut IdMinter::new(0)).new_from
+    }
+
+    /// Records `message` under `parent` and makes it the head.
+    pub(crate) fn record(&mut self, message: Message, parent: Option<String>) {
+        let id = message.id.clone();
+        self.index.insert(id.clone(), self.nodes.len());
+        self.nodes.push(TreeNode { message, parent_id: parent });
+        self.head = Some(id);
+    }
+
+    /// Moves the head to a recorded node (or the empty root).
+    pub(crate) fn move_head(&mut self, head: Option<String>) {
+        self.head = head;
+    }
+
+    /// The tree in its wire shape.
+    pub fn to_wire(&self) -> MessageTree {
+        MessageTree { nodes: self.nodes.clone(), head_id: self.head.clone() }
+    }
+
+    /// Tool calls of assistant messages on the active path that no tool message on the path
+    /// answers: `(tool_call_id, tool name)`.
+    pub fn unanswered_tool_calls(&self) -> Vec<(String, String)> {
+        let path = self.active_path();
+        let answered: HashSet<&str> =
+            path.iter().filter(|m| m.role == Role::Tool).filter_map(|m| m.tool_call_id.as_deref()).collect();
+        path.iter()
+            .filter(|m| m.role == Role::Assistant)
+            .flat_map(|m| m.tool_calls())
+            .filter(|tc| !answered.contains(tc.id.as_str()))
+            .map(|tc| (tc.id.clone(), tc.function.name.clone()))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(tree: &mut Tree, r: &Reconciled) {
+        for (m, p) in &r.new_nodes {
+            tree.record(m.clone(), p.clone());
+        }
+        tree.move_head(r.head.clone());
+    }
+
+    fn ids(tree: &Tree) -> Vec<String> {
+        tree.active_path().iter().map(|m| m.id.clone()).collect()
+    }
+
+    #[test]
+    fn known_ids_continue_and_news_is_appended() {
+        let mut tree = Tree::default();
+        let mut minter = IdMinter::new(1);
+        let r = tree.reconcile(&[DraftMessage::user("hi").with_id("u1")], &mut minter);
+        assert_eq!(r.new_from, 0);
+        apply(&mut tree, &r);
+        let r = tree
+            .reconcile(&[DraftMessage::user("hi").with_id("u1"), DraftMessage::user("more")], &mut minter);
+        assert_eq!(r.new_from, 1);
+        assert_eq!(r.new_nodes.len(), 1);
+        assert_eq!(r.new_nodes[0].1.as_deref(), Some("u1"));
+        apply(&mut tree, &r);
+        assert_eq!(tree.len(), 2);
+    }
+
+    #[test]
+    fn echo_of_known_ids_writes_nothing() {
+        let mut tree = Tree::default();
+        let mut minter = IdMinter::new(1);
+        let view = [DraftMessage::user("a").with_id("a"), DraftMessage::user("b").with_id("b")];
+        apply(&mut tree, &tree.reconcile(&view, &mut minter));
+        let r = tree.reconcile(&view[..1], &mut minter);
+        assert!(r.is_noop(&tree));
+        let r = tree.reconcile(&view, &mut minter);
+        assert!(r.is_noop(&tree));
+    }
+
+    #[test]
+    fn an_edit_forks_and_rewrites_the_tail() {
+        let mut tree = Tree::default();
+        let mut minter = IdMinter::new(1);
+        let view = [
+            DraftMessage::user("a").with_id("a"),
+            DraftMessage::user("b").with_id("b"),
+            DraftMessage::user("c").with_id("c"),
+        ];
+        apply(&mut tree, &tree.reconcile(&view, &mut minter));
+        // b edited (no id): b' and a fresh copy of c are new nodes under a.
+        let edit = [view[0].clone(), DraftMessage::user("b2"), view[2].clone()];
+        let r = tree.reconcile(&edit, &mut minter);
+        assert_eq!(r.new_from, 1);
+        assert_eq!(r.new_nodes.len(), 2);
+        assert_eq!(r.new_nodes[0].1.as_deref(), Some("a"));
+        assert_ne!(r.new_nodes[1].0.id, "c", "a known id after the news is recorded afresh");
+        apply(&mut tree, &r);
+        assert_eq!(tree.len(), 5);
+        assert_eq!(ids(&tree)[0], "a");
+        assert!(!tree.is_on_active_path(Some("b")));
+    }
+
+    #[test]
+    fn resent_tool_result_folds_onto_the_recorded_node() {
+        let mut tree = Tree::default();
+        let mut minter = IdMinter::new(1);
+        let view = [DraftMessage::user("a").with_id("a"), DraftMessage::tool_result("t1", "clock", "12:00")];
+        apply(&mut tree, &tree.reconcile(&view, &mut minter));
+        let recorded = tree.head().map(str::to_owned);
+        let r = tree.reconcile(
+            &[view[0].clone(), DraftMessage::tool_result("t1", "clock", "12:00"), DraftMessage::user("next")],
+            &mut minter,
+        );
+        assert_eq!(r.new_from, 2);
+        assert_eq!(r.new_nodes.len(), 1);
+        assert_eq!(r.new_nodes[0].1, recorded);
+    }
+
+    #[test]
+    fn unknown_ids_are_kept_and_system_messages_skipped() {
+        let tree = Tree::default();
+        let mut minter = IdMinter::new(1);
+        let r = tree.reconcile(
+            &[DraftMessage::text(Role::System, "sys"), DraftMessage::user("x").with_id("client-1")],
+            &mut minter,
+        );
+        assert_eq!(r.new_nodes.len(), 1);
+        assert_eq!(r.new_nodes[0].0.id, "client-1");
+        assert_eq!(r.new_from, 1);
+    }
+}
