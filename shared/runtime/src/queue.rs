@@ -1,0 +1,49 @@
+//! The queue port: wake-ups for sessions, delivered at least once, possibly late.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+/// "Look at this session": a queue message carries no state, only the session and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeUp {
+    /// The session.
+    pub session_id: String,
+    /// Why (for logs): `input`, `timer`, `child`, `sweep`, ...
+    pub reason: String,
+}
+
+/// A received wake-up, to acknowledge once handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// The wake-up.
+    pub wake_up: WakeUp,
+    /// The backend's handle for acknowledging it.
+    pub receipt: String,
+}
+
+/// Queue failures.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The queue is closed (the host is shutting down).
+    #[error("queue closed")]
+    Closed,
+    /// The backend failed.
+    #[error("queue backend failed: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Delivers wake-ups, each at least once, not before its delay.
+#[async_trait]
+pub trait Queue: Send + Sync + 'static {
+    /// Enqueues a wake-up to be delivered after `delay` (backends may cap long delays; the
+    /// dispatcher re-checks due times on arrival).
+    async fn send(&self, wake_up: WakeUp, delay: Duration) -> Result<(), QueueError>;
+
+    /// Waits up to `wait` for wake-ups; returns at most `max`.
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError>;
+
+    /// Acknowledges a handled delivery so it is not delivered again.
+    async fn ack(&self, delivery: &Delivery) -> Result<(), QueueError>;
+}

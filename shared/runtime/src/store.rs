@@ -1,0 +1,159 @@
+//! The persistence port: where sessions, their event logs and their messages live.
+//!
+//! A session is kept as a head (the snapshot of open work, without messages), an append-only
+//! event log, and its immutable message nodes. One commit writes all of it atomically and is
+//! conditioned on the head's version, so concurrent hosts never both win a step.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use turnstone_engine::protocol::TreeNode;
+use turnstone_engine::session::{Event, Session};
+use turnstone_engine::time::Timestamp;
+
+/// A session as loaded: its state (messages restored) and the version to commit against.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    /// The session.
+    pub session: Session,
+    /// The head's version; the next commit must name it.
+    pub version: u64,
+}
+
+/// One atomic write: new events, the head after them, and when work is next due.
+#[derive(Debug, Clone)]
+pub struct Commit<'a> {
+    /// The session after the events (its snapshot becomes the new head).
+    pub session: &'a Session,
+    /// The new events, in order; their sequence numbers continue the log
+    /// (the first is `session.events_applied - events.len() + 1`).
+    pub events: &'a [Event],
+    /// When the session next has timed work (None: nothing timed).
+    pub wake_at: Option<Timestamp>,
+}
+
+impl Commit<'_> {
+    /// The sequence number of the first new event.
+    pub fn first_seq(&self) -> u64 {
+        self.session.events_applied + 1 - self.events.len() as u64
+    }
+
+    /// The message nodes these events record, with their positions in the tree.
+    pub fn new_messages(&self) -> Vec<(u64, TreeNode)> {
+        let total = self.session.tree.len() as u64;
+        let recorded: Vec<TreeNode> = self
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::MessageRecorded { message, parent_id } => {
+                    Some(TreeNode { message: message.clone(), parent_id: parent_id.clone() })
+                }
+                _ => None,
+            })
+            .collect();
+        let first = total - recorded.len() as u64;
+        recorded.into_iter().enumerate().map(|(i, n)| (first + i as u64, n)).collect()
+    }
+}
+
+/// A logged event with its sequence number (1-based, gapless per session).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoggedEvent {
+    /// Position in the session's log.
+    pub seq: u64,
+    /// The event.
+    pub event: Event,
+}
+
+/// A session in a listing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionSummary {
+    /// The session.
+    pub session_id: String,
+    /// Its agent.
+    pub agent_id: String,
+    /// Its owner, if known.
+    pub owner: Option<String>,
+    /// The head's version.
+    pub version: u64,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// When its head was last written.
+    pub updated_at: Timestamp,
+}
+
+/// Which sessions to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionFilter {
+    /// Only this agent's.
+    pub agent_id: Option<String>,
+    /// Only this owner's.
+    pub owner: Option<String>,
+}
+
+/// A page of a listing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<T> {
+    /// The items.
+    pub items: Vec<T>,
+    /// Pass back to get the next page; None at the end.
+    pub next_cursor: Option<String>,
+}
+
+/// Store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The head moved on since it was loaded: reload, re-handle, re-commit.
+    #[error("session {session_id} changed concurrently (expected version {expected})")]
+    Conflict {
+        /// The session.
+        session_id: String,
+        /// The version the commit named.
+        expected: u64,
+    },
+    /// A cursor that this store did not hand out.
+    #[error("invalid cursor")]
+    InvalidCursor,
+    /// Stored data could not be read back.
+    #[error("stored data for session {session_id} is corrupt: {message}")]
+    Corrupt {
+        /// The session.
+        session_id: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The backend failed.
+    #[error("store backend failed: {0}")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl StoreError {
+    /// Whether retrying the same operation may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. } | StoreError::Backend(_))
+    }
+}
+
+/// Where sessions are kept.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Loads a session with its messages, or None if it does not exist.
+    async fn load(&self, session_id: &str) -> Result<Option<Loaded>, StoreError>;
+
+    /// Writes a commit atomically if the head is still at `expected_version` (0: the session
+    /// must not exist yet). Returns the new version.
+    async fn commit(&self, session_id: &str, expected_version: u64, commit: Commit<'_>) -> Result<u64, StoreError>;
+
+    /// Up to `limit` logged events after `after_seq`, in order.
+    async fn events_after(&self, session_id: &str, after_seq: u64, limit: usize) -> Result<Vec<LoggedEvent>, StoreError>;
+
+    /// Sessions matching `filter`, newest first, paged.
+    async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<SessionSummary>, StoreError>;
+
+    /// Up to `limit` sessions whose wake time is at or before `now`.
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError>;
+}
