@@ -65,9 +65,12 @@ pub(super) fn propose(
                 ..DecisionResponse::default()
             }
         }
-        Trigger::InterruptResumed(_) => {
-            DecisionResponse { actions: in_turn.then(|| vec![llm_call()]), ..DecisionResponse::default() }
-        }
+        // Resumed: call the model again, unless results of the step are still to come (they
+        // call it when the last one arrives).
+        Trigger::InterruptResumed(_) => DecisionResponse {
+            actions: (in_turn && s.pending_calls() == 0).then(|| vec![llm_call()]),
+            ..DecisionResponse::default()
+        },
     }
 }
 
