@@ -12,7 +12,7 @@ pub enum Command {
     /// Create the session (the runtime does this on the first input for an agent).
     Create {
         /// Agent, owner, parent and defaults.
-        init: SessionInit,
+        init: Box<SessionInit>,
     },
     /// A client input.
     Submit {
@@ -39,7 +39,7 @@ pub enum Command {
         /// The delivery attempt that got the answer.
         attempt: u32,
         /// The answer.
-        response: DecisionResponse,
+        response: Box<DecisionResponse>,
     },
     /// A delivery of a decision failed.
     DeliveryFailed {

@@ -44,7 +44,7 @@ impl Tx {
 
     pub fn run(&mut self, command: Command) -> Result<(), Rejection> {
         match command {
-            Command::Create { init } => return self.create(init),
+            Command::Create { init } => return self.create(*init),
             _ if !self.session.is_created() => return Err(Rejection::NotFound(self.session.id.clone())),
             Command::Submit { input, queue, origin } => self.submit(input, queue, origin)?,
             Command::ClaimDecision { decision_id, attempt } => self.claim_decision(&decision_id, attempt)?,
@@ -52,7 +52,7 @@ impl Tx {
                 // Any attempt's answer resolves the live decision; once resolved, later
                 // answers (redeliveries, stragglers) find it no longer live and are no-ops.
                 if let Some(decision) = self.session.decision.clone().filter(|d| d.id == decision_id) {
-                    self.resolve(&decision, response, Resolver::Worker);
+                    self.resolve(&decision, *response, Resolver::Worker);
                 }
             }
             Command::DeliveryFailed { decision_id, attempt, error, retryable } => {

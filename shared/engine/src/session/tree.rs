@@ -272,7 +272,8 @@ mod tests {
         let mut tree = Tree::default();
         let mut minter = IdMinter::new(1);
         let view = [DraftMessage::user("a").with_id("a"), DraftMessage::user("b").with_id("b")];
-        apply(&mut tree, &tree.reconcile(&view, &mut minter));
+        let r = tree.reconcile(&view, &mut minter);
+        apply(&mut tree, &r);
         let r = tree.reconcile(&view[..1], &mut minter);
         assert!(r.is_noop(&tree));
         let r = tree.reconcile(&view, &mut minter);
@@ -288,7 +289,8 @@ mod tests {
             DraftMessage::user("b").with_id("b"),
             DraftMessage::user("c").with_id("c"),
         ];
-        apply(&mut tree, &tree.reconcile(&view, &mut minter));
+        let r = tree.reconcile(&view, &mut minter);
+        apply(&mut tree, &r);
         // b edited (no id): b' and a fresh copy of c are new nodes under a.
         let edit = [view[0].clone(), DraftMessage::user("b2"), view[2].clone()];
         let r = tree.reconcile(&edit, &mut minter);
@@ -307,7 +309,8 @@ mod tests {
         let mut tree = Tree::default();
         let mut minter = IdMinter::new(1);
         let view = [DraftMessage::user("a").with_id("a"), DraftMessage::tool_result("t1", "clock", "12:00")];
-        apply(&mut tree, &tree.reconcile(&view, &mut minter));
+        let r = tree.reconcile(&view, &mut minter);
+        apply(&mut tree, &r);
         let recorded = tree.head().map(str::to_owned);
         let r = tree.reconcile(
             &[view[0].clone(), DraftMessage::tool_result("t1", "clock", "12:00"), DraftMessage::user("next")],

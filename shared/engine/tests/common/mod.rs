@@ -1,6 +1,8 @@
 //! A test harness: drives one session through the engine as the runtime would, checking the
 //! invariants after every step.
 #![allow(dead_code)]
+// Test support: a failed expectation here is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use turnstone_engine::protocol::*;
 use turnstone_engine::session::*;
@@ -78,7 +80,7 @@ pub fn names(events: &[Event]) -> Vec<&'static str> {
 impl Harness {
     pub fn new(id: &str, init: SessionInit) -> Self {
         let mut h = Harness { session: Session::new(id), log: Vec::new(), now: Timestamp(T0), seed: 1 };
-        h.exec(Command::Create { init }).expect("create");
+        h.exec(Command::Create { init: Box::new(init) }).expect("create");
         h
     }
 
@@ -166,7 +168,7 @@ impl Harness {
         let events = self.ok(Command::Answer {
             decision_id: request.decision_id.clone(),
             attempt: request.attempts,
-            response,
+            response: Box::new(response),
         });
         (request, events)
     }
@@ -178,7 +180,7 @@ impl Harness {
         let events = self.ok(Command::Answer {
             decision_id: request.decision_id.clone(),
             attempt: request.attempts,
-            response,
+            response: Box::new(response),
         });
         (request, events)
     }
@@ -223,15 +225,29 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
             }
             Event::DecisionResolved { decision_id, .. }
             | Event::DecisionFailed { decision_id, .. }
-            | Event::DecisionVoided { decision_id, .. } => {
-                if live.as_ref() == Some(decision_id) {
-                    live = None;
-                }
+            | Event::DecisionVoided { decision_id, .. }
+                if live.as_ref() == Some(decision_id) =>
+            {
+                live = None;
             }
             _ => {}
         }
     }
     assert_eq!(live.as_ref(), session.decision.as_ref().map(|d| &d.id));
+    // A call settles only at its current attempt.
+    let mut attempts = std::collections::HashMap::new();
+    for e in log {
+        match e {
+            Event::CallDispatched { call_id, attempt, .. } => {
+                attempts.insert(call_id.clone(), *attempt);
+            }
+            Event::CallSettled { call_id, attempt, .. }
+            | Event::CallRetryScheduled { call_id, attempt, .. } => {
+                assert_eq!(attempts.get(call_id), Some(attempt), "call {call_id} settled at a stale attempt");
+            }
+            _ => {}
+        }
+    }
     // Every tool call on the active path is answered once, or still open.
     let path = session.tree.active_path();
     for m in &path {
@@ -264,6 +280,82 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
         };
         if let Some(id) = id {
             assert!(started.insert(id.clone()), "turn {id} started twice");
+        }
+    }
+}
+
+/// Routes outbox items between sessions as the runtime would.
+pub struct World {
+    pub sessions: std::collections::BTreeMap<String, Harness>,
+}
+
+impl World {
+    pub fn route(&mut self) -> Vec<String> {
+        let mut routed = Vec::new();
+        loop {
+            let mut work = Vec::new();
+            for (id, h) in &self.sessions {
+                for e in h.session.plan(h.now).effects {
+                    if let Effect::Route { seq, item } = e {
+                        work.push((id.clone(), seq, item));
+                    }
+                }
+            }
+            if work.is_empty() {
+                return routed;
+            }
+            for (from, seq, item) in work {
+                routed.push(format!(
+                    "{from}:{}",
+                    serde_json::to_value(&item).unwrap()["type"].as_str().unwrap()
+                ));
+                match item {
+                    OutboxItem::SpawnChild { session_id, agent_id, tool_call_id, ancestry, identity } => {
+                        let mut i = init(&agent_id, Some(agent("m")), false);
+                        i.identity = identity;
+                        i.ancestry = ancestry;
+                        i.parent = Some(ParentLink { session_id: from.clone(), tool_call_id });
+                        self.sessions.insert(session_id.clone(), Harness::new(&session_id, i));
+                    }
+                    OutboxItem::SendMessage { session_id, message, turn_id } => {
+                        let child = self.sessions.get_mut(&session_id).expect("child");
+                        let agent_id = child.session.agent_id().to_owned();
+                        child.ok(Command::Submit {
+                            input: ClientInput::Message(ClientMessageInput {
+                                agent_id,
+                                turn_id: Some(turn_id),
+                                message,
+                                stream: None,
+                            }),
+                            queue: true,
+                            origin: TurnOrigin::Parent,
+                        });
+                    }
+                    OutboxItem::CancelChild { session_id, reason } => {
+                        let child = self.sessions.get_mut(&session_id).expect("child");
+                        let _ = child.exec(Command::Cancel { reason });
+                    }
+                    OutboxItem::NotifyParent {
+                        session_id,
+                        tool_call_id,
+                        child_session_id,
+                        ok,
+                        result,
+                        error,
+                        ..
+                    } => {
+                        let parent = self.sessions.get_mut(&session_id).expect("parent");
+                        parent.ok(Command::SubAgentFinished {
+                            tool_call_id,
+                            session_id: child_session_id,
+                            ok,
+                            result,
+                            error,
+                        });
+                    }
+                }
+                self.sessions.get_mut(&from).unwrap().ok(Command::OutboxDelivered { seq });
+            }
         }
     }
 }
