@@ -79,7 +79,7 @@ super::parse::tagged_deserialize! {
 
 /// `llm.call`: every field optional; omitted ones fill from the agent config, then defaults.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmCallAction {
     /// The call's id; omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -94,7 +94,11 @@ pub struct LlmCallAction {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<LlmTool>>,
     /// Sampling temperature.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "super::number::compact_opt_f64"
+    )]
     pub temperature: Option<f64>,
     /// The cap on generated tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -115,7 +119,7 @@ pub struct LlmCallAction {
 
 /// `tool.call`: call a tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolCallAction {
     /// The call's id; omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -134,7 +138,7 @@ pub struct ToolCallAction {
 
 /// `tool.result`: a tool call's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolResultAction {
     /// The call; omitted: the answered `tool.execute`'s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -148,7 +152,7 @@ pub struct ToolResultAction {
 
 /// `tool.error` / `llm.error`: a call attempt failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct CallErrorAction {
     /// The call; omitted: the answered execute trigger's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,7 +175,7 @@ pub struct CallErrorAction {
 
 /// `llm.result`: a worker LLM call's response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmResultAction {
     /// The call; omitted: the answered `llm.execute`'s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -185,7 +189,7 @@ pub struct LlmResultAction {
 
 /// `sub_agent.spawn`: start a child session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct SubAgentSpawnAction {
     /// The child session's id.
     pub session_id: String,
@@ -200,7 +204,7 @@ pub struct SubAgentSpawnAction {
 
 /// `message.send`: write a message into another session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct MessageSendAction {
     /// The receiving session.
     pub session_id: String,
@@ -210,7 +214,7 @@ pub struct MessageSendAction {
 
 /// `interrupt`: pause the branch at the head.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptAction {
     /// The interrupt's id; omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -224,9 +228,21 @@ pub struct InterruptAction {
 
 /// `done`: end the turn.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct DoneAction {
     /// The turn's result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
 }
+
+super::parse::objects_only!(
+    LlmCallAction,
+    ToolCallAction,
+    ToolResultAction,
+    CallErrorAction,
+    LlmResultAction,
+    SubAgentSpawnAction,
+    MessageSendAction,
+    InterruptAction,
+    DoneAction
+);

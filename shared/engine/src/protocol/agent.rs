@@ -67,7 +67,7 @@ pub enum LlmFormat {
 
 /// An agent's configuration, versioned per branch of the session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct AgentConfig {
     /// The model to call; the only required field.
     pub model: String,
@@ -151,7 +151,7 @@ impl AgentConfig {
 
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct AgentTool {
     /// The tool's name, as the model sees it.
     pub name: String,
@@ -171,7 +171,7 @@ pub struct AgentTool {
 
 /// An agent the model may delegate to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct SubAgent {
     /// The agent to spawn, and the tool name the model sees.
     pub id: String,
@@ -182,15 +182,18 @@ pub struct SubAgent {
 
 /// How a call is bounded and retried.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct RetryPolicy {
-    /// The bound on one attempt; null: no limit.
+    /// The bound on one attempt; null: no limit. Required on the wire, may be `null`.
+    #[serde(deserialize_with = "super::parse::nullable", serialize_with = "super::number::compact_opt_f64")]
     pub timeout_secs: Option<f64>,
     /// How many attempts may follow the first.
     pub max_retries: u32,
     /// The wait before the first retry; doubles each retry.
+    #[serde(serialize_with = "super::number::compact_f64")]
     pub backoff_base_secs: f64,
     /// The longest wait between attempts.
+    #[serde(serialize_with = "super::number::compact_f64")]
     pub backoff_max_secs: f64,
 }
 
@@ -233,3 +236,5 @@ impl RetryPolicy {
         self.timeout_secs.map(|t| (t * 1000.0).round() as u64)
     }
 }
+
+super::parse::objects_only!(AgentConfig, AgentTool, SubAgent, RetryPolicy);

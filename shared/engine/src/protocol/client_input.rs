@@ -77,7 +77,7 @@ super::parse::tagged_deserialize! {
 
 /// `client.message`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientMessageInput {
     /// The agent that runs the session.
     pub agent_id: String,
@@ -93,7 +93,7 @@ pub struct ClientMessageInput {
 
 /// `client.messages`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientMessagesInput {
     /// The agent that runs the session.
     pub agent_id: String,
@@ -112,7 +112,7 @@ pub struct ClientMessagesInput {
 
 /// `client.action`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientActionInput {
     /// The agent that runs the session.
     pub agent_id: String,
@@ -128,7 +128,7 @@ pub struct ClientActionInput {
 
 /// `interrupt.resume`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptResumeInput {
     /// The open interrupt.
     pub interrupt_id: String,
@@ -139,7 +139,7 @@ pub struct InterruptResumeInput {
 
 /// `tool.result` from the client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolResultInput {
     /// The client tool call.
     pub id: String,
@@ -153,7 +153,7 @@ pub struct ToolResultInput {
 
 /// `tool.error` from the client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolErrorInput {
     /// The client tool call.
     pub id: String,
@@ -165,3 +165,12 @@ pub struct ToolErrorInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
 }
+
+super::parse::objects_only!(
+    ClientMessageInput,
+    ClientMessagesInput,
+    ClientActionInput,
+    InterruptResumeInput,
+    ToolResultInput,
+    ToolErrorInput
+);

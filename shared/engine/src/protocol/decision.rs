@@ -12,7 +12,7 @@ use super::trigger::Trigger;
 
 /// One decision, POSTed to the worker (or accepted by the engine itself).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct DecisionRequest {
     /// The session.
     pub session_id: String,
@@ -28,7 +28,8 @@ pub struct DecisionRequest {
     pub proposed: DecisionResponse,
     /// The agent state, verbatim.
     pub state: Value,
-    /// The agent config on this branch.
+    /// The agent config on this branch; `null` when nothing has set one. Required on the wire.
+    #[serde(deserialize_with = "super::parse::nullable")]
     pub agent: Option<AgentConfig>,
     /// Calls not yet reported back.
     pub calls: Vec<Call>,
@@ -42,15 +43,17 @@ pub struct DecisionRequest {
     pub ancestry: Vec<String>,
     /// Delivery attempts of this decision.
     pub attempts: u32,
-    /// When this delivery times out.
+    /// When this delivery times out. Required on the wire, may be `null`.
+    #[serde(deserialize_with = "super::parse::nullable")]
     pub deadline: Option<String>,
-    /// The turn's idempotency id.
+    /// The turn's idempotency id. Required on the wire, may be `null`.
+    #[serde(deserialize_with = "super::parse::nullable")]
     pub turn_id: Option<String>,
 }
 
 /// The session owner, without the tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct WorkerIdentity {
     /// The owner's id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,7 +93,7 @@ pub enum CallStatus {
 
 /// A call as a decision sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct Call {
     /// The call's id.
     pub id: String,
@@ -128,7 +131,7 @@ pub struct Call {
 
 /// What a decision answers: how the conversation now reads, and what to do next.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct DecisionResponse {
     /// Messages to record (reconciled into the tree).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -158,3 +161,5 @@ impl DecisionResponse {
         self.actions.as_deref().unwrap_or_default()
     }
 }
+
+super::parse::objects_only!(DecisionRequest, WorkerIdentity, Call, DecisionResponse);

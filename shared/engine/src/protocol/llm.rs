@@ -7,7 +7,7 @@ use super::message::{DraftMessage, ToolCall};
 
 /// A model call, provider-neutral.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmRequest {
     /// The model.
     pub model: String,
@@ -17,7 +17,11 @@ pub struct LlmRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<LlmTool>>,
     /// Sampling temperature.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "super::number::compact_opt_f64"
+    )]
     pub temperature: Option<f64>,
     /// The cap on generated tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -29,7 +33,7 @@ pub struct LlmRequest {
 
 /// A tool as the model sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmTool {
     /// The tool's name.
     pub name: String,
@@ -63,7 +67,7 @@ pub enum Effort {
 
 /// Reasoning settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ReasoningConfig {
     /// Effort level.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,6 +85,7 @@ pub struct ReasoningConfig {
 
 /// A model's answer, provider-neutral.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct LlmResponse {
     /// The model that answered.
     pub model: String,
@@ -118,6 +123,7 @@ impl LlmResponse {
 
 /// One chunk of a streaming model answer.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct StreamDelta {
     /// More text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,6 +141,7 @@ pub struct StreamDelta {
 
 /// A fragment of one tool call in a [`StreamDelta`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct ToolCallDelta {
     /// The tool call's id.
     pub id: String,
@@ -145,3 +152,5 @@ pub struct ToolCallDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
 }
+
+super::parse::objects_only!(LlmRequest, LlmTool, ReasoningConfig, LlmResponse, StreamDelta, ToolCallDelta);

@@ -1,6 +1,7 @@
 //! Conversation messages: roles, content, tool calls, and the message tree.
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -17,13 +18,52 @@ pub enum Role {
 }
 
 /// A message body: plain text or a list of typed parts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Deserialized by hand rather than `#[serde(untagged)]`: a string is [`Content::Text`], an
+/// array is [`Content::Parts`] read part by part (so an error names the part, e.g.
+/// `content[1].text`), and anything else is "expected a string or an array of content parts".
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Content {
     /// Plain text.
     Text(String),
     /// Multimodal parts.
     Parts(Vec<ContentPart>),
+}
+
+impl<'de> Deserialize<'de> for Content {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ContentVisitor)
+    }
+}
+
+struct ContentVisitor;
+
+impl<'de> Visitor<'de> for ContentVisitor {
+    type Value = Content;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string or an array of content parts")
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Content, E> {
+        Ok(Content::Text(text.to_owned()))
+    }
+
+    fn visit_string<E: de::Error>(self, text: String) -> Result<Content, E> {
+        Ok(Content::Text(text))
+    }
+
+    // Each part is read through the sequence, so the caller's path tracking (see
+    // `parse::parse`) records its index, and a part's own error (from the tagged union)
+    // carries its inner path: together `content[1].text`.
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
+        let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(part) = seq.next_element::<ContentPart>()? {
+            parts.push(part);
+        }
+        Ok(Content::Parts(parts))
+    }
 }
 
 impl Content {
@@ -88,6 +128,7 @@ pub enum ContentPart {
 
 /// `{ url }`, as used by image and video parts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct UrlRef {
     /// The URL.
     pub url: String,
@@ -95,6 +136,7 @@ pub struct UrlRef {
 
 /// The `file` of a file part.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct FileData {
     /// The file's name.
     pub filename: String,
@@ -104,6 +146,7 @@ pub struct FileData {
 
 /// The `input_audio` of an audio part.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct AudioData {
     /// The audio bytes, base64.
     pub data: String,
@@ -144,6 +187,7 @@ super::parse::tagged_deserialize! {
 
 /// A tool call requested by the model, in the OpenAI shape the protocol uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct ToolCall {
     /// The call's id; the answering tool message carries it as `tool_call_id`.
     pub id: String,
@@ -167,6 +211,7 @@ impl ToolCall {
 
 /// The function of a tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct FunctionCall {
     /// The tool's name.
     pub name: String,
@@ -176,6 +221,7 @@ pub struct FunctionCall {
 
 /// A message not yet recorded: the same shape as [`Message`] with an optional id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct DraftMessage {
     /// The recorded node this message is, if it is one; absent for news.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -253,6 +299,7 @@ impl DraftMessage {
 
 /// A recorded message: a node of the session's message tree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct Message {
     /// The node id.
     pub id: String,
@@ -298,6 +345,7 @@ impl Message {
 
 /// Every recorded message of a session, with the branch structure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct MessageTree {
     /// Every node, parents before children.
     pub nodes: Vec<TreeNode>,
@@ -308,6 +356,7 @@ pub struct MessageTree {
 
 /// One node of a [`MessageTree`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self")]
 pub struct TreeNode {
     /// The message.
     pub message: Message,
@@ -315,3 +364,15 @@ pub struct TreeNode {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_id: Option<String>,
 }
+
+super::parse::objects_only!(
+    UrlRef,
+    FileData,
+    AudioData,
+    ToolCall,
+    FunctionCall,
+    DraftMessage,
+    Message,
+    MessageTree,
+    TreeNode
+);

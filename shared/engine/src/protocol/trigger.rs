@@ -76,7 +76,7 @@ super::parse::tagged_deserialize! {
 
 /// `client.messages`: the client's full view of the conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientMessagesTrigger {
     /// The client's full conversation view.
     pub messages: Vec<DraftMessage>,
@@ -88,7 +88,7 @@ pub struct ClientMessagesTrigger {
 
 /// `client.action`: a named action from the client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientActionTrigger {
     /// The action's name.
     pub name: String,
@@ -99,7 +99,7 @@ pub struct ClientActionTrigger {
 
 /// `tool.execute`: run one attempt of a tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolExecuteTrigger {
     /// The tool call's id.
     pub id: String,
@@ -118,7 +118,7 @@ pub struct ToolExecuteTrigger {
 
 /// `tool.finished`: a tool call settled for good.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolFinishedTrigger {
     /// The tool call's id.
     pub id: String,
@@ -136,7 +136,7 @@ pub struct ToolFinishedTrigger {
 
 /// `llm.execute`: run one attempt of an LLM call on the worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmExecuteTrigger {
     /// The LLM call's id.
     pub id: String,
@@ -156,7 +156,7 @@ pub struct LlmExecuteTrigger {
 
 /// `llm.finished`: an LLM call settled for good.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmFinishedTrigger {
     /// The LLM call's id.
     pub id: String,
@@ -186,7 +186,7 @@ pub struct LlmFinishedTrigger {
 
 /// `sub_agent.finished`: a delegated session's turn ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct SubAgentFinishedTrigger {
     /// The tool call the delegation answers.
     pub id: String,
@@ -206,7 +206,7 @@ pub struct SubAgentFinishedTrigger {
 
 /// `interrupt.resumed`: the client resumed an open interrupt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptResumedTrigger {
     /// The interrupt.
     pub interrupt_id: String,
@@ -216,8 +216,8 @@ pub struct InterruptResumedTrigger {
 }
 
 /// The engine's validation of a tool call's arguments.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "status", rename_all = "lowercase", deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
 pub enum ToolInput {
     /// Parsed, and conforms to the tool's input schema.
     Valid {
@@ -238,6 +238,31 @@ pub enum ToolInput {
     },
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ValidInput {
+    value: Value,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InvalidInput {
+    value: Value,
+    error: String,
+}
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MalformedInput {
+    error: String,
+}
+
+super::parse::tagged_deserialize! {
+    ToolInput, "tool input", tag = "status", {
+        "valid" => ValidInput => |i: ValidInput| ToolInput::Valid { value: i.value },
+        "invalid" => InvalidInput => |i: InvalidInput| ToolInput::Invalid { value: i.value, error: i.error },
+        "malformed" => MalformedInput => |i: MalformedInput| ToolInput::Malformed { error: i.error },
+    }
+}
+
 /// The class of a call failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -256,7 +281,7 @@ pub enum ErrorCode {
 
 /// What the client brought with a `client.messages` input.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientContext {
     /// Client-executed tools, layered onto the proposed config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -271,3 +296,15 @@ pub struct ClientContext {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forwarded_props: Option<Value>,
 }
+
+super::parse::objects_only!(
+    ClientMessagesTrigger,
+    ClientActionTrigger,
+    ToolExecuteTrigger,
+    ToolFinishedTrigger,
+    LlmExecuteTrigger,
+    LlmFinishedTrigger,
+    SubAgentFinishedTrigger,
+    InterruptResumedTrigger,
+    ClientContext
+);
