@@ -159,8 +159,14 @@ impl Tx {
             return;
         }
         let writes = !reconciled.new_nodes.is_empty();
-        for (message, parent_id) in reconciled.new_nodes {
-            self.emit(Event::MessageRecorded { message, parent_id });
+        let mut cursor = reconciled.new_nodes.first().and_then(|(_, parent)| parent.clone());
+        for (message, _) in reconciled.new_nodes {
+            if message.role != Role::Tool {
+                cursor = self.answer_abandoned_tool_calls(cursor);
+            }
+            let id = message.id.clone();
+            self.emit(Event::MessageRecorded { message, parent_id: cursor });
+            cursor = Some(id);
         }
         if !writes {
             self.emit(Event::HeadMoved { head_id: reconciled.head });
@@ -175,6 +181,25 @@ impl Tx {
         for id in off_path {
             self.void_call(&id, "its branch was forked");
         }
+    }
+
+    /// Before news is written under `parent`, answers the tool calls on its path that have no
+    /// result there and are no longer in flight (a fork or edit that dropped their results),
+    /// so the transcript stays valid for strict model APIs. Returns the new parent.
+    fn answer_abandoned_tool_calls(&mut self, parent: Option<String>) -> Option<String> {
+        let mut cursor = parent;
+        for (tool_call_id, name) in self.session.tree.unanswered_tool_calls_at(cursor.as_deref()) {
+            if self.session.call(&tool_call_id).is_some() {
+                continue;
+            }
+            let text = "error: no result: the conversation continued from an earlier point without it";
+            let message =
+                DraftMessage::tool_result(tool_call_id, name, text).into_message(self.ids.mint("msg"));
+            let id = message.id.clone();
+            self.emit(Event::MessageRecorded { message, parent_id: cursor });
+            cursor = Some(id);
+        }
+        cursor
     }
 
     /// Runs one action; `Err` says why it was not carried out.

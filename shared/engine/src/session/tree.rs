@@ -224,7 +224,12 @@ impl Tree {
     /// Tool calls of assistant messages on the active path that no tool message on the path
     /// answers: `(tool_call_id, tool name)`.
     pub fn unanswered_tool_calls(&self) -> Vec<(String, String)> {
-        let path = self.active_path();
+        self.unanswered_tool_calls_at(self.head())
+    }
+
+    /// Tool calls on the path from the root to `node` that no tool message on it answers.
+    pub fn unanswered_tool_calls_at(&self, node: Option<&str>) -> Vec<(String, String)> {
+        let path = self.path_to(node);
         let answered: HashSet<&str> =
             path.iter().filter(|m| m.role == Role::Tool).filter_map(|m| m.tool_call_id.as_deref()).collect();
         path.iter()

@@ -248,7 +248,7 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
             _ => {}
         }
     }
-    // Every tool call on the active path is answered once, or still open.
+    // Every tool call on the active path is answered at most once.
     let path = session.tree.active_path();
     for m in &path {
         for tc in m.tool_calls() {
@@ -257,17 +257,6 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
                 .filter(|a| a.role == Role::Tool && a.tool_call_id.as_deref() == Some(&tc.id))
                 .count();
             assert!(answers <= 1, "tool call {} answered {answers} times", tc.id);
-            if answers == 0 && session.active_turn.is_none() && !session.turns.is_empty() {
-                let open = session.call_id_used(&tc.id) && session.call(&tc.id).is_some()
-                    || session.outbox.values().any(|_| true)
-                    || session.triggers.iter().any(|t| t.source.call_id() == Some(tc.id.as_str()))
-                    || session.decision.is_some();
-                let ended_turn_left_it = session
-                    .turns
-                    .values()
-                    .any(|t| matches!(t.status, TurnStatus::Failed | TurnStatus::Cancelled));
-                assert!(open || !ended_turn_left_it, "tool call {} dangles after its turn ended", tc.id);
-            }
         }
     }
     // A queued turn starts exactly once.
