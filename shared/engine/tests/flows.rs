@@ -1,5 +1,8 @@
 //! Golden traces of the canonical flows: the ordered event names.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 use common::*;
 use turnstone_engine::protocol::*;

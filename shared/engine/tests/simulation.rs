@@ -7,6 +7,9 @@
 //! Run one seed with `TURNSTONE_SIM_SEED=<n> cargo test -p turnstone-engine --test simulation`.
 //! A failing seed is printed; keep it in `REGRESSION_SEEDS`.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 use common::*;
 use serde_json::json;

@@ -1,0 +1,660 @@
+//! One test per rule of the session: each fails when its rule is broken.
+
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+use common::*;
+use serde_json::json;
+use turnstone_engine::protocol::*;
+use turnstone_engine::session::*;
+
+fn submit(input: ClientInput, queue: bool) -> Command {
+    Command::Submit { input, queue, origin: TurnOrigin::Client }
+}
+
+fn msg_with_turn(agent_id: &str, text: &str, turn_id: &str) -> Command {
+    submit(
+        ClientInput::Message(ClientMessageInput {
+            agent_id: agent_id.into(),
+            turn_id: Some(turn_id.into()),
+            message: DraftMessage::user(text),
+            stream: None,
+        }),
+        false,
+    )
+}
+
+fn respond(actions: Vec<Action>) -> DecisionResponse {
+    DecisionResponse { actions: Some(actions), ..Default::default() }
+}
+
+fn tool(name: &str) -> AgentTool {
+    AgentTool { name: name.into(), description: None, input: None, output: None, handler: None }
+}
+
+fn with_tools(tools: Vec<AgentTool>) -> AgentConfig {
+    let mut a = agent("m");
+    a.tools = Some(tools);
+    a
+}
+
+/// A worker session with a turn running whose live decision is an llm.finished with `calls`.
+fn worker_at_tool_calls(config: AgentConfig, calls: &[(&str, &str, &str)]) -> Harness {
+    let mut h = Harness::new("s", init("w", Some(config), true));
+    h.accept();
+    h.ok(message("w", "go"));
+    h.accept();
+    h.run_llm(tool_calls(calls));
+    h
+}
+
+// ----- turns -----------------------------------------------------------------------------
+
+#[test]
+fn a_submit_during_a_turn_is_refused_naming_the_turn_unless_it_queues() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    h.ok(msg_with_turn("demo", "one", "t1"));
+    let err = h.exec(msg_with_turn("demo", "two", "t2")).unwrap_err();
+    assert_eq!(err, Rejection::TurnAlreadyActive { turn_id: "t1".into() });
+    assert!(err.to_string().contains("t1"));
+    let mut queued = msg_with_turn("demo", "two", "t2");
+    if let Command::Submit { queue, .. } = &mut queued {
+        *queue = true;
+    }
+    assert_eq!(names(&h.ok(queued)), ["turn.queued"]);
+}
+
+#[test]
+fn queued_inputs_start_in_arrival_order() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    h.ok(msg_with_turn("demo", "one", "t1"));
+    for (text, id) in [("two", "t2"), ("three", "t3")] {
+        let mut c = msg_with_turn("demo", text, id);
+        if let Command::Submit { queue, .. } = &mut c {
+            *queue = true;
+        }
+        h.ok(c);
+    }
+    assert_eq!(h.session.queued_turns, ["t2", "t3"]);
+    h.run_llm(reply("r1"));
+    assert_eq!(h.session.active_turn.as_deref(), Some("t2"));
+    h.run_llm(reply("r2"));
+    assert_eq!(h.session.active_turn.as_deref(), Some("t3"));
+    h.run_llm(reply("r3"));
+    assert_eq!(
+        h.path_texts(),
+        ["User:one", "Assistant:r1", "User:two", "Assistant:r2", "User:three", "Assistant:r3"]
+    );
+}
+
+#[test]
+fn a_known_turn_id_returns_that_turn_and_writes_nothing() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    h.ok(msg_with_turn("demo", "one", "t1"));
+    h.run_llm(reply("r1"));
+    assert!(h.ok(msg_with_turn("demo", "one again", "t1")).is_empty());
+    assert_eq!(h.session.turn("t1").map(|t| t.status), Some(TurnStatus::Completed));
+}
+
+#[test]
+fn an_input_for_another_agent_is_refused() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    assert_eq!(h.exec(message("other", "hi")).unwrap_err().code(), "agent_mismatch");
+}
+
+#[test]
+fn a_truncated_model_call_ends_the_turn_with_the_error() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    h.ok(message("demo", "hi"));
+    let mut r = reply("cut");
+    r.finish_reason = Some("length".into());
+    h.run_llm(r);
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed);
+    assert!(turn.error.as_deref().unwrap().contains("truncated"));
+    assert_eq!(h.path_texts(), ["User:hi"]);
+}
+
+#[test]
+fn a_terminal_model_error_ends_the_turn_without_retry() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    h.ok(message("demo", "hi"));
+    h.fail_llm(CallError {
+        error: "bad request".into(),
+        code: Some(ErrorCode::ProviderError),
+        detail: None,
+        retryable: false,
+    });
+    assert_eq!(h.last_turn().status, TurnStatus::Failed);
+    assert!(h.due_llm().is_none());
+}
+
+// ----- decisions -------------------------------------------------------------------------
+
+#[test]
+fn a_decision_has_an_id_attempts_and_a_deadline() {
+    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let req = h.deliver();
+    assert!(req.decision_id.starts_with("dec_"));
+    assert_eq!(req.attempts, 1);
+    let deadline =
+        turnstone_engine::time::Timestamp::parse_rfc3339(req.deadline.as_deref().unwrap()).unwrap();
+    assert_eq!(deadline.0 - h.now.0, 30_000);
+    assert_eq!(req.identity.id.as_deref(), Some("owner-1"));
+}
+
+#[test]
+fn triggers_wait_behind_the_live_decision() {
+    let mut h =
+        worker_at_tool_calls(with_tools(vec![tool("a"), tool("b")]), &[("c1", "a", "{}"), ("c2", "b", "{}")]);
+    h.accept();
+    // Two tool.execute triggers; only one decision is live.
+    assert!(
+        matches!(h.session.decision.as_ref().unwrap().trigger, Trigger::ToolExecute(ref t) if t.id == "c1")
+    );
+    assert_eq!(h.session.triggers.len(), 1);
+}
+
+#[test]
+fn a_response_to_a_decision_that_is_not_live_is_a_no_op() {
+    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let events =
+        h.ok(Command::Answer { decision_id: "dec_unknown".into(), attempt: 1, response: Box::default() });
+    assert!(events.is_empty());
+}
+
+#[test]
+fn an_invalid_response_fails_the_decision_naming_the_field_and_writes_nothing() {
+    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    h.accept();
+    h.ok(message("w", "hi"));
+    let bad = Action::MessageSend(MessageSendAction {
+        session_id: "stranger".into(),
+        message: DraftMessage::user("x"),
+    });
+    let mut response = respond(vec![Action::LlmCall(LlmCallAction::default()), bad]);
+    response.messages = Some(vec![DraftMessage::user("should not be written")]);
+    let (_, events) = h.answer(response);
+    assert_eq!(names(&events), ["decision.failed", "turn.ended"]);
+    let error = h.last_turn().error.clone().unwrap();
+    assert!(error.contains("invalid_response: actions[1].session_id"), "{error}");
+    assert!(h.session.tree.is_empty());
+}
+
+#[test]
+fn an_engine_hosted_agent_fails_a_trigger_only_a_worker_can_answer() {
+    let mut h = Harness::new("s", init("demo", Some(with_tools(vec![tool("a")])), false));
+    h.ok(message("demo", "hi"));
+    h.run_llm(tool_calls(&[("c1", "a", "{}")]));
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed);
+    assert!(turn.error.as_deref().unwrap().contains("has no worker"), "{:?}", turn.error);
+    assert!(h.session.tree.unanswered_tool_calls().is_empty());
+}
+
+// ----- proposals -------------------------------------------------------------------------
+
+#[test]
+fn tool_execute_with_invalid_input_or_an_unknown_tool_proposes_a_terminal_tool_error() {
+    let schema = json!({"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]});
+    let typed = AgentTool { input: Some(schema), ..tool("count") };
+    let mut h = worker_at_tool_calls(
+        with_tools(vec![typed]),
+        &[("c1", "count", r#"{"n":"x"}"#), ("c2", "ghost", "{}"), ("c3", "count", "oops")],
+    );
+    h.accept();
+    let mut errors = Vec::new();
+    for _ in 0..3 {
+        let (req, _) = h.accept();
+        let Trigger::ToolExecute(t) = &req.trigger else { panic!("{:?}", req.trigger) };
+        let [Action::ToolError(e)] = req.proposed.actions() else { panic!("{:?}", req.proposed) };
+        assert_eq!(e.retryable, Some(false));
+        errors.push((t.id.clone(), e.error.clone(), t.input.clone()));
+    }
+    assert!(
+        matches!(errors[0].2, ToolInput::Invalid { .. })
+            && errors[0].1.contains("invalid arguments for tool count")
+    );
+    assert_eq!(errors[1].1, "unknown tool: ghost");
+    assert!(
+        matches!(errors[2].2, ToolInput::Malformed { .. }) && errors[2].1.contains("malformed arguments")
+    );
+}
+
+#[test]
+fn session_start_proposes_the_declared_config() {
+    let mut h = Harness::new("s", init("w", Some(agent("declared-model")), true));
+    let req = h.deliver();
+    assert_eq!(req.proposed.agent.as_ref().map(|a| a.model.as_str()), Some("declared-model"));
+    assert_eq!(req.agent, None);
+}
+
+#[test]
+fn the_system_prompt_is_prepended_at_call_time_and_never_stored() {
+    let mut a = agent("m");
+    a.system = Some("be brief".into());
+    let mut h = Harness::new("s", init("demo", Some(a), false));
+    h.ok(message("demo", "hi"));
+    let call = h.session.calls[0].clone();
+    let request = h.session.llm_request(&call).unwrap();
+    assert_eq!(request.messages[0].role, Role::System);
+    assert_eq!(request.messages[0].content_text(), "be brief");
+    assert!(h.session.tree.nodes().iter().all(|n| n.message.role != Role::System));
+}
+
+#[test]
+fn explicit_messages_on_llm_call_suppress_the_system_prompt() {
+    let mut a = agent("m");
+    a.system = Some("be brief".into());
+    let mut h = Harness::new("s", init("w", Some(a), true));
+    h.accept();
+    h.ok(message("w", "hi"));
+    let call = Action::LlmCall(LlmCallAction {
+        messages: Some(vec![DraftMessage::user("only this")]),
+        ..Default::default()
+    });
+    h.answer(respond(vec![call]));
+    let request = h.session.llm_request(&h.session.calls[0]).unwrap();
+    assert_eq!(request.messages, vec![DraftMessage::user("only this")]);
+}
+
+// ----- message tree ----------------------------------------------------------------------
+
+#[test]
+fn new_from_is_computed_at_delivery_and_redeliveries_see_the_same() {
+    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    h.accept();
+    h.ok(message("w", "hi"));
+    let first = h.deliver();
+    h.ok(Command::DeliveryFailed {
+        decision_id: first.decision_id.clone(),
+        attempt: 1,
+        error: "503".into(),
+        retryable: true,
+    });
+    h.advance(10_000);
+    let second = h.deliver();
+    let (Trigger::ClientMessages(a), Trigger::ClientMessages(b)) = (&first.trigger, &second.trigger) else {
+        panic!()
+    };
+    assert_eq!((a.new_from, b.new_from), (0, 0));
+    assert_eq!(first.trigger, second.trigger);
+}
+
+#[test]
+fn an_echo_of_known_ids_writes_nothing_and_the_request_carries_path_and_tree() {
+    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    h.accept();
+    h.ok(message("w", "hi"));
+    h.accept();
+    h.run_llm(reply("hello"));
+    let (req, _) = h.deliver_and_inspect();
+    assert_eq!(req.messages.len(), 1);
+    assert_eq!(req.message_tree.nodes.len(), 1);
+    let echo = DecisionResponse {
+        messages: Some(req.messages.iter().map(Message::to_draft).collect()),
+        ..Default::default()
+    };
+    let events = h.ok(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::new(echo) });
+    assert_eq!(names(&events), ["decision.resolved"], "the worker vetoed the reply by not echoing it");
+}
+
+impl Harness {
+    fn deliver_and_inspect(&mut self) -> (DecisionRequest, ()) {
+        (self.deliver(), ())
+    }
+}
+
+// ----- calls -----------------------------------------------------------------------------
+
+#[test]
+fn retry_policy_layers_action_over_agent_over_engine_default() {
+    let agent_policy = RetryPolicy {
+        timeout_secs: Some(7.0),
+        max_retries: 1,
+        backoff_base_secs: 1.0,
+        backoff_max_secs: 2.0,
+    };
+    let action_policy = RetryPolicy {
+        timeout_secs: Some(3.0),
+        max_retries: 4,
+        backoff_base_secs: 1.0,
+        backoff_max_secs: 2.0,
+    };
+    let mut a = with_tools(vec![tool("a")]);
+    a.retry = Some(agent_policy);
+    let mut h = Harness::new("s", init("w", Some(a), true));
+    h.accept();
+    h.ok(message("w", "go"));
+    let call = |id: &str, retry| {
+        Action::ToolCall(ToolCallAction {
+            id: Some(id.into()),
+            name: "a".into(),
+            arguments: json!({}),
+            handler: None,
+            retry,
+        })
+    };
+    let llm = Action::LlmCall(LlmCallAction { id: Some("l1".into()), ..Default::default() });
+    h.answer(respond(vec![call("c1", None), call("c2", Some(action_policy)), llm]));
+    assert_eq!(h.session.call("c1").unwrap().policy, agent_policy);
+    assert_eq!(h.session.call("c2").unwrap().policy, action_policy);
+    assert_eq!(h.session.call("l1").unwrap().policy, agent_policy);
+    // Without an agent policy, the engine default for the kind applies.
+    let mut h = Harness::new("s", init("w", Some(with_tools(vec![tool("a")])), true));
+    h.accept();
+    h.ok(message("w", "go"));
+    h.answer(respond(vec![call("c1", None)]));
+    assert_eq!(h.session.call("c1").unwrap().policy, Defaults::default().tool);
+}
+
+#[test]
+fn backoff_doubles_between_base_and_max() {
+    let p = RetryPolicy { timeout_secs: None, max_retries: 9, backoff_base_secs: 1.0, backoff_max_secs: 5.0 };
+    assert_eq!([1, 2, 3, 4, 5].map(|n| p.backoff_ms(n)), [1000, 2000, 4000, 5000, 5000]);
+}
+
+#[test]
+fn a_timeout_is_a_retryable_deadline_exceeded_until_retries_run_out() {
+    let policy = RetryPolicy {
+        timeout_secs: Some(10.0),
+        max_retries: 1,
+        backoff_base_secs: 1.0,
+        backoff_max_secs: 1.0,
+    };
+    let mut h = Harness::new("s", init("w", Some(with_tools(vec![tool("slow")])), true));
+    h.accept();
+    h.ok(message("w", "go"));
+    let c = Action::ToolCall(ToolCallAction {
+        id: Some("c1".into()),
+        name: "slow".into(),
+        arguments: json!({}),
+        handler: None,
+        retry: Some(policy),
+    });
+    h.answer(respond(vec![c]));
+    h.answer(DecisionResponse::default()); // tool.execute attempt 1: deferred
+    h.advance(10_001);
+    let events = h.ok(Command::Tick);
+    assert_eq!(names(&events), ["call.retry_scheduled"]);
+    let Event::CallRetryScheduled { error, .. } = &events[0] else { panic!() };
+    assert_eq!(error.code, Some(ErrorCode::DeadlineExceeded));
+    h.advance(1_100);
+    h.ok(Command::Tick);
+    let req = h.deliver();
+    assert!(matches!(req.trigger, Trigger::ToolExecute(ref t) if t.attempt == 2));
+    h.ok(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::default() });
+    // A late result for attempt 1 is refused by the fence.
+    let late = Action::ToolResult(ToolResultAction {
+        id: Some("c1".into()),
+        attempt: Some(1),
+        result: json!("late"),
+    });
+    let err = h.exec(Command::Settle { action: late }).unwrap_err();
+    assert_eq!(err, Rejection::StaleAttempt { id: "c1".into(), attempt: 1, current: 2 });
+    h.advance(10_001);
+    h.ok(Command::Tick);
+    let (req, _) = h.accept();
+    let Trigger::ToolFinished(f) = &req.trigger else { panic!("{:?}", req.trigger) };
+    assert!(!f.ok && f.error.as_deref().unwrap().contains("deadline"));
+}
+
+#[test]
+fn reusing_a_call_id_is_a_no_op() {
+    let mut h = Harness::new("s", init("w", Some(with_tools(vec![tool("a")])), true));
+    h.accept();
+    h.ok(message("w", "go"));
+    let c = || {
+        Action::ToolCall(ToolCallAction {
+            id: Some("c1".into()),
+            name: "a".into(),
+            arguments: json!({"x": 1}),
+            handler: None,
+            retry: None,
+        })
+    };
+    let (_, events) = h.answer(respond(vec![c(), c()]));
+    assert_eq!(
+        names(&events),
+        [
+            "decision.resolved",
+            "call.created",
+            "trigger.queued",
+            "action.ignored",
+            "decision.opened",
+            "call.dispatched"
+        ]
+    );
+}
+
+#[test]
+fn pending_calls_counts_tool_and_sub_agent_calls_only() {
+    let mut h = Harness::new("s", init("w", Some(with_tools(vec![tool("a")])), true));
+    h.accept();
+    h.ok(message("w", "go"));
+    let c = Action::ToolCall(ToolCallAction {
+        id: Some("c1".into()),
+        name: "a".into(),
+        arguments: json!({}),
+        handler: None,
+        retry: None,
+    });
+    h.answer(respond(vec![c, Action::LlmCall(LlmCallAction::default())]));
+    assert_eq!(h.session.calls.len(), 2);
+    assert_eq!(h.session.pending_calls(), 1);
+}
+
+#[test]
+fn a_result_violating_the_output_schema_settles_as_a_terminal_error() {
+    let typed = AgentTool { output: Some(json!({"type": "number"})), ..tool("count") };
+    let mut h = worker_at_tool_calls(with_tools(vec![typed]), &[("c1", "count", "{}")]);
+    h.accept();
+    let req = h.deliver();
+    let result =
+        Action::ToolResult(ToolResultAction { id: None, attempt: None, result: json!("not a number") });
+    h.ok(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: 1,
+        response: Box::new(respond(vec![result])),
+    });
+    let (req, _) = h.accept();
+    let Trigger::ToolFinished(f) = &req.trigger else { panic!() };
+    assert!(!f.ok && f.error.as_deref().unwrap().contains("violates its output schema"), "{f:?}");
+}
+
+#[test]
+fn a_worker_llm_call_in_openai_format_goes_out_and_comes_back_native() {
+    let mut a = agent("gpt");
+    a.handler = Some(LlmHandler::Worker);
+    a.format = Some(LlmFormat::Openai);
+    let mut h = Harness::new("s", init("w", Some(a), true));
+    h.accept();
+    h.ok(message("w", "hi"));
+    h.accept();
+    let req = h.deliver();
+    let Trigger::LlmExecute(t) = &req.trigger else { panic!("{:?}", req.trigger) };
+    assert_eq!(t.format, Some(LlmFormat::Openai));
+    assert_eq!(t.request["messages"][0]["content"], json!("hi"));
+    let native = json!({"id": "x", "object": "chat.completion", "model": "gpt", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"}, "finish_reason": "stop"}]});
+    let result = Action::LlmResult(LlmResultAction { id: None, attempt: None, response: native });
+    h.ok(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: 1,
+        response: Box::new(respond(vec![result])),
+    });
+    h.accept();
+    assert_eq!(h.path_texts(), ["User:hi", "Assistant:hey"]);
+}
+
+// ----- interrupts ------------------------------------------------------------------------
+
+#[test]
+fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
+    let mut h = Harness::new(
+        "s",
+        init(
+            "w",
+            Some(with_tools(vec![AgentTool { handler: Some(ToolHandler::Client), ..tool("pick") }])),
+            true,
+        ),
+    );
+    h.accept();
+    h.ok(message("w", "go"));
+    let c = Action::ToolCall(ToolCallAction {
+        id: Some("c1".into()),
+        name: "pick".into(),
+        arguments: json!({}),
+        handler: None,
+        retry: None,
+    });
+    let i = Action::Interrupt(InterruptAction {
+        interrupt_id: Some("i1".into()),
+        reason: "wait".into(),
+        payload: None,
+    });
+    h.answer(respond(vec![c, i, Action::Done(DoneAction::default())]));
+    assert!(h.session.active_turn.is_none() && h.session.is_paused());
+    let err = h.exec(message("w", "next")).unwrap_err();
+    assert_eq!(err, Rejection::BranchPaused { interrupt_ids: vec!["i1".into()] });
+    let settle = submit(
+        ClientInput::ToolResult(ToolResultInput {
+            id: "c1".into(),
+            attempt: Some(1),
+            result: Some(json!("x")),
+        }),
+        false,
+    );
+    assert_eq!(names(&h.ok(settle)), ["call.settled", "trigger.queued"]);
+}
+
+// ----- sub-agents ------------------------------------------------------------------------
+
+#[test]
+fn a_voided_delegation_cancels_the_child_and_its_children() {
+    let mut boss = agent("m");
+    boss.sub_agents = Some(vec![SubAgent { id: "mid".into(), description: None }]);
+    let mut world = World { sessions: Default::default() };
+    world.sessions.insert("p".into(), Harness::new("p", init("boss", Some(boss), false)));
+    world.sessions.get_mut("p").unwrap().ok(message("boss", "go"));
+    world.sessions.get_mut("p").unwrap().run_llm(tool_calls(&[("t1", "mid", r#"{"message":"m"}"#)]));
+    world.route();
+    // The child (engine-hosted, plain agent) spawns its own sub-agent by a worker-less proposal
+    // only if its config declares one; drive a grandchild by hand instead.
+    let child_id = world.sessions.keys().find(|k| k.as_str() != "p").cloned().unwrap();
+    let child = world.sessions.get_mut(&child_id).unwrap();
+    assert_eq!(child.session.ancestry(), ["p"]);
+    world.sessions.get_mut("p").unwrap().ok(Command::Cancel { reason: "stop".into() });
+    let routed = world.route();
+    assert!(routed.contains(&"p:cancel_child".to_owned()));
+    assert_eq!(world.sessions[&child_id].last_turn().status, TurnStatus::Cancelled);
+    // The cancelled child reports to its parent, whose delegation is already voided: a no-op.
+    assert!(routed.contains(&format!("{child_id}:notify_parent")));
+}
+
+// ----- state and config ------------------------------------------------------------------
+
+#[test]
+fn state_null_keeps_empty_object_clears_equal_writes_nothing() {
+    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let with_state = |state: Option<serde_json::Value>| DecisionResponse { state, ..Default::default() };
+    h.answer(with_state(Some(json!({"a": 1, "b": [1, 2]}))));
+    assert_eq!(h.session.current_state(), json!({"a": 1, "b": [1, 2]}));
+    h.ok(message("w", "x"));
+    let (_, e) = h.answer(with_state(None));
+    assert!(!names(&e).contains(&"state.written"));
+    h.ok(Command::Cancel { reason: "r".into() });
+    h.ok(message("w", "y"));
+    let (_, e) = h.answer(with_state(Some(json!({"b": [1, 2], "a": 1}))));
+    assert!(!names(&e).contains(&"state.written"), "key order does not matter");
+    h.ok(Command::Cancel { reason: "r".into() });
+    h.ok(message("w", "z"));
+    let (_, e) = h.answer(with_state(Some(json!({"a": 1.0, "b": [1, 2]}))));
+    assert!(names(&e).contains(&"state.written"), "1 differs from 1.0");
+    h.ok(Command::Cancel { reason: "r".into() });
+    h.ok(message("w", "w"));
+    h.answer(with_state(Some(json!({}))));
+    assert_eq!(h.session.current_state(), json!({}));
+    // null in JSON parses to "keep".
+    let parsed: DecisionResponse = parse_str(r#"{"state": null}"#).unwrap();
+    assert_eq!(parsed.state, None);
+}
+
+#[test]
+fn state_is_branch_scoped_and_a_fork_sees_the_state_of_its_point() {
+    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    h.accept();
+    h.ok(client_messages("w", vec![DraftMessage::user("a").with_id("a")]));
+    let v1 = DecisionResponse {
+        messages: Some(vec![DraftMessage::user("a").with_id("a")]),
+        state: Some(json!(1)),
+        actions: Some(vec![Action::Done(DoneAction::default())]),
+        agent: None,
+    };
+    h.answer(v1);
+    h.ok(client_messages(
+        "w",
+        vec![DraftMessage::user("a").with_id("a"), DraftMessage::user("b").with_id("b")],
+    ));
+    let v2 = DecisionResponse {
+        messages: Some(vec![DraftMessage::user("a").with_id("a"), DraftMessage::user("b").with_id("b")]),
+        state: Some(json!(2)),
+        actions: Some(vec![Action::Done(DoneAction::default())]),
+        agent: None,
+    };
+    h.answer(v2);
+    assert_eq!(h.session.current_state(), json!(2));
+    // Fork at "a": once recorded, the new branch sees the state written at "a". (The
+    // client.messages decision itself still sees the recorded conversation, head at "b".)
+    h.ok(client_messages("w", vec![DraftMessage::user("a").with_id("a"), DraftMessage::user("b2")]));
+    let (req, _) = h.accept();
+    assert_eq!(req.state, json!(2));
+    assert_eq!(h.session.current_state(), json!(1));
+    h.run_llm(reply("ok"));
+    let req = h.deliver();
+    assert_eq!(req.state, json!(1));
+}
+
+#[test]
+fn an_agent_in_a_response_supplies_the_defaults_of_its_own_actions() {
+    let mut h = Harness::new("s", init("w", Some(agent("old")), true));
+    h.accept();
+    h.ok(message("w", "hi"));
+    let response = DecisionResponse {
+        agent: Some(agent("new")),
+        actions: Some(vec![Action::LlmCall(LlmCallAction::default())]),
+        ..Default::default()
+    };
+    h.answer(response);
+    let request = h.session.llm_request(&h.session.calls[0]).unwrap();
+    assert_eq!(request.model, "new");
+    assert_eq!(h.session.current_agent().map(|a| a.model.as_str()), Some("new"));
+}
+
+fn client_messages(agent_id: &str, messages: Vec<DraftMessage>) -> Command {
+    submit(
+        ClientInput::Messages(ClientMessagesInput {
+            agent_id: agent_id.into(),
+            turn_id: None,
+            messages,
+            stream: None,
+            client: None,
+        }),
+        false,
+    )
+}
+
+// ----- usage -----------------------------------------------------------------------------
+
+#[test]
+fn usage_and_cost_accumulate_per_turn_and_per_session() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    h.ok(message("demo", "one"));
+    h.run_llm(reply("r1"));
+    h.ok(message("demo", "two"));
+    h.run_llm(reply("r2"));
+    assert_eq!(h.session.usage.llm_calls, 2);
+    assert_eq!(h.session.usage.tokens.get("prompt_tokens"), Some(&20));
+    assert_eq!(h.session.usage.cost(), "0.002");
+    assert!(h.session.turns.values().all(|t| t.usage.llm_calls == 1 && t.usage.cost() == "0.001"));
+}
