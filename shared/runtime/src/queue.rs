@@ -46,4 +46,8 @@ pub trait Queue: Send + Sync + 'static {
 
     /// Acknowledges a handled delivery so it is not delivered again.
     async fn ack(&self, delivery: &Delivery) -> Result<(), QueueError>;
+
+    /// Stops deliveries to this process: waiting and later `receive` calls return
+    /// [`QueueError::Closed`]. Queued wake-ups are kept where the backend keeps them.
+    async fn close(&self) {}
 }

@@ -1,0 +1,287 @@
+//! The runtime's core: one place that loads a session, handles commands with the engine,
+//! commits the result, and tells the queue and the live hub. The HTTP router, the local host
+//! and the Lambda functions all go through [`App`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
+use turnstone_engine::session::{
+    Command, Ctx, Defaults, Event, Rejection, Session, SessionInit, TurnOrigin, handle,
+};
+use turnstone_engine::time::Timestamp;
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::hub::{Hub, Notice};
+use crate::llm::ModelProvider;
+use crate::queue::{Queue, WakeUp};
+use crate::store::{Commit, Store, StoreError};
+use crate::worker::{WorkerClient, WorkerEndpoint};
+
+/// How often a commit is retried when another writer moved the session on.
+const MAX_CONFLICT_RETRIES: usize = 16;
+
+/// What the runtime knows about one agent: its declared config and how its work is run.
+#[derive(Clone)]
+pub struct AgentRuntime {
+    /// The agent's id.
+    pub id: String,
+    /// Its declared config, proposed at `session.start`.
+    pub declared: AgentConfig,
+    /// The worker webhook, if the agent has one.
+    pub worker: Option<WorkerEndpoint>,
+    /// The provider of its server LLM calls, if any.
+    pub provider: Option<Arc<dyn ModelProvider>>,
+}
+
+impl std::fmt::Debug for AgentRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRuntime")
+            .field("id", &self.id)
+            .field("worker", &self.worker)
+            .field("provider", &self.provider.is_some())
+            .finish()
+    }
+}
+
+/// The parts an [`App`] is built from.
+pub struct Parts {
+    /// Where sessions live.
+    pub store: Arc<dyn Store>,
+    /// Where wake-ups go.
+    pub queue: Arc<dyn Queue>,
+    /// The time.
+    pub clock: Arc<dyn Clock>,
+    /// The agents, by id.
+    pub agents: BTreeMap<String, AgentRuntime>,
+    /// Engine default policies.
+    pub defaults: Defaults,
+    /// The worker webhook client.
+    pub worker: WorkerClient,
+}
+
+/// The runtime: store, queue, clock, agents, and the live hub.
+pub struct App {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) queue: Arc<dyn Queue>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) agents: BTreeMap<String, AgentRuntime>,
+    pub(crate) defaults: Defaults,
+    pub(crate) worker: WorkerClient,
+    hub: Hub,
+    entropy: AtomicU64,
+}
+
+/// The result of a commit: the session after it and the events it wrote.
+#[derive(Debug, Clone)]
+pub struct Executed {
+    /// The session after the commit.
+    pub session: Session,
+    /// The new events (empty: nothing changed and nothing was written).
+    pub events: Vec<Event>,
+}
+
+/// What a submitted client input did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Submitted {
+    /// The session.
+    pub session_id: String,
+    /// The turn the input started, joined or named (none for settles and resumes).
+    pub turn_id: Option<String>,
+    /// Whether the turn waits behind the active one.
+    pub queued: bool,
+}
+
+impl App {
+    /// An app from its parts.
+    pub fn new(parts: Parts) -> Arc<Self> {
+        let seed = parts.clock.now().0 as u64 ^ (std::process::id() as u64).rotate_left(32);
+        Arc::new(App {
+            store: parts.store,
+            queue: parts.queue,
+            clock: parts.clock,
+            agents: parts.agents,
+            defaults: parts.defaults,
+            worker: parts.worker,
+            hub: Hub::default(),
+            entropy: AtomicU64::new(seed),
+        })
+    }
+
+    /// Stops taking wake-ups: the queue's waiting receivers return and the workers end.
+    pub async fn close(&self) {
+        self.queue.close().await;
+    }
+
+    /// The live hub.
+    pub fn hub(&self) -> &Hub {
+        &self.hub
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The clock.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// An agent by id.
+    pub fn agent(&self, id: &str) -> Option<&AgentRuntime> {
+        self.agents.get(id)
+    }
+
+    /// The ids of the configured agents.
+    pub fn agent_ids(&self) -> impl Iterator<Item = &str> {
+        self.agents.keys().map(String::as_str)
+    }
+
+    fn ctx(&self) -> Ctx {
+        // Fresh, distinct entropy per command; the ids it mints land in the events.
+        let n = self.entropy.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        Ctx { now: self.clock.now(), seed: n }
+    }
+
+    /// The init of a new session for `agent_id`.
+    pub(crate) fn session_init(&self, agent_id: &str, identity: WorkerIdentity) -> Result<SessionInit> {
+        let agent = self.agents.get(agent_id).ok_or_else(|| Error::UnknownAgent(agent_id.to_owned()))?;
+        Ok(SessionInit {
+            agent_id: agent_id.to_owned(),
+            identity,
+            declared: Some(agent.declared.clone()),
+            has_worker: agent.worker.is_some(),
+            parent: None,
+            ancestry: Vec::new(),
+            defaults: self.defaults,
+        })
+    }
+
+    /// Loads a session, or a fresh uncreated one with version 0.
+    pub async fn load(&self, session_id: &str) -> Result<(Session, u64)> {
+        Ok(match self.store.load(session_id).await? {
+            Some(loaded) => (loaded.session, loaded.version),
+            None => (Session::new(session_id), 0),
+        })
+    }
+
+    /// Loads `session_id`, asks `build` for the commands to run against it, handles them in
+    /// order and commits the events atomically. A concurrent writer makes it reload and try
+    /// again; a rejection of any command writes nothing and is returned.
+    pub async fn execute<F>(&self, session_id: &str, mut build: F) -> Result<Executed>
+    where
+        F: FnMut(&Session) -> Result<Vec<Command>>,
+    {
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            let (mut session, version) = self.load(session_id).await?;
+            let commands = build(&session)?;
+            let mut events = Vec::new();
+            for command in commands {
+                let transition = handle(&session, command, &self.ctx())?;
+                events.extend(transition.events);
+                session = transition.session;
+            }
+            if events.is_empty() {
+                return Ok(Executed { session, events });
+            }
+            let now = self.clock.now();
+            let plan = session.plan(now);
+            // Work due now is also recorded as due, so the sweep finds it if the wake-up is lost.
+            let wake_at = if plan.effects.is_empty() { plan.wake_at } else { Some(now) };
+            let commit = Commit { session: &session, events: &events, wake_at };
+            match self.store.commit(session_id, version, commit).await {
+                Ok(_) => {
+                    self.after_commit(session_id, &session, wake_at, now).await;
+                    return Ok(Executed { session, events });
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::Contended(session_id.to_owned()))
+    }
+
+    /// Tells listeners, and schedules the session's next look.
+    async fn after_commit(&self, session_id: &str, session: &Session, wake_at: Option<Timestamp>, now: Timestamp) {
+        self.hub.publish(session_id, Notice::Committed { last_seq: session.events_applied });
+        if let Some(at) = wake_at {
+            let delay = Duration::from_millis(u64::try_from(at.0 - now.0).unwrap_or(0));
+            let wake = WakeUp { session_id: session_id.to_owned(), reason: "commit".to_owned() };
+            if let Err(e) = self.queue.send(wake, delay).await {
+                // The head records the wake time; the sweep picks the session up.
+                tracing::warn!(session_id, error = %e, "could not enqueue a wake-up");
+            }
+        }
+    }
+
+    /// Submits a client input; creates the session on its first input.
+    pub async fn submit(&self, session_id: &str, input: ClientInput, queue: bool, owner: WorkerIdentity) -> Result<Submitted> {
+        self.submit_as(session_id, input, queue, owner, TurnOrigin::Client).await
+    }
+
+    pub(crate) async fn submit_as(
+        &self,
+        session_id: &str,
+        input: ClientInput,
+        queue: bool,
+        owner: WorkerIdentity,
+        origin: TurnOrigin,
+    ) -> Result<Submitted> {
+        let executed = self
+            .execute(session_id, |session| {
+                let mut commands = Vec::new();
+                if !session.is_created() {
+                    let agent_id = input.agent_id().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
+                    let init = self.session_init(agent_id, owner.clone())?;
+                    commands.push(Command::Create { init: Box::new(init) });
+                }
+                commands.push(Command::Submit { input: input.clone(), queue, origin });
+                Ok(commands)
+            })
+            .await?;
+        let session = &executed.session;
+        let turn_id = match input.turn_id() {
+            Some(id) => session.turn(id).map(|t| t.id.clone()),
+            None => executed.events.iter().find_map(|e| match e {
+                Event::TurnStarted { turn } | Event::TurnQueued { turn } => Some(turn.id.clone()),
+                _ => None,
+            }),
+        }
+        .or_else(|| match input {
+            ClientInput::Message(_) | ClientInput::Messages(_) | ClientInput::Action(_) => session.active_turn.clone(),
+            _ => None,
+        });
+        let queued = turn_id.as_deref().and_then(|t| session.turn(t)).is_some_and(|t| {
+            t.status == turnstone_engine::session::TurnStatus::Queued
+        });
+        Ok(Submitted { session_id: session_id.to_owned(), turn_id, queued })
+    }
+
+    /// Runs one command against an existing session.
+    pub async fn command(&self, session_id: &str, command: Command) -> Result<Executed> {
+        self.execute(session_id, |session| {
+            if !session.is_created() {
+                return Err(Error::SessionNotFound(session_id.to_owned()));
+            }
+            Ok(vec![command.clone()])
+        })
+        .await
+    }
+
+    /// Loads an existing session.
+    pub async fn session(&self, session_id: &str) -> Result<Session> {
+        match self.store.load(session_id).await? {
+            Some(loaded) if loaded.session.is_created() => Ok(loaded.session),
+            _ => Err(Error::SessionNotFound(session_id.to_owned())),
+        }
+    }
+}
+
+/// Whether an error is the engine saying a claim is no longer due.
+pub(crate) fn is_stale_claim(e: &Error) -> bool {
+    matches!(e, Error::Rejected(Rejection::StaleClaim(_)))
+}

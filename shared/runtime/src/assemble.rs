@@ -1,0 +1,46 @@
+//! Building the runtime's agents from the configuration: one model provider per `[llm.X]`
+//! block, shared by the agents that use it, and each agent's worker endpoint with its secret.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::app::AgentRuntime;
+use crate::config::{Config, Secrets};
+use crate::llm::{ModelProvider, ProviderSetupError, provider_for};
+use crate::worker::WorkerEndpoint;
+
+/// Why the agents cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: llm.{llm}: {source}")]
+pub struct SetupError {
+    /// The config file.
+    pub file: String,
+    /// The `[llm.X]` block.
+    pub llm: String,
+    /// What went wrong.
+    #[source]
+    pub source: ProviderSetupError,
+}
+
+/// The agents of `config`, ready to run.
+pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, AgentRuntime>, SetupError> {
+    let mut providers: BTreeMap<&str, Arc<dyn ModelProvider>> = BTreeMap::new();
+    for (id, llm) in &config.llms {
+        let key = secrets.llm_api_key(id).map(str::to_owned);
+        let provider = provider_for(llm.kind.provider_kind(), llm.base_url.as_deref(), key)
+            .map_err(|source| SetupError { file: config.file.clone(), llm: id.clone(), source })?;
+        providers.insert(id, provider);
+    }
+    Ok(config
+        .agents
+        .iter()
+        .map(|(id, def)| {
+            let worker = def.worker.as_ref().map(|url| WorkerEndpoint {
+                url: url.clone(),
+                secret: secrets.worker_secret(id).map(str::to_owned),
+            });
+            let provider = def.llm_for(config).and_then(|llm| providers.get(llm).cloned());
+            (id.clone(), AgentRuntime { id: id.clone(), declared: def.config.clone(), worker, provider })
+        })
+        .collect())
+}

@@ -1,0 +1,262 @@
+//! The dispatcher: for one session, plan what is due, claim it by committing its dispatch,
+//! perform the I/O outside any transaction, and commit the outcome as a command; repeat while
+//! work is due. A crash anywhere loses nothing: a claimed effect that never finishes times
+//! out at its deadline and is retried by policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use turnstone_engine::protocol::{ClientInput, ClientMessageInput, StreamDelta, Trigger};
+use turnstone_engine::session::{CallSpec, Command, Effect, OutboxItem, ParentLink, Rejection, TurnOrigin};
+
+use crate::app::{App, is_stale_claim};
+use crate::error::{Error, Result};
+use crate::hub::Notice;
+use crate::queue::QueueError;
+
+/// Bounds the effects one run performs before yielding the session to the queue again.
+const MAX_EFFECTS_PER_RUN: usize = 256;
+
+impl App {
+    /// Performs a session's due work until none is left (or the run's budget is spent, in
+    /// which case it re-enqueues itself).
+    pub async fn run_session(self: &Arc<Self>, session_id: &str) -> Result<()> {
+        for _ in 0..MAX_EFFECTS_PER_RUN {
+            let (session, _) = self.load(session_id).await?;
+            if !session.is_created() {
+                return Ok(());
+            }
+            let plan = session.plan(self.now());
+            // Timers first (they may void work), then routing, then I/O.
+            let Some(effect) = plan
+                .effects
+                .iter()
+                .find(|e| matches!(e, Effect::Tick))
+                .or_else(|| plan.effects.iter().find(|e| matches!(e, Effect::Route { .. })))
+                .or_else(|| plan.effects.first())
+                .cloned()
+            else {
+                return Ok(());
+            };
+            match self.perform(session_id, effect).await {
+                Ok(()) => {}
+                Err(e) if is_stale_claim(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.wake(session_id, "budget").await
+    }
+
+    async fn wake(&self, session_id: &str, reason: &str) -> Result<()> {
+        let wake = crate::queue::WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() };
+        self.queue.send(wake, Duration::ZERO).await.map_err(Error::from)
+    }
+
+    async fn perform(self: &Arc<Self>, session_id: &str, effect: Effect) -> Result<()> {
+        match effect {
+            Effect::Tick => self.command(session_id, Command::Tick).await.map(drop),
+            Effect::Route { seq, item } => self.route(session_id, seq, item).await,
+            Effect::DeliverDecision { decision_id, attempt } => {
+                self.deliver_decision(session_id, decision_id, attempt).await
+            }
+            Effect::RunLlmCall { call_id, attempt } => self.run_llm_call(session_id, call_id, attempt).await,
+        }
+    }
+
+    async fn deliver_decision(self: &Arc<Self>, session_id: &str, decision_id: String, attempt: u32) -> Result<()> {
+        let claimed = self.command(session_id, Command::ClaimDecision { decision_id: decision_id.clone(), attempt }).await?;
+        let session = claimed.session;
+        let Some(request) = session.decision_request() else { return Ok(()) };
+        let agent = self.agent(session.agent_id());
+        let Some(endpoint) = agent.and_then(|a| a.worker.clone()) else {
+            let error = format!("agent {:?} has no worker configured", session.agent_id());
+            return self.delivery_failed(session_id, decision_id, attempt, error, false).await;
+        };
+        let timeout = session.defaults().decision.timeout_ms().map(Duration::from_millis);
+        let stream_call = match &request.trigger {
+            Trigger::LlmExecute(t) => Some(t.id.clone()),
+            _ => None,
+        };
+        let hub = self.hub().clone();
+        let sid = session_id.to_owned();
+        let on_delta = move |delta: StreamDelta| {
+            if let Some(call_id) = &stream_call {
+                hub.publish(&sid, Notice::Delta { call_id: call_id.clone(), delta });
+            }
+        };
+        let now_unix = self.now().0 / 1000;
+        match self.worker.deliver(&endpoint, &request, timeout, now_unix, on_delta).await {
+            Ok(response) => self
+                .command(session_id, Command::Answer { decision_id, attempt, response: Box::new(response) })
+                .await
+                .map(drop),
+            Err(e) => {
+                tracing::info!(session_id, attempt, code = e.code(), error = %e, "decision delivery failed");
+                let error = format!("{}: {e}", e.code());
+                self.delivery_failed(session_id, decision_id, attempt, error, e.is_retryable()).await
+            }
+        }
+    }
+
+    async fn delivery_failed(
+        &self,
+        session_id: &str,
+        decision_id: String,
+        attempt: u32,
+        error: String,
+        retryable: bool,
+    ) -> Result<()> {
+        self.command(session_id, Command::DeliveryFailed { decision_id, attempt, error, retryable }).await.map(drop)
+    }
+
+    async fn run_llm_call(self: &Arc<Self>, session_id: &str, call_id: String, attempt: u32) -> Result<()> {
+        let claimed = self.command(session_id, Command::ClaimLlmCall { call_id: call_id.clone(), attempt }).await?;
+        let session = claimed.session;
+        let Some(call) = session.call(&call_id) else { return Ok(()) };
+        let stream = matches!(call.spec, CallSpec::LlmCall { stream: true, .. });
+        let timeout = call.policy.timeout_ms().map(Duration::from_millis);
+        let request = session.llm_request(call);
+        let provider = self.agent(session.agent_id()).and_then(|a| a.provider.clone());
+        let outcome = match (request, provider) {
+            (Some(request), Some(provider)) => {
+                let hub = self.hub().clone();
+                let (sid, cid) = (session_id.to_owned(), call_id.clone());
+                let mut on_delta = move |delta: StreamDelta| {
+                    hub.publish(&sid, Notice::Delta { call_id: cid.clone(), delta });
+                };
+                provider.complete(&request, stream, timeout, &mut on_delta).await.map_err(|e| e.into_call_error())
+            }
+            (None, _) => Err(turnstone_engine::session::CallError::terminal("the call has no model to call")),
+            (_, None) => Err(turnstone_engine::session::CallError::terminal(format!(
+                "agent {:?} has no model provider (set `llm` in its config)",
+                session.agent_id()
+            ))),
+        };
+        match self.command(session_id, Command::LlmCallFinished { call_id, attempt, outcome }).await {
+            // The attempt timed out or was voided meanwhile: its result is refused, rightly.
+            Err(Error::Rejected(_)) => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// Delivers outbox work to another session, then acknowledges it. Both sides are
+    /// idempotent, so a crash between them only repeats a no-op.
+    async fn route(self: &Arc<Self>, session_id: &str, seq: u64, item: OutboxItem) -> Result<()> {
+        match item {
+            OutboxItem::SpawnChild { session_id: child, agent_id, tool_call_id, ancestry, identity } => {
+                let created = self
+                    .execute(&child, |s| {
+                        if s.is_created() {
+                            return Ok(Vec::new());
+                        }
+                        let mut init = self.session_init(&agent_id, identity.clone())?;
+                        init.parent = Some(ParentLink { session_id: session_id.to_owned(), tool_call_id: tool_call_id.clone() });
+                        init.ancestry = ancestry.clone();
+                        Ok(vec![Command::Create { init: Box::new(init) }])
+                    })
+                    .await;
+                if let Err(e) = created {
+                    let error = format!("cannot start sub-agent {agent_id:?}: {e}");
+                    self.child_failed(session_id, &tool_call_id, &child, error).await?;
+                }
+            }
+            OutboxItem::SendMessage { session_id: target, message, turn_id } => {
+                let (target_session, _) = self.load(&target).await?;
+                let input = ClientInput::Message(ClientMessageInput {
+                    agent_id: target_session.agent_id().to_owned(),
+                    turn_id: Some(turn_id),
+                    message,
+                    stream: None,
+                });
+                let identity = target_session.identity();
+                if let Err(e) = self.submit_as(&target, input, true, identity, TurnOrigin::Parent).await {
+                    if e.is_retryable() {
+                        return Err(e);
+                    }
+                    let link = target_session.init.as_ref().and_then(|i| i.parent.clone());
+                    if let Some(link) = link.filter(|l| l.session_id == session_id) {
+                        let error = format!("cannot send to sub-agent session {target:?}: {e}");
+                        self.child_failed(session_id, &link.tool_call_id, &target, error).await?;
+                    }
+                }
+            }
+            OutboxItem::CancelChild { session_id: child, reason } => {
+                match self.command(&child, Command::Cancel { reason }).await {
+                    Ok(_) | Err(Error::Rejected(Rejection::NoActiveTurn)) | Err(Error::SessionNotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            OutboxItem::NotifyParent { session_id: parent, tool_call_id, child_session_id, ok, result, error, .. } => {
+                let command = Command::SubAgentFinished { tool_call_id, session_id: child_session_id, ok, result, error };
+                match self.command(&parent, command).await {
+                    Ok(_) | Err(Error::SessionNotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.command(session_id, Command::OutboxDelivered { seq }).await.map(drop)
+    }
+
+    async fn child_failed(&self, parent: &str, tool_call_id: &str, child: &str, error: String) -> Result<()> {
+        let command = Command::SubAgentFinished {
+            tool_call_id: tool_call_id.to_owned(),
+            session_id: child.to_owned(),
+            ok: false,
+            result: None,
+            error: Some(error),
+        };
+        self.command(parent, command).await.map(drop)
+    }
+
+    /// Runs `workers` tasks that take wake-ups from the queue and run their sessions, until
+    /// the queue closes. Sessions are run one at a time each (a wake-up for a session already
+    /// running waits for it).
+    pub fn spawn_workers(self: &Arc<Self>, workers: usize) -> Vec<tokio::task::JoinHandle<()>> {
+        let locks = Arc::new(crate::locks::SessionLocks::default());
+        (0..workers.max(1))
+            .map(|_| {
+                let app = Arc::clone(self);
+                let locks = Arc::clone(&locks);
+                tokio::spawn(async move { app.work_loop(&locks).await })
+            })
+            .collect()
+    }
+
+    async fn work_loop(self: &Arc<Self>, locks: &crate::locks::SessionLocks) {
+        loop {
+            let deliveries = match self.queue.receive(1, Duration::from_secs(5)).await {
+                Ok(d) => d,
+                Err(QueueError::Closed) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "queue receive failed");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            for delivery in deliveries {
+                let session_id = delivery.wake_up.session_id.clone();
+                let guard = locks.lock(&session_id).await;
+                let outcome = self.run_session(&session_id).await;
+                drop(guard);
+                match outcome {
+                    Ok(()) => {
+                        if let Err(e) = self.queue.ack(&delivery).await {
+                            tracing::warn!(session_id, error = %e, "queue ack failed");
+                        }
+                    }
+                    // Not acked: the queue delivers it again after its visibility timeout.
+                    Err(e) => tracing::warn!(session_id, error = %e, "session run failed"),
+                }
+            }
+        }
+    }
+
+    /// Enqueues every session whose wake time has passed (a wake-up may have been lost).
+    pub async fn sweep(&self, limit: usize) -> Result<usize> {
+        let due = self.store.due(self.now(), limit).await?;
+        for session_id in &due {
+            self.wake(session_id, "sweep").await?;
+        }
+        Ok(due.len())
+    }
+}

@@ -1,0 +1,52 @@
+//! A long-running host: the HTTP API, the queue workers and the sweep, in one process. The
+//! local deployment (`turnstone serve`) runs this over the embedded store and queue.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::serve::ListenerExt;
+
+use crate::app::App;
+use crate::http::{HttpConfig, router};
+
+/// How often the sweep looks for sessions whose wake-up was lost.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Serves `app` on `listener` until `shutdown` resolves: HTTP, `workers` queue workers, and
+/// a periodic sweep (which also picks up work left by a previous process that crashed).
+pub async fn serve(
+    app: Arc<App>,
+    http: HttpConfig,
+    listener: tokio::net::TcpListener,
+    workers: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let handles = app.spawn_workers(workers);
+    let sweeper = {
+        let app = Arc::clone(&app);
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = app.sweep(1000).await {
+                    tracing::warn!(error = %e, "sweep failed");
+                }
+                tokio::time::sleep(SWEEP_EVERY).await;
+            }
+        })
+    };
+    let listener = listener.tap_io(|tcp| {
+        // Small request/response exchanges: never wait on Nagle's algorithm.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
+    let service = router(Arc::clone(&app), http).into_make_service_with_connect_info::<SocketAddr>();
+    let result = axum::serve(listener, service).with_graceful_shutdown(shutdown).await;
+    sweeper.abort();
+    app.close().await;
+    for handle in handles {
+        let _ = handle.await;
+    }
+    result
+}

@@ -1,0 +1,318 @@
+//! The HTTP API under `/v1` (DESIGN.md section 8), as an axum router built from an [`App`].
+
+mod error;
+mod sse;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use turnstone_engine::protocol::{Action, ClientInput, WorkerIdentity, parse_slice};
+use turnstone_engine::session::{CallSpec, Command, Session};
+
+pub use error::ApiError;
+
+use crate::app::App;
+use crate::hub::Notice;
+use crate::store::SessionFilter;
+
+/// Router settings.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Request bodies over this many bytes get 413.
+    pub max_body_bytes: usize,
+    /// The API keys (with their owners' names); `None`: no authentication.
+    pub auth: Option<Arc<crate::config::Secrets>>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig { max_body_bytes: 1 << 20, auth: None }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    app: Arc<App>,
+    config: Arc<HttpConfig>,
+}
+
+/// The HTTP API.
+pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
+    let limit = config.max_body_bytes;
+    let state = AppState { app, config: Arc::new(config) };
+    axum::Router::new()
+        .route("/v1/sessions", get(list_sessions))
+        .route("/v1/sessions/{id}", get(session_summary))
+        .route("/v1/sessions/{id}/inputs", post(submit))
+        .route("/v1/sessions/{id}/messages", get(messages))
+        .route("/v1/sessions/{id}/turns/{turn_id}", get(turn))
+        .route("/v1/sessions/{id}/events", get(events))
+        .route("/v1/sessions/{id}/events/stream", get(sse::stream))
+        .route("/v1/sessions/{id}/calls/settle", post(settle))
+        .route("/v1/sessions/{id}/cancel", post(cancel))
+        .route("/healthz", get(|| async { "ok" }))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        // Bodies are read and limited by `body()`; this only stops axum's own 2 MB default.
+        .layer(DefaultBodyLimit::max(limit.saturating_add(1)))
+        .with_state(state)
+}
+
+/// Checks the bearer key, if keys are configured; returns the owner.
+fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<WorkerIdentity, ApiError> {
+    let Some(secrets) = state.config.auth.as_ref().filter(|s| s.auth_enabled()) else {
+        return Ok(WorkerIdentity::default());
+    };
+    let presented = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    match secrets.authenticate(presented) {
+        Some(name) => Ok(WorkerIdentity { id: Some(name.to_owned()), metadata: None }),
+        None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")),
+    }
+}
+
+/// Reads a JSON body of type `T`: 413 past the limit, 422 naming the field when invalid.
+fn body<T: serde::de::DeserializeOwned>(state: &AppState, bytes: &Bytes) -> Result<T, ApiError> {
+    if bytes.len() > state.config.max_body_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("request body exceeds {} bytes", state.config.max_body_bytes),
+        ));
+    }
+    parse_slice(bytes).map_err(|e| ApiError::invalid(e.path, e.message))
+}
+
+#[derive(Deserialize)]
+struct SubmitQuery {
+    #[serde(default)]
+    queue: bool,
+}
+
+async fn submit(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(query): Query<SubmitQuery>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    let owner = authenticate(&state, &headers)?;
+    check_id(&id)?;
+    let input: ClientInput = body(&state, &bytes)?;
+    let submitted = state.app.submit(&id, input, query.queue, owner).await?;
+    Ok((StatusCode::ACCEPTED, Json(submitted)).into_response())
+}
+
+async fn settle(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    authenticate(&state, &headers)?;
+    let action: Action = body(&state, &bytes)?;
+    state.app.command(&id, Command::Settle { action }).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"session_id": id}))).into_response())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    bytes: Bytes,
+) -> Result<Response, ApiError> {
+    authenticate(&state, &headers)?;
+    let request: CancelBody = if bytes.is_empty() { CancelBody::default() } else { body(&state, &bytes)? };
+    let reason = request.reason.unwrap_or_else(|| "cancelled by the client".to_owned());
+    let executed = state.app.command(&id, Command::Cancel { reason }).await?;
+    let turn_id = executed.events.iter().find_map(|e| match e {
+        turnstone_engine::session::Event::TurnEnded { turn_id, .. } => Some(turn_id.clone()),
+        _ => None,
+    });
+    Ok((StatusCode::ACCEPTED, Json(json!({"session_id": id, "turn_id": turn_id}))).into_response())
+}
+
+async fn session_summary(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authenticate(&state, &headers)?;
+    let session = state.app.session(&id).await?;
+    Ok(Json(summary(&session)))
+}
+
+/// A session at a glance.
+pub fn summary(s: &Session) -> Value {
+    let pending_client_calls: Vec<Value> = s
+        .calls
+        .iter()
+        .filter(|c| c.is_client_tool() && c.is_pending())
+        .map(|c| match &c.spec {
+            CallSpec::ToolCall { name, arguments, .. } => json!({"id": c.id, "name": name, "arguments": arguments, "attempt": c.attempt}),
+            _ => json!({"id": c.id}),
+        })
+        .collect();
+    let interrupts: Vec<Value> =
+        s.interrupts.iter().map(|i| json!({"id": i.id, "reason": i.reason, "payload": i.payload})).collect();
+    let status = if !interrupts.is_empty() || !pending_client_calls.is_empty() {
+        "waiting"
+    } else if s.active_turn.is_some() || s.decision.is_some() || !s.calls.is_empty() {
+        "running"
+    } else {
+        "idle"
+    };
+    json!({
+        "session_id": s.id,
+        "agent_id": s.agent_id(),
+        "owner": s.identity().id,
+        "status": status,
+        "active_turn": s.active_turn,
+        "queued_turns": s.queued_turns,
+        "open_interrupts": interrupts,
+        "pending_client_calls": pending_client_calls,
+        "usage": {"llm_calls": s.usage.llm_calls, "tokens": s.usage.tokens, "cost": s.usage.cost()},
+        "last_seq": s.events_applied,
+        "messages": s.tree.len(),
+        "created_at": s.created_at.0,
+    })
+}
+
+#[derive(Deserialize)]
+struct MessagesQuery {
+    #[serde(default)]
+    tree: Option<String>,
+}
+
+async fn messages(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(query): Query<MessagesQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authenticate(&state, &headers)?;
+    let session = state.app.session(&id).await?;
+    if matches!(query.tree.as_deref(), Some("1" | "true")) {
+        return Ok(Json(json!(session.tree.to_wire())));
+    }
+    Ok(Json(json!({"messages": session.tree.active_path()})))
+}
+
+#[derive(Deserialize)]
+struct TurnQuery {
+    #[serde(default)]
+    wait: Option<f64>,
+}
+
+/// The longest a turn long-poll waits.
+const MAX_WAIT_SECS: f64 = 60.0;
+
+async fn turn(
+    State(state): State<AppState>,
+    Path((id, turn_id)): Path<(String, String)>,
+    Query(query): Query<TurnQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authenticate(&state, &headers)?;
+    let wait = Duration::from_secs_f64(query.wait.unwrap_or(0.0).clamp(0.0, MAX_WAIT_SECS));
+    let deadline = tokio::time::Instant::now() + wait;
+    // Subscribe before reading, so a commit between the two is not missed.
+    let mut notices = state.app.hub().subscribe(&id);
+    loop {
+        let session = state.app.session(&id).await?;
+        let Some(turn) = session.turn(&turn_id) else {
+            return Err(crate::error::Error::TurnNotFound { session_id: id, turn_id }.into());
+        };
+        if turn.status.is_ended() || tokio::time::Instant::now() >= deadline {
+            return Ok(Json(json!(turn)));
+        }
+        // Skip deltas; any commit (or lag, or the deadline) means: look again.
+        while let Ok(Ok(Notice::Delta { .. })) = tokio::time::timeout_at(deadline, notices.recv()).await {}
+    }
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    after: u64,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+async fn events(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(query): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    authenticate(&state, &headers)?;
+    state.app.session(&id).await?;
+    let limit = query.limit.unwrap_or(500).clamp(1, 1000);
+    let events = state.app.store().events_after(&id, query.after, limit).await.map_err(crate::error::Error::from)?;
+    let next_after = events.last().map_or(query.after, |e| e.seq);
+    Ok(Json(json!({"events": events, "next_after": next_after})))
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    agent: Option<String>,
+    #[serde(default)]
+    owner: Option<String>,
+    #[serde(default)]
+    cursor: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+async fn list_sessions(
+    State(state): State<AppState>,
+    Query(query): Query<ListQuery>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let who = authenticate(&state, &headers)?;
+    // With authentication on, a caller lists only its own sessions.
+    let owner = who.id.or(query.owner);
+    let filter = SessionFilter { agent_id: query.agent, owner };
+    let limit = query.limit.unwrap_or(50).clamp(1, 500);
+    let page = state
+        .app
+        .store()
+        .list_sessions(&filter, query.cursor.as_deref(), limit)
+        .await
+        .map_err(crate::error::Error::from)?;
+    Ok(Json(json!({"sessions": page.items, "next_cursor": page.next_cursor})))
+}
+
+/// Session ids travel in URLs and keys: keep them to a safe alphabet and length.
+fn check_id(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_session_id",
+            "session ids are 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.', ':'",
+        ))
+    }
+}

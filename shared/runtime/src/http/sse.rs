@@ -1,0 +1,143 @@
+//! `GET /v1/sessions/{id}/events/stream`: the durable log as Server-Sent Events, resumable
+//! with `Last-Event-ID` (or `?after=`), with live model token deltas coalesced in between.
+//!
+//! Durable events carry their sequence number as the SSE id; deltas carry none, so a client
+//! that reconnects resumes from the last durable event and gets the final message from the
+//! log (deltas are a preview, never the record).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::Stream;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::{broadcast, mpsc};
+use turnstone_engine::protocol::StreamDelta;
+
+use super::{ApiError, AppState, authenticate};
+use crate::hub::Notice;
+
+/// How long deltas are gathered into one event.
+const COALESCE: Duration = Duration::from_millis(25);
+/// How many durable events are read from the store at a time.
+const PAGE: usize = 256;
+/// Frames buffered per client before the reader waits for it (back-pressure, not loss).
+const BUFFER: usize = 64;
+
+#[derive(Deserialize)]
+pub(super) struct StreamQuery {
+    #[serde(default)]
+    after: Option<u64>,
+}
+
+pub(super) async fn stream(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    Query(query): Query<StreamQuery>,
+    headers: HeaderMap,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    authenticate(&state, &headers)?;
+    state.app.session(&id).await?;
+    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    let after = resume.or(query.after).unwrap_or(0);
+    // Subscribe before the first read, so nothing committed in between is missed.
+    let notices = state.app.hub().subscribe(&id);
+    let (tx, rx) = mpsc::channel::<SseEvent>(BUFFER);
+    tokio::spawn(pump(state, id, after, notices, tx));
+    let frames = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (Ok(f), rx)) });
+    Ok(Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("keep-alive")))
+}
+
+/// Sends the log from `after`, then follows it, until the client goes away.
+async fn pump(
+    state: AppState,
+    id: String,
+    mut after: u64,
+    mut notices: broadcast::Receiver<Notice>,
+    tx: mpsc::Sender<SseEvent>,
+) {
+    loop {
+        // Catch up with the durable log.
+        loop {
+            let events = match state.app.store().events_after(&id, after, PAGE).await {
+                Ok(events) => events,
+                Err(e) => {
+                    tracing::warn!(session_id = %id, error = %e, "event stream read failed");
+                    return;
+                }
+            };
+            for logged in &events {
+                let data = serde_json::to_string(&logged.event).unwrap_or_default();
+                let frame = SseEvent::default().id(logged.seq.to_string()).event(logged.event.name()).data(data);
+                if tx.send(frame).await.is_err() {
+                    return;
+                }
+                after = logged.seq;
+            }
+            if events.len() < PAGE {
+                break;
+            }
+        }
+        // Wait for news.
+        let notice = tokio::select! {
+            notice = notices.recv() => notice,
+            () = tx.closed() => return,
+        };
+        match notice {
+            Ok(Notice::Committed { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Ok(Notice::Delta { call_id, delta }) => {
+                let mut gathered: BTreeMap<String, StreamDelta> = BTreeMap::new();
+                merge(gathered.entry(call_id).or_default(), delta);
+                let until = tokio::time::Instant::now() + COALESCE;
+                while let Ok(Ok(next)) = tokio::time::timeout_at(until, notices.recv()).await {
+                    match next {
+                        Notice::Delta { call_id, delta } => merge(gathered.entry(call_id).or_default(), delta),
+                        Notice::Committed { .. } => break,
+                    }
+                }
+                for (call_id, delta) in gathered {
+                    let data = json!({"call_id": call_id, "delta": delta}).to_string();
+                    if tx.send(SseEvent::default().event("llm.token.delta").data(data)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Appends `more` to `into`: text and reasoning concatenate, tool call fragments append.
+fn merge(into: &mut StreamDelta, more: StreamDelta) {
+    fn cat(a: &mut Option<String>, b: Option<String>) {
+        if let Some(b) = b {
+            a.get_or_insert_with(String::new).push_str(&b);
+        }
+    }
+    cat(&mut into.text, more.text);
+    cat(&mut into.reasoning, more.reasoning);
+    if let Some(calls) = more.tool_calls {
+        into.tool_calls.get_or_insert_with(Vec::new).extend(calls);
+    }
+    if more.finish_reason.is_some() {
+        into.finish_reason = more.finish_reason;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deltas_merge() {
+        let mut d = StreamDelta::default();
+        merge(&mut d, StreamDelta { text: Some("hel".into()), ..Default::default() });
+        merge(&mut d, StreamDelta { text: Some("lo".into()), finish_reason: Some("stop".into()), ..Default::default() });
+        assert_eq!(d.text.as_deref(), Some("hello"));
+        assert_eq!(d.finish_reason.as_deref(), Some("stop"));
+    }
+}

@@ -1,0 +1,164 @@
+//! A fake OpenAI Chat Completions server: `POST /v1/chat/completions`.
+//!
+//! Answers `chat.completion` objects, or with `"stream": true` a `text/event-stream` of
+//! `chat.completion.chunk`s the way OpenAI sends them: a first chunk with the role, one chunk
+//! per word of text, per tool call a chunk with its index, id, type and name (empty
+//! arguments) followed by chunks carrying argument fragments, a chunk with an empty delta and
+//! the finish reason, a usage chunk with no choices when the request asked for
+//! `stream_options.include_usage` (every chunk then carries `"usage": null` before it), and
+//! `data: [DONE]`. Error statuses carry `{"error": {message, type, param, code}}`.
+
+use std::ops::Deref;
+
+use serde_json::{Value, json};
+
+use crate::fake::{FakeServer, Rendered, Reply, Wire, fragments, sse, words};
+
+/// The `created` timestamp of every answer.
+const CREATED: u64 = 1_700_000_000;
+
+/// A running fake OpenAI server; derefs to [`FakeServer`] for scripting and inspection.
+pub struct FakeOpenAi {
+    server: FakeServer,
+}
+
+impl FakeOpenAi {
+    /// Starts a fake on `127.0.0.1:0`.
+    pub async fn start() -> Self {
+        let wire = Wire {
+            name: "openai",
+            path: "/v1/chat/completions",
+            request_id_header: "x-request-id",
+            render,
+            stream_error,
+            error_body,
+        };
+        FakeOpenAi { server: FakeServer::start(wire).await }
+    }
+
+    /// The base URL a client is configured with: `http://127.0.0.1:<port>/v1`.
+    pub fn base_url(&self) -> String {
+        format!("{}/v1", self.server.root_url())
+    }
+}
+
+impl Deref for FakeOpenAi {
+    type Target = FakeServer;
+
+    fn deref(&self) -> &FakeServer {
+        &self.server
+    }
+}
+
+fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
+    if let crate::fake::ReplyKind::Raw { status, content_type, body } = &reply.kind {
+        return Rendered::Raw { status: *status, content_type: content_type.clone(), body: body.clone() };
+    }
+    let model = reply
+        .model
+        .clone()
+        .or_else(|| request.get("model").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "gpt-fake".to_owned());
+    let id = format!("chatcmpl-fake{serial}");
+    let (text, calls) = reply.answer();
+    let finish =
+        reply.finish.clone().unwrap_or_else(|| if calls.is_empty() { "stop" } else { "tool_calls" }.into());
+    let (prompt, completion) = reply.tokens();
+    let usage = json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0, "audio_tokens": 0,
+            "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0
+        }
+    });
+
+    if request.get("stream") != Some(&Value::Bool(true)) {
+        let mut message = json!({"role": "assistant", "content": text, "refusal": null, "annotations": []});
+        if !calls.is_empty() {
+            message["tool_calls"] = calls
+                .iter()
+                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .collect();
+        }
+        let body = json!({
+            "id": id,
+            "object": "chat.completion",
+            "created": CREATED,
+            "model": model,
+            "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": finish}],
+            "usage": usage,
+            "service_tier": "default",
+            "system_fingerprint": "fp_fake"
+        });
+        return Rendered::Json { status: 200, body };
+    }
+
+    let include_usage = request.pointer("/stream_options/include_usage") == Some(&Value::Bool(true));
+    let chunk = |choices: Value, usage: Option<&Value>| {
+        let mut chunk = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": CREATED,
+            "model": model,
+            "service_tier": "default",
+            "system_fingerprint": "fp_fake",
+            "choices": choices,
+        });
+        if include_usage {
+            chunk["usage"] = usage.cloned().unwrap_or(Value::Null);
+        }
+        sse(None, &chunk.to_string())
+    };
+    let choice = |delta: Value, finish: Option<&str>| json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]);
+
+    let mut events = Vec::new();
+    let first_content = if text.is_some() { json!("") } else { Value::Null };
+    events.push(chunk(
+        choice(json!({"role": "assistant", "content": first_content, "refusal": null}), None),
+        None,
+    ));
+    for word in words(text.unwrap_or_default()) {
+        events.push(chunk(choice(json!({"content": word}), None), None));
+    }
+    for (index, call) in calls.iter().enumerate() {
+        let start = json!({"tool_calls": [{
+            "index": index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": ""}
+        }]});
+        events.push(chunk(choice(start, None), None));
+        for fragment in fragments(&call.arguments, reply.fragment_chars) {
+            let more = json!({"tool_calls": [{"index": index, "function": {"arguments": fragment}}]});
+            events.push(chunk(choice(more, None), None));
+        }
+    }
+    events.push(chunk(choice(json!({}), Some(&finish)), None));
+    if include_usage {
+        events.push(chunk(json!([]), Some(&usage)));
+    }
+    events.push(sse(None, "[DONE]"));
+    Rendered::Events(events)
+}
+
+/// OpenAI's error type and code for a status.
+fn error_kind(status: u16) -> (&'static str, Value) {
+    match status {
+        401 => ("invalid_request_error", json!("invalid_api_key")),
+        403 => ("invalid_request_error", json!("unsupported_country_region_territory")),
+        404 => ("invalid_request_error", json!("model_not_found")),
+        429 => ("requests", json!("rate_limit_exceeded")),
+        500..=599 => ("server_error", Value::Null),
+        _ => ("invalid_request_error", Value::Null),
+    }
+}
+
+fn error_body(status: u16, kind: Option<&str>, message: &str) -> Value {
+    let (default_kind, code) = error_kind(status);
+    json!({"error": {"message": message, "type": kind.unwrap_or(default_kind), "param": null, "code": code}})
+}
+
+fn stream_error(kind: &str, message: &str) -> String {
+    sse(None, &json!({"error": {"message": message, "type": kind, "param": null, "code": null}}).to_string())
+}

@@ -1,0 +1,22 @@
+//! Test support for Turnstone's end-to-end tests: in-process fakes of the outside world.
+//!
+//! - [`fake_openai::FakeOpenAi`]: an OpenAI Chat Completions server.
+//! - [`fake_anthropic::FakeAnthropic`]: an Anthropic Messages server.
+//!
+//! Both are axum servers on `127.0.0.1:0`, started inside the test's runtime. They speak the
+//! real wire formats (JSON answers and event streams, each event flushed on its own), record
+//! every request they receive ([`fake::Recorded`]) and answer from a script of
+//! [`fake::Reply`]s the test queues up: text, parallel tool calls, error statuses, delays,
+//! streams that pause, break, end early or report an error midway.
+
+// This crate only ever runs inside tests: a fake that cannot do its job should fail the test
+// loudly, so unwrap/expect/panic are allowed here.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod fake;
+pub mod fake_anthropic;
+pub mod fake_openai;
+
+pub use fake::{FakeServer, FakeToolCall, Recorded, Reply};
+pub use fake_anthropic::FakeAnthropic;
+pub use fake_openai::FakeOpenAi;
