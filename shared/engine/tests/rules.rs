@@ -658,3 +658,16 @@ fn usage_and_cost_accumulate_per_turn_and_per_session() {
     assert_eq!(h.session.usage.cost(), "0.002");
     assert!(h.session.turns.values().all(|t| t.usage.llm_calls == 1 && t.usage.cost() == "0.001"));
 }
+
+#[test]
+fn events_survive_a_round_trip_through_json_values() {
+    // Stores read events back through serde's buffered (tagged) path: every field must fit.
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    h.ok(message("demo", "one"));
+    h.run_llm(reply("r1"));
+    for event in &h.log {
+        let value = serde_json::to_value(event).unwrap();
+        let back: Event = serde_json::from_value(value).unwrap();
+        assert_eq!(&back, event);
+    }
+}

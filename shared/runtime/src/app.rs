@@ -206,7 +206,13 @@ impl App {
     }
 
     /// Tells listeners, and schedules the session's next look.
-    async fn after_commit(&self, session_id: &str, session: &Session, wake_at: Option<Timestamp>, now: Timestamp) {
+    async fn after_commit(
+        &self,
+        session_id: &str,
+        session: &Session,
+        wake_at: Option<Timestamp>,
+        now: Timestamp,
+    ) {
         self.hub.publish(session_id, Notice::Committed { last_seq: session.events_applied });
         if let Some(at) = wake_at {
             let delay = Duration::from_millis(u64::try_from(at.0 - now.0).unwrap_or(0));
@@ -219,7 +225,13 @@ impl App {
     }
 
     /// Submits a client input; creates the session on its first input.
-    pub async fn submit(&self, session_id: &str, input: ClientInput, queue: bool, owner: WorkerIdentity) -> Result<Submitted> {
+    pub async fn submit(
+        &self,
+        session_id: &str,
+        input: ClientInput,
+        queue: bool,
+        owner: WorkerIdentity,
+    ) -> Result<Submitted> {
         self.submit_as(session_id, input, queue, owner, TurnOrigin::Client).await
     }
 
@@ -235,7 +247,8 @@ impl App {
             .execute(session_id, |session| {
                 let mut commands = Vec::new();
                 if !session.is_created() {
-                    let agent_id = input.agent_id().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
+                    let agent_id =
+                        input.agent_id().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
                     let init = self.session_init(agent_id, owner.clone())?;
                     commands.push(Command::Create { init: Box::new(init) });
                 }
@@ -252,12 +265,15 @@ impl App {
             }),
         }
         .or_else(|| match input {
-            ClientInput::Message(_) | ClientInput::Messages(_) | ClientInput::Action(_) => session.active_turn.clone(),
+            ClientInput::Message(_) | ClientInput::Messages(_) | ClientInput::Action(_) => {
+                session.active_turn.clone()
+            }
             _ => None,
         });
-        let queued = turn_id.as_deref().and_then(|t| session.turn(t)).is_some_and(|t| {
-            t.status == turnstone_engine::session::TurnStatus::Queued
-        });
+        let queued = turn_id
+            .as_deref()
+            .and_then(|t| session.turn(t))
+            .is_some_and(|t| t.status == turnstone_engine::session::TurnStatus::Queued);
         Ok(Submitted { session_id: session_id.to_owned(), turn_id, queued })
     }
 

@@ -63,8 +63,15 @@ impl App {
         }
     }
 
-    async fn deliver_decision(self: &Arc<Self>, session_id: &str, decision_id: String, attempt: u32) -> Result<()> {
-        let claimed = self.command(session_id, Command::ClaimDecision { decision_id: decision_id.clone(), attempt }).await?;
+    async fn deliver_decision(
+        self: &Arc<Self>,
+        session_id: &str,
+        decision_id: String,
+        attempt: u32,
+    ) -> Result<()> {
+        let claimed = self
+            .command(session_id, Command::ClaimDecision { decision_id: decision_id.clone(), attempt })
+            .await?;
         let session = claimed.session;
         let Some(request) = session.decision_request() else { return Ok(()) };
         let agent = self.agent(session.agent_id());
@@ -106,11 +113,14 @@ impl App {
         error: String,
         retryable: bool,
     ) -> Result<()> {
-        self.command(session_id, Command::DeliveryFailed { decision_id, attempt, error, retryable }).await.map(drop)
+        self.command(session_id, Command::DeliveryFailed { decision_id, attempt, error, retryable })
+            .await
+            .map(drop)
     }
 
     async fn run_llm_call(self: &Arc<Self>, session_id: &str, call_id: String, attempt: u32) -> Result<()> {
-        let claimed = self.command(session_id, Command::ClaimLlmCall { call_id: call_id.clone(), attempt }).await?;
+        let claimed =
+            self.command(session_id, Command::ClaimLlmCall { call_id: call_id.clone(), attempt }).await?;
         let session = claimed.session;
         let Some(call) = session.call(&call_id) else { return Ok(()) };
         let stream = matches!(call.spec, CallSpec::LlmCall { stream: true, .. });
@@ -124,7 +134,10 @@ impl App {
                 let mut on_delta = move |delta: StreamDelta| {
                     hub.publish(&sid, Notice::Delta { call_id: cid.clone(), delta });
                 };
-                provider.complete(&request, stream, timeout, &mut on_delta).await.map_err(|e| e.into_call_error())
+                provider
+                    .complete(&request, stream, timeout, &mut on_delta)
+                    .await
+                    .map_err(|e| e.into_call_error())
             }
             (None, _) => Err(turnstone_engine::session::CallError::terminal("the call has no model to call")),
             (_, None) => Err(turnstone_engine::session::CallError::terminal(format!(
@@ -150,7 +163,10 @@ impl App {
                             return Ok(Vec::new());
                         }
                         let mut init = self.session_init(&agent_id, identity.clone())?;
-                        init.parent = Some(ParentLink { session_id: session_id.to_owned(), tool_call_id: tool_call_id.clone() });
+                        init.parent = Some(ParentLink {
+                            session_id: session_id.to_owned(),
+                            tool_call_id: tool_call_id.clone(),
+                        });
                         init.ancestry = ancestry.clone();
                         Ok(vec![Command::Create { init: Box::new(init) }])
                     })
@@ -182,12 +198,28 @@ impl App {
             }
             OutboxItem::CancelChild { session_id: child, reason } => {
                 match self.command(&child, Command::Cancel { reason }).await {
-                    Ok(_) | Err(Error::Rejected(Rejection::NoActiveTurn)) | Err(Error::SessionNotFound(_)) => {}
+                    Ok(_)
+                    | Err(Error::Rejected(Rejection::NoActiveTurn))
+                    | Err(Error::SessionNotFound(_)) => {}
                     Err(e) => return Err(e),
                 }
             }
-            OutboxItem::NotifyParent { session_id: parent, tool_call_id, child_session_id, ok, result, error, .. } => {
-                let command = Command::SubAgentFinished { tool_call_id, session_id: child_session_id, ok, result, error };
+            OutboxItem::NotifyParent {
+                session_id: parent,
+                tool_call_id,
+                child_session_id,
+                ok,
+                result,
+                error,
+                ..
+            } => {
+                let command = Command::SubAgentFinished {
+                    tool_call_id,
+                    session_id: child_session_id,
+                    ok,
+                    result,
+                    error,
+                };
                 match self.command(&parent, command).await {
                     Ok(_) | Err(Error::SessionNotFound(_)) => {}
                     Err(e) => return Err(e),

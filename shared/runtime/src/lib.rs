@@ -1,6 +1,19 @@
 //! Turnstone's runtime: everything between the pure engine and the outside world.
 
+pub mod app;
+pub mod assemble;
 pub mod clock;
+pub mod config;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod dispatch;
+pub mod error;
+pub mod host;
+pub mod http;
+pub mod hub;
+pub mod llm;
+pub mod locks;
 pub mod queue;
+pub mod sse;
 pub mod store;
 pub mod worker;

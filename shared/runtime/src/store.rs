@@ -141,10 +141,20 @@ pub trait Store: Send + Sync + 'static {
 
     /// Writes a commit atomically if the head is still at `expected_version` (0: the session
     /// must not exist yet). Returns the new version.
-    async fn commit(&self, session_id: &str, expected_version: u64, commit: Commit<'_>) -> Result<u64, StoreError>;
+    async fn commit(
+        &self,
+        session_id: &str,
+        expected_version: u64,
+        commit: Commit<'_>,
+    ) -> Result<u64, StoreError>;
 
     /// Up to `limit` logged events after `after_seq`, in order.
-    async fn events_after(&self, session_id: &str, after_seq: u64, limit: usize) -> Result<Vec<LoggedEvent>, StoreError>;
+    async fn events_after(
+        &self,
+        session_id: &str,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<LoggedEvent>, StoreError>;
 
     /// Sessions matching `filter`, newest first, paged.
     async fn list_sessions(

@@ -492,8 +492,23 @@ pub struct Usage {
     /// Every numeric usage field summed, nested fields joined by dots
     /// (e.g. `prompt_tokens`, `completion_tokens_details.reasoning_tokens`).
     pub tokens: BTreeMap<String, u64>,
-    /// Cost in pico-dollars (10^-12), summed exactly from the decimal strings.
+    /// Cost in pico-dollars (10^-12), summed exactly from the decimal strings. Serialized as
+    /// a decimal string: JSON numbers (and serde's buffering of tagged enums) stop at 64 bits.
+    #[serde(with = "i128_string")]
     pub cost_picodollars: i128,
+}
+
+mod i128_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &i128, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(value)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i128, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 impl Usage {

@@ -53,8 +53,12 @@ impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         match e {
             Error::Rejected(r) => rejection(r),
-            Error::SessionNotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "session_not_found", e.to_string()),
-            Error::TurnNotFound { .. } => ApiError::new(StatusCode::NOT_FOUND, "turn_not_found", e.to_string()),
+            Error::SessionNotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "session_not_found", e.to_string())
+            }
+            Error::TurnNotFound { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "turn_not_found", e.to_string())
+            }
             Error::UnknownAgent(_) => {
                 let mut a = ApiError::new(StatusCode::NOT_FOUND, "unknown_agent", e.to_string());
                 a.param = Some("agent_id".to_owned());
@@ -69,7 +73,11 @@ impl From<Error> for ApiError {
             Error::Contended(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "contended", e.to_string()),
             Error::Store(_) | Error::Queue(_) => {
                 tracing::error!(error = %e, "backend failure");
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "the service is temporarily unavailable")
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the service is temporarily unavailable",
+                )
             }
         }
     }
@@ -77,7 +85,9 @@ impl From<Error> for ApiError {
 
 fn rejection(r: Rejection) -> ApiError {
     let status = match &r {
-        Rejection::NotFound(_) | Rejection::UnknownCall(_) | Rejection::UnknownInterrupt { .. } => StatusCode::NOT_FOUND,
+        Rejection::NotFound(_) | Rejection::UnknownCall(_) | Rejection::UnknownInterrupt { .. } => {
+            StatusCode::NOT_FOUND
+        }
         Rejection::InvalidInput(p) => return ApiError::invalid(p.path.clone(), p.message.clone()),
         Rejection::AgentMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         _ => StatusCode::CONFLICT,

@@ -77,7 +77,11 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<WorkerIdentity,
         .unwrap_or_default();
     match secrets.authenticate(presented) {
         Some(name) => Ok(WorkerIdentity { id: Some(name.to_owned()), metadata: None }),
-        None => Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid API key is required (Authorization: Bearer <key>)")),
+        None => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid API key is required (Authorization: Bearer <key>)",
+        )),
     }
 }
 
@@ -166,7 +170,9 @@ pub fn summary(s: &Session) -> Value {
         .iter()
         .filter(|c| c.is_client_tool() && c.is_pending())
         .map(|c| match &c.spec {
-            CallSpec::ToolCall { name, arguments, .. } => json!({"id": c.id, "name": name, "arguments": arguments, "attempt": c.attempt}),
+            CallSpec::ToolCall { name, arguments, .. } => {
+                json!({"id": c.id, "name": name, "arguments": arguments, "attempt": c.attempt})
+            }
             _ => json!({"id": c.id}),
         })
         .collect();
@@ -265,7 +271,8 @@ async fn events(
     authenticate(&state, &headers)?;
     state.app.session(&id).await?;
     let limit = query.limit.unwrap_or(500).clamp(1, 1000);
-    let events = state.app.store().events_after(&id, query.after, limit).await.map_err(crate::error::Error::from)?;
+    let events =
+        state.app.store().events_after(&id, query.after, limit).await.map_err(crate::error::Error::from)?;
     let next_after = events.last().map_or(query.after, |e| e.seq);
     Ok(Json(json!({"events": events, "next_after": next_after})))
 }

@@ -42,13 +42,15 @@ pub(super) async fn stream(
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     authenticate(&state, &headers)?;
     state.app.session(&id).await?;
-    let resume = headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    let resume =
+        headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     let after = resume.or(query.after).unwrap_or(0);
     // Subscribe before the first read, so nothing committed in between is missed.
     let notices = state.app.hub().subscribe(&id);
     let (tx, rx) = mpsc::channel::<SseEvent>(BUFFER);
     tokio::spawn(pump(state, id, after, notices, tx));
-    let frames = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (Ok(f), rx)) });
+    let frames =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (Ok(f), rx)) });
     Ok(Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("keep-alive")))
 }
 
@@ -72,7 +74,8 @@ async fn pump(
             };
             for logged in &events {
                 let data = serde_json::to_string(&logged.event).unwrap_or_default();
-                let frame = SseEvent::default().id(logged.seq.to_string()).event(logged.event.name()).data(data);
+                let frame =
+                    SseEvent::default().id(logged.seq.to_string()).event(logged.event.name()).data(data);
                 if tx.send(frame).await.is_err() {
                     return;
                 }
@@ -95,7 +98,9 @@ async fn pump(
                 let until = tokio::time::Instant::now() + COALESCE;
                 while let Ok(Ok(next)) = tokio::time::timeout_at(until, notices.recv()).await {
                     match next {
-                        Notice::Delta { call_id, delta } => merge(gathered.entry(call_id).or_default(), delta),
+                        Notice::Delta { call_id, delta } => {
+                            merge(gathered.entry(call_id).or_default(), delta)
+                        }
                         Notice::Committed { .. } => break,
                     }
                 }
@@ -136,7 +141,10 @@ mod tests {
     fn deltas_merge() {
         let mut d = StreamDelta::default();
         merge(&mut d, StreamDelta { text: Some("hel".into()), ..Default::default() });
-        merge(&mut d, StreamDelta { text: Some("lo".into()), finish_reason: Some("stop".into()), ..Default::default() });
+        merge(
+            &mut d,
+            StreamDelta { text: Some("lo".into()), finish_reason: Some("stop".into()), ..Default::default() },
+        );
         assert_eq!(d.text.as_deref(), Some("hello"));
         assert_eq!(d.finish_reason.as_deref(), Some("stop"));
     }

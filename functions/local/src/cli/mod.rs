@@ -1,0 +1,137 @@
+//! The command line: arguments (clap derive) and one module per command.
+//!
+//! `serve` runs the server; `chat`, `sessions` and `events` are clients of its HTTP API
+//! (`client`), reading event streams with `sse` and printing turns with `render`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+pub mod chat;
+pub mod client;
+pub mod events;
+pub mod render;
+pub mod serve;
+pub mod sessions;
+pub mod sse;
+
+/// Turnstone, a durable AI agent engine.
+#[derive(Debug, Parser)]
+#[command(name = "turnstone", version, about)]
+pub struct Cli {
+    /// Options every client command shares.
+    #[command(flatten)]
+    pub global: Global,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where the server is and how to authenticate to it.
+#[derive(Debug, Clone, Args)]
+pub struct Global {
+    /// The server's base URL.
+    #[arg(long, global = true, env = "TURNSTONE_URL", default_value = "http://127.0.0.1:8787")]
+    pub url: String,
+    /// An API key, sent as `Authorization: Bearer <key>`.
+    #[arg(long, global = true, env = "TURNSTONE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server.
+    Serve(ServeArgs),
+    /// Talk to an agent: send MESSAGE and stream the reply, or without it read lines from stdin.
+    Chat(ChatArgs),
+    /// List sessions.
+    Sessions(SessionsArgs),
+    /// Print a session's events as `SEQ NAME JSON`, one per line.
+    Events(EventsArgs),
+}
+
+/// `turnstone serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// The configuration file (TOML).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The address to listen on [default: the config's server.addr, else 127.0.0.1:8787].
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: Option<std::net::SocketAddr>,
+    /// Where the local store keeps its data [default: the config's server.data_dir, else
+    /// ./turnstone-data].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// How many sessions are run at once.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub workers: usize,
+}
+
+/// `turnstone chat`.
+#[derive(Debug, Clone, Args)]
+pub struct ChatArgs {
+    /// The agent that runs a new session.
+    #[arg(long, default_value = "demo")]
+    pub agent: String,
+    /// The session to talk in (default: a new one, `chat-<8 hex>`).
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Send this one message and exit once the turn ends.
+    pub message: Option<String>,
+}
+
+/// `turnstone sessions`.
+#[derive(Debug, Clone, Args)]
+pub struct SessionsArgs {
+    /// Only this agent's sessions.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// How many sessions to show at most.
+    #[arg(long, default_value_t = 50)]
+    pub limit: usize,
+}
+
+/// `turnstone events`.
+#[derive(Debug, Clone, Args)]
+pub struct EventsArgs {
+    /// The session.
+    pub session: String,
+    /// Only events after this sequence number.
+    #[arg(long, default_value_t = 0)]
+    pub after: u64,
+    /// Keep streaming new events (reconnecting where the stream left off).
+    #[arg(long)]
+    pub follow: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_commands_and_their_defaults() {
+        let cli = Cli::try_parse_from(["turnstone", "serve"]).unwrap();
+        let Command::Serve(serve) = cli.command else { panic!("not serve") };
+        assert_eq!(serve.addr, None);
+        assert_eq!(serve.data_dir, None);
+        assert_eq!(serve.workers, 8);
+        assert_eq!(serve.config, None);
+
+        let cli = Cli::try_parse_from(["turnstone", "chat", "--url", "http://x:1", "hello there"]).unwrap();
+        assert_eq!(cli.global.url, "http://x:1");
+        let Command::Chat(chat) = cli.command else { panic!("not chat") };
+        assert_eq!(chat.agent, "demo");
+        assert_eq!(chat.session, None);
+        assert_eq!(chat.message.as_deref(), Some("hello there"));
+
+        let cli = Cli::try_parse_from(["turnstone", "events", "s1", "--after", "7", "--follow"]).unwrap();
+        let Command::Events(events) = cli.command else { panic!("not events") };
+        assert_eq!((events.session.as_str(), events.after, events.follow), ("s1", 7, true));
+
+        let cli = Cli::try_parse_from(["turnstone", "sessions", "--agent", "a", "--limit", "3"]).unwrap();
+        let Command::Sessions(list) = cli.command else { panic!("not sessions") };
+        assert_eq!((list.agent.as_deref(), list.limit), (Some("a"), 3));
+    }
+}

@@ -1,0 +1,108 @@
+//! The SQLite schema, the per-connection settings, and the schema version check.
+//!
+//! The database's `user_version` pragma holds the schema version. A new file is created at
+//! [`SCHEMA_VERSION`]; a file at a newer version is refused (an older build must not write a
+//! layout it does not know); future versions migrate forward from older ones here.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use crate::error::SqliteError;
+
+/// The schema version this build reads and writes.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Version 1: heads (one row per session), the event log, and the message nodes.
+///
+/// - `heads.snapshot` is the session's JSON without its messages; `version` fences commits;
+///   `wake_at` (ms since the epoch) is set only while the session has timed work, so its
+///   partial index holds exactly the sessions the sweep may need.
+/// - `events` and `messages` are append-only and keyed by (session, position): a session's log
+///   and transcript are each one contiguous range of the primary key.
+/// - The listing indexes end in `(created_at, session_id)`, the key cursors page by.
+const SCHEMA_V1: &str = "
+CREATE TABLE IF NOT EXISTS heads (
+    session_id TEXT PRIMARY KEY NOT NULL,
+    version    INTEGER NOT NULL CHECK (version > 0),
+    snapshot   TEXT NOT NULL,
+    agent_id   TEXT NOT NULL,
+    owner      TEXT,
+    wake_at    INTEGER,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS heads_by_wake ON heads (wake_at, session_id) WHERE wake_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS heads_by_created ON heads (created_at, session_id);
+CREATE INDEX IF NOT EXISTS heads_by_agent ON heads (agent_id, created_at, session_id);
+CREATE INDEX IF NOT EXISTS heads_by_owner ON heads (owner, created_at, session_id);
+CREATE TABLE IF NOT EXISTS events (
+    session_id TEXT NOT NULL REFERENCES heads (session_id) ON DELETE CASCADE,
+    seq        INTEGER NOT NULL CHECK (seq > 0),
+    name       TEXT NOT NULL,
+    body       TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+CREATE TABLE IF NOT EXISTS messages (
+    session_id TEXT NOT NULL REFERENCES heads (session_id) ON DELETE CASCADE,
+    pos        INTEGER NOT NULL CHECK (pos >= 0),
+    body       TEXT NOT NULL,
+    PRIMARY KEY (session_id, pos)
+);
+";
+
+/// How many prepared statements each connection keeps (the store uses about a dozen).
+const STATEMENT_CACHE: usize = 32;
+
+/// Settings of the writer connection: WAL, the chosen `synchronous` level, foreign keys.
+pub(crate) fn configure_writer(
+    conn: &Connection,
+    busy_timeout: Duration,
+    sync_full: bool,
+    file_backed: bool,
+) -> Result<(), SqliteError> {
+    conn.busy_timeout(busy_timeout)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    if file_backed {
+        let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(SqliteError::NoWal { mode });
+        }
+    }
+    conn.pragma_update(None, "synchronous", if sync_full { "FULL" } else { "NORMAL" })?;
+    conn.pragma_update(None, "foreign_keys", true)?;
+    Ok(())
+}
+
+/// Settings of a read connection (reads only, so only the busy timeout and the cache matter).
+pub(crate) fn configure_reader(conn: &Connection, busy_timeout: Duration) -> Result<(), SqliteError> {
+    conn.busy_timeout(busy_timeout)?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    conn.pragma_update(None, "foreign_keys", true)?;
+    Ok(())
+}
+
+/// Creates the schema in a new database, accepts the current one, refuses a newer one.
+pub(crate) fn ensure(conn: &mut Connection, path: &Path) -> Result<(), SqliteError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let found: i64 = tx.pragma_query_value(None, "user_version", |row| row.get(0))?;
+    match found {
+        SCHEMA_VERSION => {}
+        0 => {
+            tx.execute_batch(SCHEMA_V1)?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+            tracing::info!(path = %path.display(), version = SCHEMA_VERSION, "created the store schema");
+        }
+        newer if newer > SCHEMA_VERSION => {
+            return Err(SqliteError::SchemaTooNew {
+                path: path.to_owned(),
+                found: newer,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        other => return Err(SqliteError::SchemaUnknown { path: path.to_owned(), found: other }),
+    }
+    tx.commit()?;
+    Ok(())
+}

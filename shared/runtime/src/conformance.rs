@@ -1,0 +1,677 @@
+//! The conformance suite every [`Store`] and [`Queue`] implementation must pass (DESIGN.md
+//! section 5): call [`store_suite`] and [`queue_suite`] from an adapter's tests, or the single
+//! cases to get one test per case.
+//!
+//! Sessions are built by the real engine through [`Driver`] (create, submit, claim and finish
+//! LLM calls, as the dispatcher would), never from hand-made JSON, so the suite stores exactly
+//! the shapes the runtime writes.
+//!
+//! Store cases expect a store that holds no other session with a wake time before 2001 (an
+//! empty one is simplest); each case uses its own session ids and agent ids, so the cases may
+//! share one store and run in any order, but a case must not run twice on one store.
+//! Queue cases use their own session ids and acknowledge what they receive; they sleep in
+//! tokio time, so an in-process queue can be tested under `tokio::test(start_paused = true)`.
+
+// Test support: a failed check must fail the calling test loudly, with the values in view.
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use turnstone_engine::protocol::{
+    AgentConfig, ClientInput, ClientMessageInput, DraftMessage, LlmResponse, WorkerIdentity,
+};
+use turnstone_engine::session::{
+    Command, Ctx, Defaults, Effect, Event, Session, SessionInit, TurnOrigin, handle,
+};
+use turnstone_engine::time::Timestamp;
+
+use crate::queue::{Delivery, Queue, WakeUp};
+use crate::store::{Commit, LoggedEvent, SessionFilter, SessionSummary, Store, StoreError};
+
+/// When the suite's sessions live (2026-11-30).
+pub const T0: Timestamp = Timestamp(1_796_000_000_000);
+
+/// The `now` of the due-time case: far before [`T0`], so other cases' wake times never count.
+const T_DUE: Timestamp = Timestamp(1_000_000_000_000);
+
+/// One session driven through the engine as the dispatcher would, with its uncommitted events.
+#[derive(Debug, Clone)]
+pub struct Driver {
+    /// The session after every handled command.
+    pub session: Session,
+    /// Every event so far, committed or not.
+    pub log: Vec<Event>,
+    /// The engine's clock for the next command.
+    pub now: Timestamp,
+    /// The head version the next commit names (0: not yet stored).
+    pub version: u64,
+    /// How many events at the end of `log` are not yet committed.
+    uncommitted: usize,
+    seed: u64,
+}
+
+impl Driver {
+    /// Creates session `session_id` of agent `agent_id` at `now`, engine-hosted or with a worker.
+    pub fn create(
+        session_id: &str,
+        agent_id: &str,
+        owner: Option<&str>,
+        has_worker: bool,
+        now: Timestamp,
+    ) -> Self {
+        let seed = session_id
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+        let mut driver = Driver {
+            session: Session::new(session_id),
+            log: Vec::new(),
+            now,
+            version: 0,
+            uncommitted: 0,
+            seed,
+        };
+        let metadata = owner.map(|o| {
+            BTreeMap::from([("plan".to_owned(), "pro".to_owned()), ("name".to_owned(), o.to_owned())])
+        });
+        let init = SessionInit {
+            agent_id: agent_id.to_owned(),
+            identity: WorkerIdentity { id: owner.map(str::to_owned), metadata },
+            declared: Some(AgentConfig::new("test-model")),
+            has_worker,
+            parent: None,
+            ancestry: Vec::new(),
+            defaults: Defaults::default(),
+        };
+        driver.exec(Command::Create { init: init.into() });
+        driver
+    }
+
+    /// Handles `command` at `now` (then moves the clock 1 s on); panics if the engine refuses it.
+    pub fn exec(&mut self, command: Command) -> Vec<Event> {
+        self.seed = self.seed.wrapping_add(1);
+        let ctx = Ctx { now: self.now, seed: self.seed };
+        let transition = match handle(&self.session, command.clone(), &ctx) {
+            Ok(t) => t,
+            Err(rejection) => panic!("the engine refused {command:?}: {rejection}"),
+        };
+        self.session = transition.session;
+        self.log.extend(transition.events.iter().cloned());
+        self.uncommitted += transition.events.len();
+        self.now = self.now.plus_ms(1_000);
+        transition.events
+    }
+
+    /// Submits a user message starting a turn.
+    pub fn submit(&mut self, text: &str) -> Vec<Event> {
+        let agent_id = self.session.agent_id().to_owned();
+        self.exec(Command::Submit {
+            input: ClientInput::Message(ClientMessageInput {
+                agent_id,
+                turn_id: None,
+                message: DraftMessage::user(text),
+                stream: None,
+            }),
+            queue: false,
+            origin: TurnOrigin::Client,
+        })
+    }
+
+    /// Claims the due server LLM call, as the dispatcher does before calling the model.
+    pub fn claim_llm(&mut self) -> (String, u32) {
+        let plan = self.session.plan(self.now);
+        let (call_id, attempt) = plan
+            .effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::RunLlmCall { call_id, attempt } => Some((call_id.clone(), *attempt)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no LLM call due: {plan:?}"));
+        self.exec(Command::ClaimLlmCall { call_id: call_id.clone(), attempt });
+        (call_id, attempt)
+    }
+
+    /// Finishes a claimed LLM call with a plain text reply.
+    pub fn finish_llm(&mut self, (call_id, attempt): (String, u32), text: &str) -> Vec<Event> {
+        let response = LlmResponse {
+            model: "test-model".into(),
+            content: Some(text.into()),
+            tool_calls: None,
+            finish_reason: Some("stop".into()),
+            usage: Some(serde_json::json!({"prompt_tokens": 12, "completion_tokens": 7})),
+            cost: Some("0.0012".into()),
+            images: None,
+        };
+        self.exec(Command::LlmCallFinished { call_id, attempt, outcome: Ok(response) })
+    }
+
+    /// Claims the live decision's delivery (a session with a worker).
+    pub fn claim_decision(&mut self) {
+        let plan = self.session.plan(self.now);
+        let (decision_id, attempt) = plan
+            .effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::DeliverDecision { decision_id, attempt } => Some((decision_id.clone(), *attempt)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no decision due: {plan:?}"));
+        self.exec(Command::ClaimDecision { decision_id, attempt });
+    }
+
+    /// A whole engine-hosted turn: the user's message and the model's reply.
+    pub fn turn(&mut self, user: &str, assistant: &str) {
+        self.submit(user);
+        let call = self.claim_llm();
+        self.finish_llm(call, assistant);
+    }
+
+    /// The events not yet committed.
+    pub fn uncommitted(&self) -> &[Event] {
+        &self.log[self.log.len() - self.uncommitted..]
+    }
+
+    /// When the session next has timed work, per the engine's plan.
+    pub fn wake_at(&self) -> Option<Timestamp> {
+        self.session.plan(self.now).wake_at
+    }
+
+    /// Commits the uncommitted events with the plan's wake time; returns the new version.
+    pub async fn commit(&mut self, store: &dyn Store) -> Result<u64, StoreError> {
+        let wake_at = self.wake_at();
+        self.commit_waking(store, wake_at).await
+    }
+
+    /// Commits the uncommitted events with an explicit wake time; returns the new version.
+    pub async fn commit_waking(
+        &mut self,
+        store: &dyn Store,
+        wake_at: Option<Timestamp>,
+    ) -> Result<u64, StoreError> {
+        let commit = Commit { session: &self.session, events: self.uncommitted(), wake_at };
+        let version = store.commit(&self.session.id, self.version, commit).await?;
+        self.version = version;
+        self.uncommitted = 0;
+        Ok(version)
+    }
+
+    /// Commits and checks the version moved on by one; panics on failure.
+    pub async fn commit_ok(&mut self, store: &dyn Store) -> u64 {
+        let before = self.version;
+        let id = self.session.id.clone();
+        let version = self.commit(store).await.unwrap_or_else(|e| panic!("commit of {id} failed: {e}"));
+        assert_eq!(version, before + 1, "a commit moves the version on by one ({id})");
+        version
+    }
+}
+
+/// Checks that `store` holds exactly `driver`'s committed session and version.
+pub async fn assert_stored(store: &dyn Store, driver: &Driver) {
+    let id = &driver.session.id;
+    assert!(driver.uncommitted().is_empty(), "assert_stored needs a fully committed driver ({id})");
+    let loaded = store.load(id).await.unwrap().unwrap_or_else(|| panic!("session {id} is missing"));
+    assert_eq!(loaded.version, driver.version, "version of {id}");
+    assert_eq!(loaded.session.tree.len(), driver.session.tree.len(), "message count of {id}");
+    assert_eq!(loaded.session, driver.session, "loaded session {id} differs from the committed one");
+}
+
+/// Every logged event of a session, read in pages of `page`.
+pub async fn all_events(store: &dyn Store, session_id: &str, page: usize) -> Vec<LoggedEvent> {
+    let mut out: Vec<LoggedEvent> = Vec::new();
+    loop {
+        let after = out.last().map_or(0, |e| e.seq);
+        let batch = store.events_after(session_id, after, page).await.unwrap();
+        assert!(batch.len() <= page, "events_after returned {} events for a limit of {page}", batch.len());
+        if batch.is_empty() {
+            return out;
+        }
+        out.extend(batch);
+    }
+}
+
+/// Checks that the stored log of `driver`'s session is exactly its events, numbered 1, 2, ...
+pub async fn assert_log(store: &dyn Store, driver: &Driver, page: usize) {
+    let logged = all_events(store, &driver.session.id, page).await;
+    let seqs: Vec<u64> = logged.iter().map(|e| e.seq).collect();
+    let expected: Vec<u64> = (1..=driver.log.len() as u64).collect();
+    assert_eq!(seqs, expected, "sequence numbers of {} must be gapless from 1", driver.session.id);
+    let events: Vec<&Event> = logged.iter().map(|e| &e.event).collect();
+    let expected: Vec<&Event> = driver.log.iter().collect();
+    assert!(events == expected, "the stored log of {} differs from the events committed", driver.session.id);
+}
+
+/// Runs every store case.
+pub async fn store_suite(store: &dyn Store) {
+    store_round_trip(store).await;
+    store_create_conflicts(store).await;
+    store_stale_commit_writes_nothing(store).await;
+    store_events_after_pages(store).await;
+    store_list_sessions(store).await;
+    store_due(store).await;
+    store_large_session(store).await;
+}
+
+/// Create, then load after every commit: the session comes back exactly, messages included.
+pub async fn store_round_trip(store: &dyn Store) {
+    assert!(store.load("conf-rt-missing").await.unwrap().is_none(), "an unknown session loads as None");
+
+    let mut d = Driver::create("conf-rt-hosted", "conf-rt-agent", Some("conf-rt-owner"), false, T0);
+    assert_eq!(d.commit_ok(store).await, 1);
+    assert_stored(store, &d).await;
+    d.submit("hello");
+    d.commit_ok(store).await;
+    assert_stored(store, &d).await;
+    let call = d.claim_llm();
+    assert!(d.wake_at().is_some(), "a claimed call has a deadline");
+    d.commit_ok(store).await;
+    assert_stored(store, &d).await;
+    d.finish_llm(call, "hi there");
+    d.commit_ok(store).await;
+    assert_stored(store, &d).await;
+    assert_eq!(d.session.tree.len(), 2);
+    // A whole turn in one commit (several commands' events at once).
+    d.turn("and now? ünïcödé ✓ \u{1f980} \"quoted\" \\ \n newline", "done");
+    d.commit_ok(store).await;
+    assert_stored(store, &d).await;
+    assert_eq!(d.session.tree.len(), 4);
+    assert_log(store, &d, 1000).await;
+
+    // A session answered by a worker, with its decision in flight.
+    let mut w = Driver::create("conf-rt-worker", "conf-rt-agent", None, true, T0);
+    w.commit_ok(store).await;
+    assert_stored(store, &w).await;
+    w.claim_decision();
+    w.commit_ok(store).await;
+    assert_stored(store, &w).await;
+    assert_log(store, &w, 1000).await;
+}
+
+/// A second create (expected version 0) of an existing session conflicts and changes nothing;
+/// so does a commit naming a version of a session that does not exist.
+pub async fn store_create_conflicts(store: &dyn Store) {
+    let mut first = Driver::create("conf-cc", "conf-cc-agent", Some("conf-cc-owner"), false, T0);
+    first.submit("first");
+    first.commit_ok(store).await;
+
+    let mut second =
+        Driver::create("conf-cc", "conf-cc-other-agent", Some("someone-else"), false, T0.plus_ms(5));
+    match second.commit(store).await {
+        Err(StoreError::Conflict { session_id, expected }) => {
+            assert_eq!(session_id, "conf-cc");
+            assert_eq!(expected, 0);
+        }
+        other => panic!("a second create must conflict, got {other:?}"),
+    }
+    assert_stored(store, &first).await;
+    assert_log(store, &first, 1000).await;
+
+    let mut ghost = Driver::create("conf-cc-ghost", "conf-cc-agent", None, false, T0);
+    ghost.version = 3;
+    let err = ghost.commit(store).await.expect_err("a commit to a missing session must conflict");
+    assert!(matches!(err, StoreError::Conflict { .. }), "got {err:?}");
+    assert!(err.is_retryable());
+    assert!(store.load("conf-cc-ghost").await.unwrap().is_none(), "a refused create writes nothing");
+    assert!(store.events_after("conf-cc-ghost", 0, 10).await.unwrap().is_empty());
+}
+
+/// Two hosts step the same version: the second commit conflicts and writes nothing (no head,
+/// no event, no message), whatever version it names.
+pub async fn store_stale_commit_writes_nothing(store: &dyn Store) {
+    let mut winner = Driver::create("conf-stale", "conf-stale-agent", Some("conf-stale-owner"), false, T0);
+    winner.turn("one", "reply one");
+    winner.commit_ok(store).await;
+    let mut loser = winner.clone();
+
+    winner.submit("the winner's message");
+    winner.commit_ok(store).await;
+    // The loser records other messages and more events from the same base.
+    let call = {
+        loser.submit("the loser's message, which must never be stored");
+        loser.claim_llm()
+    };
+    loser.finish_llm(call, "the loser's reply");
+    assert!(loser.session.tree.len() > winner.session.tree.len());
+    for version in [loser.version, 0, winner.version + 1, winner.version + 7] {
+        loser.version = version;
+        match loser.commit(store).await {
+            Err(StoreError::Conflict { expected, .. }) => assert_eq!(expected, version),
+            other => panic!("a commit naming version {version} must conflict, got {other:?}"),
+        }
+        assert_stored(store, &winner).await;
+        assert_log(store, &winner, 1000).await;
+    }
+    // The winner goes on from its version as if nothing happened.
+    let call = winner.claim_llm();
+    winner.finish_llm(call, "the winner's reply");
+    winner.commit_ok(store).await;
+    assert_stored(store, &winner).await;
+    assert_log(store, &winner, 1000).await;
+}
+
+/// `events_after` pages through the log in order with gapless sequence numbers.
+pub async fn store_events_after_pages(store: &dyn Store) {
+    let mut d = Driver::create("conf-ev", "conf-ev-agent", None, false, T0);
+    d.commit_ok(store).await;
+    for i in 0..4 {
+        d.submit(&format!("question {i}"));
+        d.commit_ok(store).await;
+        let call = d.claim_llm();
+        d.commit_ok(store).await;
+        d.finish_llm(call, &format!("answer {i}"));
+        d.commit_ok(store).await;
+    }
+    let total = d.log.len() as u64;
+    assert!(total > 20, "the log should be long enough to page ({total} events)");
+    for page in [1, 3, 7, 1000] {
+        assert_log(store, &d, page).await;
+    }
+    let tail = store.events_after("conf-ev", total - 2, 10).await.unwrap();
+    assert_eq!(tail.iter().map(|e| e.seq).collect::<Vec<_>>(), [total - 1, total]);
+    assert_eq!(tail[1].event, d.log[d.log.len() - 1]);
+    let middle = store.events_after("conf-ev", 5, 4).await.unwrap();
+    assert_eq!(middle.iter().map(|e| e.seq).collect::<Vec<_>>(), [6, 7, 8, 9]);
+    assert!(store.events_after("conf-ev", total, 10).await.unwrap().is_empty(), "nothing after the end");
+    assert!(store.events_after("conf-ev", total + 50, 10).await.unwrap().is_empty());
+    assert!(store.events_after("conf-ev", 0, 0).await.unwrap().is_empty(), "limit 0 returns nothing");
+    assert!(store.events_after("conf-ev-missing", 0, 10).await.unwrap().is_empty());
+}
+
+/// Pages through a listing with `limit`, checking order and that no session repeats.
+pub async fn list_all(store: &dyn Store, filter: &SessionFilter, limit: usize) -> Vec<SessionSummary> {
+    let mut out: Vec<SessionSummary> = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..10_000 {
+        let page = store.list_sessions(filter, cursor.as_deref(), limit).await.unwrap();
+        assert!(page.items.len() <= limit, "a page holds at most the limit");
+        out.extend(page.items);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => {
+                let ids: BTreeSet<&str> = out.iter().map(|s| s.session_id.as_str()).collect();
+                assert_eq!(ids.len(), out.len(), "a listing repeats no session: {out:?}");
+                assert!(
+                    out.windows(2).all(|w| w[0].created_at >= w[1].created_at),
+                    "a listing is newest first: {out:?}"
+                );
+                return out;
+            }
+        }
+    }
+    panic!("the listing never ended");
+}
+
+/// `list_sessions` filters by agent and owner, newest first, and pages with cursors.
+pub async fn store_list_sessions(store: &dyn Store) {
+    // (id, agent, owner, created at): two pairs share a creation time, to page across ties.
+    let specs: [(&str, &str, Option<&str>, i64); 7] = [
+        ("conf-ls-1", "conf-ls-agent-a", Some("conf-ls-owner-1"), 1_000),
+        ("conf-ls-2", "conf-ls-agent-a", Some("conf-ls-owner-2"), 2_000),
+        ("conf-ls-3", "conf-ls-agent-b", Some("conf-ls-owner-1"), 3_000),
+        ("conf-ls-4", "conf-ls-agent-a", None, 4_000),
+        ("conf-ls-5", "conf-ls-agent-a", Some("conf-ls-owner-1"), 5_000),
+        ("conf-ls-6", "conf-ls-agent-a", Some("conf-ls-owner-1"), 5_000),
+        ("conf-ls-7", "conf-ls-agent-b", Some("conf-ls-owner-2"), 5_000),
+    ];
+    let mut versions = BTreeMap::new();
+    for (id, agent, owner, at) in specs {
+        let mut d = Driver::create(id, agent, owner, false, T0.plus_ms(at as u64));
+        d.commit_ok(store).await;
+        if id == "conf-ls-2" {
+            d.turn("bump the version", "ok");
+            d.commit_ok(store).await;
+        }
+        versions.insert(id, d.version);
+    }
+    let expect = |agent: Option<&str>, owner: Option<&str>| -> BTreeSet<&str> {
+        specs
+            .iter()
+            .filter(|(_, a, o, _)| agent.is_none_or(|x| x == *a) && owner.is_none_or(|x| Some(x) == *o))
+            .map(|(id, ..)| *id)
+            .collect()
+    };
+    let cases = [
+        (Some("conf-ls-agent-a"), None),
+        (Some("conf-ls-agent-b"), None),
+        (None, Some("conf-ls-owner-1")),
+        (None, Some("conf-ls-owner-2")),
+        (Some("conf-ls-agent-a"), Some("conf-ls-owner-1")),
+        (Some("conf-ls-agent-b"), Some("conf-ls-owner-1")),
+        (Some("conf-ls-agent-none"), None),
+    ];
+    for (agent, owner) in cases {
+        let filter = SessionFilter { agent_id: agent.map(str::to_owned), owner: owner.map(str::to_owned) };
+        for limit in [1, 2, 3, 100] {
+            let listed = list_all(store, &filter, limit).await;
+            let ids: BTreeSet<&str> = listed.iter().map(|s| s.session_id.as_str()).collect();
+            assert_eq!(ids, expect(agent, owner), "listing {filter:?} with limit {limit}");
+            for s in &listed {
+                let (_, agent_id, owner, at) = specs.iter().find(|(id, ..)| *id == s.session_id).unwrap();
+                assert_eq!(s.agent_id, *agent_id);
+                assert_eq!(s.owner.as_deref(), *owner);
+                assert_eq!(s.created_at, T0.plus_ms(*at as u64), "created_at is the session's own");
+                assert_eq!(s.version, versions[s.session_id.as_str()]);
+            }
+        }
+    }
+    // Unfiltered: every one of ours, exactly once, in order (other sessions may be listed too).
+    let all = list_all(store, &SessionFilter::default(), 2).await;
+    let ours: Vec<&str> =
+        all.iter().map(|s| s.session_id.as_str()).filter(|id| id.starts_with("conf-ls-")).collect();
+    assert_eq!(ours.iter().copied().collect::<BTreeSet<_>>(), expect(None, None));
+    let first = store.list_sessions(&SessionFilter::default(), None, 1).await.unwrap();
+    assert_eq!(first.items.len(), 1);
+    assert!(first.next_cursor.is_some(), "more than one session means a next page");
+    // A cursor this store never handed out is refused.
+    for garbage in ["%%% not a cursor %%%", "", "\u{0}"] {
+        match store.list_sessions(&SessionFilter::default(), Some(garbage), 10).await {
+            Err(StoreError::InvalidCursor) => {}
+            other => panic!("cursor {garbage:?} must be refused, got {other:?}"),
+        }
+    }
+}
+
+/// `due` finds exactly the sessions whose wake time passed, oldest first; a commit without a
+/// wake time takes a session out, one with an earlier time moves it.
+pub async fn store_due(store: &dyn Store) {
+    let t = T_DUE;
+    let back = |ms: u64| Timestamp(t.0 - ms as i64);
+    let wakes: [(&str, Option<Timestamp>); 5] = [
+        ("conf-due-1", Some(back(10))),
+        ("conf-due-2", Some(t.plus_ms(10))),
+        ("conf-due-3", Some(back(5))),
+        ("conf-due-4", None),
+        ("conf-due-5", Some(t)),
+    ];
+    let mut drivers = BTreeMap::new();
+    for (id, wake) in wakes {
+        let mut d = Driver::create(id, "conf-due-agent", None, false, back(100_000));
+        d.commit_waking(store, wake).await.unwrap();
+        drivers.insert(id, d);
+    }
+    assert_eq!(store.due(t, 10).await.unwrap(), ["conf-due-1", "conf-due-3", "conf-due-5"]);
+    assert_eq!(store.due(t, 2).await.unwrap(), ["conf-due-1", "conf-due-3"]);
+    assert_eq!(store.due(t, 0).await.unwrap(), Vec::<String>::new());
+    assert_eq!(store.due(back(11), 10).await.unwrap(), Vec::<String>::new());
+    assert_eq!(store.due(back(10), 10).await.unwrap(), ["conf-due-1"], "due at exactly the wake time");
+
+    let d1 = drivers.get_mut("conf-due-1").unwrap();
+    d1.submit("handled");
+    d1.commit_waking(store, None).await.unwrap();
+    assert_eq!(store.due(t, 10).await.unwrap(), ["conf-due-3", "conf-due-5"]);
+
+    let d2 = drivers.get_mut("conf-due-2").unwrap();
+    d2.submit("now sooner");
+    d2.commit_waking(store, Some(back(7))).await.unwrap();
+    assert_eq!(store.due(t, 10).await.unwrap(), ["conf-due-2", "conf-due-3", "conf-due-5"]);
+
+    let d3 = drivers.get_mut("conf-due-3").unwrap();
+    d3.submit("later");
+    d3.commit_waking(store, Some(t.plus_ms(1_000))).await.unwrap();
+    assert_eq!(store.due(t, 10).await.unwrap(), ["conf-due-2", "conf-due-5"]);
+    assert_eq!(store.due(t.plus_ms(1_000), 10).await.unwrap(), ["conf-due-2", "conf-due-5", "conf-due-3"]);
+    for d in drivers.values() {
+        assert_stored(store, d).await;
+    }
+}
+
+/// Hundreds of messages and a 300 KB message round-trip, through load and the log.
+pub async fn store_large_session(store: &dyn Store) {
+    let mut d = Driver::create("conf-large", "conf-large-agent", Some("conf-large-owner"), false, T0);
+    d.commit_ok(store).await;
+    let big: String = (0..300 * 1024).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    for i in 0..150 {
+        if i == 75 {
+            d.turn(&big, "that was long");
+        } else {
+            d.turn(&format!("message {i}"), &format!("reply {i}"));
+        }
+        d.commit_ok(store).await;
+    }
+    assert_eq!(d.session.tree.len(), 300);
+    assert_stored(store, &d).await;
+    assert_log(store, &d, 500).await;
+    let loaded = store.load("conf-large").await.unwrap().unwrap();
+    assert!(
+        loaded.session.tree.nodes().iter().any(|n| n.message.content_text() == big),
+        "the 300 KB message comes back whole"
+    );
+}
+
+/// How a queue is expected to behave, for [`queue_suite`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSuite {
+    /// The queue's visibility timeout: an unacknowledged delivery reappears after it.
+    pub visibility_timeout: Duration,
+    /// A delay to test with (at least the backend's delay granularity).
+    pub delay: Duration,
+    /// Whether wake-ups for one session coalesce into one delivery (in-process: yes; SQS: no).
+    pub coalesces: bool,
+}
+
+/// Runs every queue case.
+pub async fn queue_suite(queue: &dyn Queue, suite: QueueSuite) {
+    queue_delay_respected(queue, suite).await;
+    queue_duplicate_sends(queue, suite).await;
+    queue_redelivers_without_ack(queue, suite).await;
+    queue_no_redelivery_after_ack(queue, suite).await;
+}
+
+fn wake(session_id: &str, reason: &str) -> WakeUp {
+    WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() }
+}
+
+/// The first delivery for `session_id` within `within` (others are left unacknowledged).
+pub async fn first_delivery(queue: &dyn Queue, session_id: &str, within: Duration) -> Option<Delivery> {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        let batch = queue.receive(10, deadline - now).await.unwrap();
+        if let Some(d) = batch.into_iter().find(|d| d.wake_up.session_id == session_id) {
+            return Some(d);
+        }
+    }
+}
+
+/// Every delivery for `session_id` within `within`.
+pub async fn deliveries(queue: &dyn Queue, session_id: &str, within: Duration) -> Vec<Delivery> {
+    let deadline = Instant::now() + within;
+    let mut out = Vec::new();
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return out;
+        }
+        let batch = queue.receive(10, deadline - now).await.unwrap();
+        out.extend(batch.into_iter().filter(|d| d.wake_up.session_id == session_id));
+    }
+}
+
+/// A delayed wake-up is not delivered before its delay, and is delivered after it; an
+/// undelayed one at once.
+pub async fn queue_delay_respected(queue: &dyn Queue, suite: QueueSuite) {
+    let sent = Instant::now();
+    queue.send(wake("conf-q-delay", "timer"), suite.delay).await.unwrap();
+    assert!(
+        first_delivery(queue, "conf-q-delay", suite.delay / 2).await.is_none(),
+        "delivered before its delay"
+    );
+    let delivery = first_delivery(queue, "conf-q-delay", suite.delay * 4)
+        .await
+        .expect("a delayed wake-up must arrive after its delay");
+    assert!(sent.elapsed() >= suite.delay, "delivered after {:?}, before {:?}", sent.elapsed(), suite.delay);
+    assert_eq!(delivery.wake_up, wake("conf-q-delay", "timer"));
+    queue.ack(&delivery).await.unwrap();
+
+    queue.send(wake("conf-q-now", "input"), Duration::ZERO).await.unwrap();
+    let delivery = first_delivery(queue, "conf-q-now", suite.delay).await.expect("an undelayed wake-up");
+    queue.ack(&delivery).await.unwrap();
+}
+
+/// Sending twice delivers at least once; a coalescing queue delivers once, at the earliest due
+/// time, and keeps nothing back for later.
+pub async fn queue_duplicate_sends(queue: &dyn Queue, suite: QueueSuite) {
+    let window = suite.visibility_timeout / 2;
+    queue.send(wake("conf-q-dup", "input"), Duration::ZERO).await.unwrap();
+    queue.send(wake("conf-q-dup", "timer"), Duration::ZERO).await.unwrap();
+    let got = deliveries(queue, "conf-q-dup", window).await;
+    assert!(!got.is_empty(), "a sent wake-up must be delivered");
+    if suite.coalesces {
+        assert_eq!(got.len(), 1, "two sends for one session coalesce: {got:?}");
+    }
+    for d in &got {
+        queue.ack(d).await.unwrap();
+    }
+    assert!(
+        first_delivery(queue, "conf-q-dup", suite.visibility_timeout * 2).await.is_none(),
+        "nothing comes back after every delivery was acknowledged"
+    );
+    if !suite.coalesces {
+        return;
+    }
+    // Later, then sooner: delivered at the sooner time, once.
+    queue.send(wake("conf-q-early", "timer"), suite.delay * 4).await.unwrap();
+    queue.send(wake("conf-q-early", "input"), Duration::ZERO).await.unwrap();
+    let d = first_delivery(queue, "conf-q-early", suite.delay).await.expect("the earliest due time wins");
+    assert_eq!(d.wake_up.reason, "input");
+    queue.ack(&d).await.unwrap();
+    assert!(first_delivery(queue, "conf-q-early", suite.delay * 6).await.is_none(), "coalesced away");
+    // Sooner, then later: the later send changes nothing.
+    queue.send(wake("conf-q-late", "input"), Duration::ZERO).await.unwrap();
+    queue.send(wake("conf-q-late", "timer"), suite.delay * 4).await.unwrap();
+    let d = first_delivery(queue, "conf-q-late", suite.delay).await.expect("the earlier send stands");
+    assert_eq!(d.wake_up.reason, "input");
+    queue.ack(&d).await.unwrap();
+    assert!(first_delivery(queue, "conf-q-late", suite.delay * 6).await.is_none(), "coalesced away");
+}
+
+/// A received delivery that is not acknowledged is invisible for the visibility timeout, then
+/// delivered again; acknowledging the redelivery ends it.
+pub async fn queue_redelivers_without_ack(queue: &dyn Queue, suite: QueueSuite) {
+    let vt = suite.visibility_timeout;
+    queue.send(wake("conf-q-redeliver", "input"), Duration::ZERO).await.unwrap();
+    let first = first_delivery(queue, "conf-q-redeliver", suite.delay).await.expect("delivered");
+    let received = Instant::now();
+    assert!(first_delivery(queue, "conf-q-redeliver", vt / 2).await.is_none(), "invisible while in flight");
+    let again =
+        first_delivery(queue, "conf-q-redeliver", vt * 2).await.expect("redelivered after the timeout");
+    assert!(received.elapsed() >= vt, "redelivered after {:?}, before {vt:?}", received.elapsed());
+    assert_eq!(again.wake_up, first.wake_up);
+    queue.ack(&again).await.unwrap();
+    assert!(first_delivery(queue, "conf-q-redeliver", vt * 2).await.is_none(), "acknowledged: gone");
+}
+
+/// An acknowledged delivery never comes back.
+pub async fn queue_no_redelivery_after_ack(queue: &dyn Queue, suite: QueueSuite) {
+    queue.send(wake("conf-q-ack", "input"), Duration::ZERO).await.unwrap();
+    let d = first_delivery(queue, "conf-q-ack", suite.delay).await.expect("delivered");
+    queue.ack(&d).await.unwrap();
+    assert!(
+        first_delivery(queue, "conf-q-ack", suite.visibility_timeout * 2).await.is_none(),
+        "an acknowledged delivery must not come back"
+    );
+}
