@@ -173,6 +173,12 @@ impl Driver {
         &self.log[self.log.len() - self.uncommitted..]
     }
 
+    /// Drops the committed events from `log` (the store has them), to keep a long run small.
+    pub fn forget_committed(&mut self) {
+        let committed = self.log.len() - self.uncommitted;
+        self.log.drain(..committed);
+    }
+
     /// When the session next has timed work, per the engine's plan.
     pub fn wake_at(&self) -> Option<Timestamp> {
         self.session.plan(self.now).wake_at

@@ -9,9 +9,6 @@
 //! ignored; a blank line dispatches the event (an event without any `data` line is dropped);
 //! a leading byte order mark is skipped. Whatever is pending when the stream ends is
 //! discarded: an event is complete only once its blank line arrived.
-//!
-//! The worker webhook client (`worker/sse.rs`) has a crate-private twin of this parser with the
-//! same `new`/`feed` shape; the two are meant to be merged into this module.
 
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,6 @@
 
 mod error;
 mod signature;
-mod sse;
 
 use std::fmt;
 use std::time::Duration;
@@ -24,7 +23,7 @@ pub use error::DeliveryError;
 pub use signature::{DEFAULT_TOLERANCE_SECS, SIGNATURE_HEADER, SignatureError, sign, verify};
 
 use error::{WORKER_MESSAGE_CHARS, short_text, status_hint};
-use sse::{SseError, SseEvent, SseParser};
+use crate::sse::{SseError, SseEvent, SseParser};
 
 /// The `Accept` header of every delivery.
 pub const ACCEPT_VALUE: &str = "text/event-stream, application/json";

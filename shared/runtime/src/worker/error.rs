@@ -95,8 +95,9 @@ impl DeliveryError {
             | DeliveryError::Connection { .. }
             | DeliveryError::BrokenStream { .. } => true,
             DeliveryError::WorkerError { retryable, .. } => *retryable,
-            DeliveryError::Status4xx { .. }
-            | DeliveryError::UnexpectedStatus { .. }
+            // 408 and 429 say "not now", not "never": a worker shedding load is retried.
+            DeliveryError::Status4xx { status, .. } => matches!(status, 408 | 429),
+            DeliveryError::UnexpectedStatus { .. }
             | DeliveryError::InvalidResponse { .. }
             | DeliveryError::InvalidRequest { .. } => false,
         }
@@ -295,6 +296,8 @@ mod tests {
     fn retryability_and_codes() {
         let cases = [
             (DeliveryError::Status4xx { status: 400, hint: None }, false, "worker_status_4xx"),
+            (DeliveryError::Status4xx { status: 429, hint: None }, true, "worker_status_4xx"),
+            (DeliveryError::Status4xx { status: 408, hint: None }, true, "worker_status_4xx"),
             (DeliveryError::Status5xx { status: 503, hint: None }, true, "worker_status_5xx"),
             (DeliveryError::UnexpectedStatus { status: 302 }, false, "worker_status_unexpected"),
             (DeliveryError::Timeout { after: None }, true, "timeout"),
