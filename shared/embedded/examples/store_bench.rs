@@ -62,7 +62,7 @@ async fn commit(store: &dyn Store, d: &mut Driver, run: &mut Run) -> Result<()> 
     d.commit_waking(store, wake_at).await?;
     run.commits.push(started.elapsed());
     // The store keeps the history; the bench does not, so memory figures are the store's.
-    d.log.clear();
+    d.forget_committed();
     Ok(())
 }
 
