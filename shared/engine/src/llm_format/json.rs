@@ -25,17 +25,7 @@ pub(crate) fn index(base: &str, i: usize) -> String {
     format!("{base}[{i}]")
 }
 
-/// What kind of JSON value `value` is, for messages.
-pub(crate) fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+pub(crate) use crate::protocol::parse::json_kind as kind;
 
 fn expected(path: String, what: &str, found: &Value) -> FormatError {
     FormatError::new(path, format!("expected {what}, found {}", kind(found)))

@@ -17,7 +17,7 @@ pub fn validate_arguments(raw: &str, schema: Option<&Value>) -> ToolInput {
         }
     };
     if !value.is_object() {
-        let kind = kind_of(&value);
+        let kind = crate::protocol::parse::json_kind(&value);
         return ToolInput::Malformed { error: format!("arguments must be a JSON object, not {kind}") };
     }
     let Some(schema) = schema else { return ToolInput::Valid { value } };
@@ -46,16 +46,6 @@ fn problems(instance: &Value, schema: &Value) -> Result<(), String> {
     if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
 }
 
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
 
 #[cfg(test)]
 mod tests {
