@@ -103,7 +103,7 @@ fn report(title: &str, store: &SqliteStore, runs: &[Run], wall: Duration, payloa
         wall.as_secs_f64()
     );
     println!(
-        "  commit latency    p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms",
+        "  commit latency    p50 {:.3} ms   p99 {:.3} ms   max {:.3} ms (waiting for the one writer included)",
         percentile(&all, 50).as_secs_f64() * 1e3,
         percentile(&all, 99).as_secs_f64() * 1e3,
         all.last().copied().unwrap_or_default().as_secs_f64() * 1e3

@@ -55,6 +55,9 @@ CREATE TABLE IF NOT EXISTS messages (
 /// How many prepared statements each connection keeps (the store uses about a dozen).
 const STATEMENT_CACHE: usize = 32;
 
+/// The size (bytes) a checkpointed WAL file is truncated to.
+const WAL_SIZE_LIMIT: i64 = 64 << 20;
+
 /// Settings of the writer connection: WAL, the chosen `synchronous` level, foreign keys.
 pub(crate) fn configure_writer(
     conn: &Connection,
@@ -71,6 +74,8 @@ pub(crate) fn configure_writer(
         }
     }
     conn.pragma_update(None, "synchronous", if sync_full { "FULL" } else { "NORMAL" })?;
+    // After a checkpoint, a WAL that one large transaction grew is cut back to this size.
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
     conn.pragma_update(None, "foreign_keys", true)?;
     Ok(())
 }
