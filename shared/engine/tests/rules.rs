@@ -671,3 +671,42 @@ fn events_survive_a_round_trip_through_json_values() {
         assert_eq!(&back, event);
     }
 }
+
+#[test]
+fn what_a_step_writes_does_not_grow_with_the_transcript() {
+    // Engine-hosted and worker-answered: the decision events keep the conversation by
+    // reference (and trim echoed messages), so a step writes the same at turn 40 as at turn 2.
+    for has_worker in [false, true] {
+        let mut h = Harness::new("s", init("a", Some(agent("m")), has_worker));
+        if has_worker {
+            h.accept();
+        }
+        let mut sizes = Vec::new();
+        for i in 0..40 {
+            let before = h.log.len();
+            h.ok(message("a", &format!("message number {i} with some words in it")));
+            if has_worker {
+                h.accept();
+            }
+            h.run_llm(reply(&format!("reply number {i} with some words in it too")));
+            if has_worker {
+                h.accept();
+            }
+            let bytes: usize = h.log[before..].iter().map(|e| serde_json::to_string(e).unwrap().len()).sum();
+            sizes.push(bytes);
+        }
+        let (early, late) = (sizes[1], sizes[39]);
+        assert!(
+            late < early + early / 10,
+            "worker={has_worker}: turn 2 wrote {early} bytes, turn 40 wrote {late}"
+        );
+        // The worker still sees the whole conversation.
+        if has_worker {
+            h.ok(message("a", "last"));
+            let req = h.deliver();
+            let Trigger::ClientMessages(t) = &req.trigger else { panic!() };
+            assert_eq!((t.messages.len(), t.new_from), (81, 80));
+            assert_eq!(req.proposed.messages.as_ref().map(Vec::len), Some(81));
+        }
+    }
+}

@@ -29,6 +29,7 @@ impl Session {
                 if let Some(turn) = self.turns.get_mut(turn_id) {
                     turn.status = TurnStatus::Active;
                     turn.started_at = Some(*at);
+                    turn.input = None;
                 }
             }
             Event::TurnAliased { alias, turn_id } => {

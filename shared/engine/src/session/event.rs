@@ -105,8 +105,12 @@ pub enum Event {
         decision_id: String,
         /// Who answered.
         by: Resolver,
-        /// The answer.
+        /// The answer, its `messages` trimmed to the news: the first `omitted_messages` of them
+        /// (the recorded conversation they echo) are left out.
         response: DecisionResponse,
+        /// How many leading messages of the answer were left out.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        omitted_messages: usize,
     },
     /// The live decision failed for good.
     DecisionFailed {
@@ -277,4 +281,8 @@ impl Event {
             Event::OutboxDelivered { .. } => "outbox.delivered",
         }
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }

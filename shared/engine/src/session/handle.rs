@@ -52,7 +52,7 @@ impl Tx {
                 // Any attempt's answer resolves the live decision; once resolved, later
                 // answers (redeliveries, stragglers) find it no longer live and are no-ops.
                 if let Some(decision) = self.session.decision.clone().filter(|d| d.id == decision_id) {
-                    self.resolve(&decision, *response, Resolver::Worker);
+                    self.resolve(&decision, *response, None, Resolver::Worker);
                 }
             }
             Command::DeliveryFailed { decision_id, attempt, error, retryable } => {
@@ -237,7 +237,7 @@ impl Tx {
             id,
             status: TurnStatus::Queued,
             origin,
-            input,
+            input: Some(input),
             client_tools,
             submitted_at: self.now,
             started_at: None,
@@ -264,7 +264,7 @@ impl Tx {
         }
         turn.status = TurnStatus::Active;
         turn.started_at = Some(self.now);
-        let source = turn_source(&turn.input);
+        let Some(source) = turn.input.take().map(turn_source) else { return Ok(()) };
         let turn_id = turn.id.clone();
         self.emit(Event::TurnStarted { turn });
         self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: Some(turn_id) } });
@@ -276,7 +276,10 @@ impl Tx {
             return;
         }
         let Some(turn_id) = self.session.queued_turns.first().cloned() else { return };
-        let Some(source) = self.session.turns.get(&turn_id).map(|t| turn_source(&t.input)) else { return };
+        let Some(source) = self.session.turns.get(&turn_id).and_then(|t| t.input.clone()).map(turn_source)
+        else {
+            return;
+        };
         self.emit(Event::TurnActivated { turn_id: turn_id.clone(), at: self.now });
         self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: Some(turn_id) } });
     }
@@ -744,7 +747,7 @@ impl Tx {
 
     fn open_decision(&mut self, index: usize) {
         let pending = self.session.triggers[index].clone();
-        let (trigger, call_id) = match self.materialize(&pending.source) {
+        let (trigger, call_id, view_base) = match self.materialize(&pending.source) {
             Ok(materialized) => materialized,
             Err(reason) => {
                 self.emit(Event::TriggerDropped { queue_index: index, reason });
@@ -757,9 +760,16 @@ impl Tx {
             self.emit(Event::CallReported { call_id: id.clone() });
         }
         let decision_id = self.ids.mint("dec");
-        let proposed =
-            super::propose::propose(&self.session, &trigger, pending.turn_id.as_deref(), &decision_id);
-        let decision = new_decision(decision_id, trigger, proposed, &pending, call_id.clone());
+        let (proposed, proposal_base) = super::propose::propose(
+            &self.session,
+            &trigger,
+            view_base.as_ref(),
+            pending.turn_id.as_deref(),
+            &decision_id,
+        );
+        let mut decision = new_decision(decision_id, trigger, proposed, &pending, call_id.clone());
+        decision.view_base = view_base;
+        decision.proposal_base = proposal_base;
         self.emit(Event::DecisionOpened { decision: decision.clone(), queue_index: index });
         if let (TriggerSource::ToolExecute { .. } | TriggerSource::LlmExecute { .. }, Some(id)) =
             (&pending.source, &call_id)
@@ -770,7 +780,7 @@ impl Tx {
             self.emit(Event::CallDispatched { call_id: id.clone(), attempt, deadline });
         }
         if !self.session.has_worker() {
-            if decision.proposed.is_empty() && needs_worker(&decision.trigger) {
+            if decision.proposes_nothing() && needs_worker(&decision.trigger) {
                 let error = format!(
                     "agent {:?} has no worker, and nothing else can answer {}",
                     self.session.agent_id(),
@@ -778,8 +788,8 @@ impl Tx {
                 );
                 self.fail_decision(&decision, error);
             } else {
-                let proposed = decision.proposed.clone();
-                self.resolve(&decision, proposed, Resolver::Engine);
+                let (proposed, base) = (decision.proposed.clone(), decision.proposal_base.clone());
+                self.resolve(&decision, proposed, base, Resolver::Engine);
             }
         }
     }
@@ -802,6 +812,8 @@ fn new_decision(
         in_flight: false,
         retry_at: None,
         call_id,
+        view_base: None,
+        proposal_base: None,
     }
 }
 
@@ -809,27 +821,30 @@ impl Tx {
     /// Builds the wire trigger for pending news, against the session as it is now.
     /// `Err` says why there is nothing to decide (the call it was about is gone, or its
     /// request cannot be put in the worker's format, which fails the call).
-    fn materialize(&mut self, source: &TriggerSource) -> Result<(Trigger, Option<String>), String> {
+    fn materialize(&mut self, source: &TriggerSource) -> Result<Materialized, String> {
         let s = &self.session;
         let gone = |id: &str| format!("call {id} is no longer open");
         Ok(match source {
-            TriggerSource::SessionStart => (Trigger::SessionStart, None),
+            TriggerSource::SessionStart => (Trigger::SessionStart, None, None),
             TriggerSource::ClientMessage { message } => {
-                let mut view: Vec<DraftMessage> = s.tree.active_path().iter().map(|m| m.to_draft()).collect();
-                let new_from = view.len();
-                view.push(message.clone());
+                // The view is the active path plus the message: kept by reference to the path.
+                let head = s.tree.head().map(str::to_owned);
+                let new_from = s.tree.path_ids_to(head.as_deref()).len();
                 let client = ClientContext::default();
-                (Trigger::ClientMessages(ClientMessagesTrigger { messages: view, new_from, client }), None)
+                let t = ClientMessagesTrigger { messages: vec![message.clone()], new_from, client };
+                (Trigger::ClientMessages(t), None, Some(PathRef { head }))
             }
             TriggerSource::ClientMessages { messages, client } => {
                 let new_from = s.tree.new_from(messages);
                 let t =
                     ClientMessagesTrigger { messages: messages.clone(), new_from, client: client.clone() };
-                (Trigger::ClientMessages(t), None)
+                (Trigger::ClientMessages(t), None, None)
             }
-            TriggerSource::ClientAction { name, args } => {
-                (Trigger::ClientAction(ClientActionTrigger { name: name.clone(), args: args.clone() }), None)
-            }
+            TriggerSource::ClientAction { name, args } => (
+                Trigger::ClientAction(ClientActionTrigger { name: name.clone(), args: args.clone() }),
+                None,
+                None,
+            ),
             TriggerSource::ToolExecute { call_id } => {
                 let call = s
                     .call(call_id)
@@ -853,7 +868,7 @@ impl Tx {
                     attempt,
                     deadline,
                 };
-                (Trigger::ToolExecute(t), Some(call_id.clone()))
+                (Trigger::ToolExecute(t), Some(call_id.clone()), None)
             }
             TriggerSource::LlmExecute { call_id } => {
                 let call = s
@@ -892,20 +907,24 @@ impl Tx {
                     attempt,
                     deadline,
                 };
-                (Trigger::LlmExecute(t), Some(call_id.clone()))
+                (Trigger::LlmExecute(t), Some(call_id.clone()), None)
             }
             TriggerSource::CallFinished { call_id } => {
                 let call = s.call(call_id).filter(|c| c.is_settled()).ok_or_else(|| gone(call_id))?;
-                (finished_trigger(call).ok_or_else(|| gone(call_id))?, Some(call_id.clone()))
+                (finished_trigger(call).ok_or_else(|| gone(call_id))?, Some(call_id.clone()), None)
             }
             TriggerSource::InterruptResumed { interrupt_id, payload } => {
                 let t =
                     InterruptResumedTrigger { interrupt_id: interrupt_id.clone(), payload: payload.clone() };
-                (Trigger::InterruptResumed(t), None)
+                (Trigger::InterruptResumed(t), None, None)
             }
         })
     }
 }
+
+/// A materialized trigger: the wire trigger, the call it is about, and the path its view is
+/// kept by reference to.
+type Materialized = (Trigger, Option<String>, Option<PathRef>);
 
 /// The `*.finished` trigger of a settled call.
 fn finished_trigger(call: &CallRecord) -> Option<Trigger> {
@@ -991,8 +1010,8 @@ impl CallValue {
     }
 }
 
-fn turn_source(input: &TurnInput) -> TriggerSource {
-    match input.clone() {
+fn turn_source(input: TurnInput) -> TriggerSource {
+    match input {
         TurnInput::Message { message } => TriggerSource::ClientMessage { message },
         TurnInput::Messages { messages, client } => TriggerSource::ClientMessages { messages, client },
         TurnInput::Action { name, args } => TriggerSource::ClientAction { name, args },

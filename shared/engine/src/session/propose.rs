@@ -4,15 +4,30 @@
 use serde_json::Value;
 
 use super::Session;
+use super::records::PathRef;
 use crate::protocol::*;
 
-/// The proposal for `trigger` in decision `decision_id`, delivered within `turn_id`.
+/// The proposal for `trigger` in decision `decision_id`, delivered within `turn_id`, and the
+/// path its messages follow (kept by reference: see [`PathRef`]). `view_base` is the path a
+/// `client.messages` trigger's view follows.
 pub(super) fn propose(
     s: &Session,
     trigger: &Trigger,
+    view_base: Option<&PathRef>,
     turn_id: Option<&str>,
     decision_id: &str,
-) -> DecisionResponse {
+) -> (DecisionResponse, Option<PathRef>) {
+    let response = proposal(s, trigger, turn_id, decision_id);
+    let base = match trigger {
+        Trigger::ClientMessages(_) => view_base.cloned(),
+        _ if response.messages.is_some() => Some(PathRef { head: s.tree.head().map(str::to_owned) }),
+        _ => None,
+    };
+    (response, base)
+}
+
+/// The proposal's response; its messages follow the base path of [`propose`].
+fn proposal(s: &Session, trigger: &Trigger, turn_id: Option<&str>, decision_id: &str) -> DecisionResponse {
     // Outside its turn (a late result after `done`), news is recorded but starts no model call.
     let in_turn = turn_id.is_some() && turn_id == s.active_turn.as_deref();
     match trigger {
@@ -50,8 +65,7 @@ pub(super) fn propose(
             };
             let tool_calls = message.tool_calls.clone().unwrap_or_default();
             let content = message.content.as_ref().map(Content::text);
-            let mut messages = path(s);
-            messages.push(message);
+            let messages = vec![message];
             let actions = if !in_turn {
                 Vec::new()
             } else if tool_calls.is_empty() {
@@ -113,14 +127,9 @@ fn tool_message(
     error: Option<&String>,
 ) -> DecisionResponse {
     let text = result.or(error).cloned().unwrap_or_default();
-    let mut messages = path(s);
-    messages.push(DraftMessage::tool_result(call_id, name, text));
+    let messages = vec![DraftMessage::tool_result(call_id, name, text)];
     let actions = (in_turn && s.pending_calls() == 0).then(|| vec![llm_call()]);
     DecisionResponse { messages: Some(messages), actions, ..DecisionResponse::default() }
-}
-
-fn path(s: &Session) -> Vec<DraftMessage> {
-    s.tree.active_path().into_iter().map(Message::to_draft).collect()
 }
 
 fn llm_call() -> Action {

@@ -245,6 +245,56 @@ pub struct Decision {
     pub retry_at: Option<Timestamp>,
     /// The execute trigger's call, which `tool.result`/`llm.result` without an id answer.
     pub call_id: Option<String>,
+    /// When set, the trigger's `client.messages` view is this path followed by its messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view_base: Option<PathRef>,
+    /// When set, the proposal's messages are this path followed by its messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proposal_base: Option<PathRef>,
+}
+
+/// The recorded path from the root to `head`. Messages are immutable, so the path to a node
+/// never changes: a decision keeps the conversation it shows by reference, and what it
+/// stores (in its event and in the head) does not grow with the transcript.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathRef {
+    /// The last node of the path (`None`: the empty path).
+    pub head: Option<String>,
+}
+
+impl Decision {
+    /// The trigger as the wire shows it (a view kept by reference is spelled out).
+    pub fn wire_trigger(&self, tree: &super::Tree) -> Trigger {
+        match (&self.trigger, &self.view_base) {
+            (Trigger::ClientMessages(t), Some(base)) => {
+                let mut t = t.clone();
+                t.messages = prefixed(tree, base, &t.messages);
+                Trigger::ClientMessages(t)
+            }
+            (trigger, _) => trigger.clone(),
+        }
+    }
+
+    /// The proposal as the wire shows it (messages kept by reference spelled out).
+    pub fn wire_proposal(&self, tree: &super::Tree) -> DecisionResponse {
+        let mut proposed = self.proposed.clone();
+        if let Some(base) = &self.proposal_base {
+            proposed.messages = Some(prefixed(tree, base, proposed.messages.as_deref().unwrap_or_default()));
+        }
+        proposed
+    }
+
+    /// Whether the engine proposes nothing at all.
+    pub fn proposes_nothing(&self) -> bool {
+        self.proposed.is_empty() && self.proposal_base.is_none()
+    }
+}
+
+fn prefixed(tree: &super::Tree, base: &PathRef, tail: &[DraftMessage]) -> Vec<DraftMessage> {
+    let mut messages: Vec<DraftMessage> =
+        tree.path_to(base.head.as_deref()).into_iter().map(crate::protocol::Message::to_draft).collect();
+    messages.extend_from_slice(tail);
+    messages
 }
 
 /// News waiting for its decision.
@@ -389,8 +439,10 @@ pub struct TurnRecord {
     pub status: TurnStatus,
     /// Who started it.
     pub origin: TurnOrigin,
-    /// What started it.
-    pub input: TurnInput,
+    /// What starts it; kept only while the turn waits in the queue (its trigger carries it
+    /// once it starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<TurnInput>,
     /// Client tools the input brought, layered onto the agent's tools for this turn.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_tools: Vec<AgentTool>,

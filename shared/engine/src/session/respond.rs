@@ -9,21 +9,44 @@ use super::records::*;
 use crate::protocol::*;
 
 impl Tx {
-    /// Resolves the live decision with `response`. An invalid response fails the decision
-    /// (and its turn) before anything of it is written.
-    pub(super) fn resolve(&mut self, decision: &Decision, response: DecisionResponse, by: Resolver) {
+    /// Resolves the live decision with `response`, whose messages follow the path `base`
+    /// when given (a proposal kept by reference). An invalid response fails the decision (and
+    /// its turn) before anything of it is written.
+    pub(super) fn resolve(
+        &mut self,
+        decision: &Decision,
+        mut response: DecisionResponse,
+        base: Option<PathRef>,
+        by: Resolver,
+    ) {
         if let Err(problem) = self.validate_response(decision, &response) {
             let who = if by == Resolver::Worker { "invalid_response" } else { "invalid proposal" };
             self.fail_decision(decision, format!("{who}: {problem}"));
             return;
         }
+        let start = base.as_ref().and_then(|b| b.head.as_deref());
+        let reconciled = response
+            .messages
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .map(|m| self.session.tree.reconcile_from(start, m, &mut self.ids));
+        // The event keeps the response without the conversation it echoes: the messages up
+        // to the news are recorded already, and the news follows as `message.recorded`.
+        let omitted_messages = match (&reconciled, &mut response.messages) {
+            (Some(r), Some(messages)) if base.is_none() => {
+                messages.drain(..r.new_from.min(messages.len()));
+                r.new_from
+            }
+            _ => 0,
+        };
         self.emit(Event::DecisionResolved {
             decision_id: decision.id.clone(),
             by,
             response: response.clone(),
+            omitted_messages,
         });
-        if let Some(messages) = response.messages.as_deref().filter(|m| !m.is_empty()) {
-            self.record_messages(messages);
+        if let Some(reconciled) = reconciled {
+            self.record_messages(reconciled);
         }
         if let Some(state) = response.state
             && state != self.session.current_state()
@@ -153,8 +176,7 @@ impl Tx {
 
     /// Reconciles `messages` into the tree; open calls anchored off the new active path are
     /// voided (a fork voids the work below the fork point).
-    fn record_messages(&mut self, messages: &[DraftMessage]) {
-        let reconciled = self.session.tree.reconcile(messages, &mut self.ids);
+    fn record_messages(&mut self, reconciled: super::tree::Reconciled) {
         if reconciled.is_noop(&self.session.tree) {
             return;
         }

@@ -46,7 +46,6 @@ fn problems(instance: &Value, schema: &Value) -> Result<(), String> {
     if errors.is_empty() { Ok(()) } else { Err(errors.join("; ")) }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,7 +153,18 @@ impl Tree {
     /// Reads `drafts` as the conversation root to head and says what recording it writes.
     /// System messages are skipped (the system prompt belongs to the agent config).
     pub fn reconcile(&self, drafts: &[DraftMessage], ids: &mut IdMinter) -> Reconciled {
-        let mut cursor: Option<String> = None;
+        self.reconcile_from(None, drafts, ids)
+    }
+
+    /// [`Tree::reconcile`] of the path to `start` followed by `drafts`, without walking that
+    /// (known, unchanging) path again. `new_from` counts within `drafts`.
+    pub fn reconcile_from(
+        &self,
+        start: Option<&str>,
+        drafts: &[DraftMessage],
+        ids: &mut IdMinter,
+    ) -> Reconciled {
+        let mut cursor: Option<String> = start.map(str::to_owned);
         let mut new_nodes: Vec<(Message, Option<String>)> = Vec::new();
         let mut minted: HashSet<String> = HashSet::new();
         let mut new_from = drafts.len();
@@ -176,7 +187,11 @@ impl Tree {
             new_nodes.push((draft.clone().into_message(id.clone()), cursor.clone()));
             cursor = Some(id);
         }
-        let head = if drafts.iter().all(|d| d.role == Role::System) { self.head.clone() } else { cursor };
+        let head = if drafts.iter().all(|d| d.role == Role::System) && start.is_none() {
+            self.head.clone()
+        } else {
+            cursor
+        };
         Reconciled { new_nodes, head, new_from }
     }
 
