@@ -2,8 +2,11 @@
 //!
 //! - [`fake_openai::FakeOpenAi`]: an OpenAI Chat Completions server.
 //! - [`fake_anthropic::FakeAnthropic`]: an Anthropic Messages server.
+//! - [`fake_worker::FakeWorker`]: a worker webhook answering decisions by a per-test script.
+//! - [`host::TestHost`]: a local host (SQLite store, in-process queue) run in the test's
+//!   process, with a client for its HTTP API.
 //!
-//! Both are axum servers on `127.0.0.1:0`, started inside the test's runtime. They speak the
+//! The model fakes are axum servers on `127.0.0.1:0`, started inside the test's runtime. They speak the
 //! real wire formats (JSON answers and event streams, each event flushed on its own), record
 //! every request they receive ([`fake::Recorded`]) and answer from a script of
 //! [`fake::Reply`]s the test queues up: text, parallel tool calls, error statuses, delays,
@@ -16,7 +19,11 @@
 pub mod fake;
 pub mod fake_anthropic;
 pub mod fake_openai;
+pub mod fake_worker;
+pub mod host;
 
 pub use fake::{FakeServer, FakeToolCall, Recorded, Reply};
 pub use fake_anthropic::FakeAnthropic;
 pub use fake_openai::FakeOpenAi;
+pub use fake_worker::{FakeAnswer, FakeWorker, Gate, WorkerRecord, tool_answer, tools_script};
+pub use host::{ApiClient, EventStream, SseFrame, TestHost};

@@ -82,6 +82,15 @@ pub struct Executed {
     pub session: Session,
     /// The new events (empty: nothing changed and nothing was written).
     pub events: Vec<Event>,
+    /// The head's version after the commit (as loaded, when nothing was written).
+    pub version: u64,
+}
+
+impl Executed {
+    /// The session and version as this commit left them, to start the next step from.
+    pub(crate) fn known(self) -> Option<(Session, u64)> {
+        Some((self.session, self.version))
+    }
 }
 
 /// What a submitted client input did.
@@ -172,21 +181,40 @@ impl App {
     /// Loads `session_id`, asks `build` for the commands to run against it, handles them in
     /// order and commits the events atomically. A concurrent writer makes it reload and try
     /// again; a rejection of any command writes nothing and is returned.
-    pub async fn execute<F>(&self, session_id: &str, mut build: F) -> Result<Executed>
+    pub async fn execute<F>(&self, session_id: &str, build: F) -> Result<Executed>
     where
         F: FnMut(&Session) -> Result<Vec<Command>>,
     {
-        for _ in 0..MAX_CONFLICT_RETRIES {
-            let (mut session, version) = self.load(session_id).await?;
-            let commands = build(&session)?;
-            let mut events = Vec::new();
-            for command in commands {
-                let transition = handle(&session, command, &self.ctx())?;
-                events.extend(transition.events);
-                session = transition.session;
+        self.execute_from(session_id, None, build).await
+    }
+
+    /// [`App::execute`], starting from `known`, a session and version this host has just loaded
+    /// or committed, instead of loading it again. The store's version check decides whether
+    /// `known` is still current: if the session moved on, the commit conflicts and it is loaded
+    /// afresh. A `known` state that gives nothing to write or a refusal is checked against a
+    /// fresh load too, so the outcome is always the one a fresh load gives.
+    pub(crate) async fn execute_from<F>(
+        &self,
+        session_id: &str,
+        mut known: Option<(Session, u64)>,
+        mut build: F,
+    ) -> Result<Executed>
+    where
+        F: FnMut(&Session) -> Result<Vec<Command>>,
+    {
+        for _ in 0..MAX_CONFLICT_RETRIES + usize::from(known.is_some()) {
+            let hinted = known.is_some();
+            let (session, version) = match known.take() {
+                Some(known) => known,
+                None => self.load(session_id).await?,
+            };
+            let handled = self.handle_all(session, &mut build);
+            if hinted && !handled.as_ref().is_ok_and(|(_, events)| !events.is_empty()) {
+                continue;
             }
+            let (session, events) = handled?;
             if events.is_empty() {
-                return Ok(Executed { session, events });
+                return Ok(Executed { session, events, version });
             }
             let now = self.clock.now();
             let plan = session.plan(now);
@@ -194,15 +222,30 @@ impl App {
             let wake_at = if plan.effects.is_empty() { plan.wake_at } else { Some(now) };
             let commit = Commit { session: &session, events: &events, wake_at };
             match self.store.commit(session_id, version, commit).await {
-                Ok(_) => {
+                Ok(version) => {
                     self.after_commit(session_id, &session, wake_at, now).await;
-                    return Ok(Executed { session, events });
+                    return Ok(Executed { session, events, version });
                 }
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
         Err(Error::Contended(session_id.to_owned()))
+    }
+
+    /// Handles the commands `build` asks for against `session`, in order.
+    fn handle_all<F>(&self, mut session: Session, build: &mut F) -> Result<(Session, Vec<Event>)>
+    where
+        F: FnMut(&Session) -> Result<Vec<Command>>,
+    {
+        let commands = build(&session)?;
+        let mut events = Vec::new();
+        for command in commands {
+            let transition = handle(&session, command, &self.ctx())?;
+            events.extend(transition.events);
+            session = transition.session;
+        }
+        Ok((session, events))
     }
 
     /// Tells listeners, and schedules the session's next look.
@@ -279,7 +322,18 @@ impl App {
 
     /// Runs one command against an existing session.
     pub async fn command(&self, session_id: &str, command: Command) -> Result<Executed> {
-        self.execute(session_id, |session| {
+        self.command_from(session_id, None, command).await
+    }
+
+    /// [`App::command`], starting from a state this host just loaded or committed (see
+    /// [`App::execute_from`]).
+    pub(crate) async fn command_from(
+        &self,
+        session_id: &str,
+        known: Option<(Session, u64)>,
+        command: Command,
+    ) -> Result<Executed> {
+        self.execute_from(session_id, known, |session| {
             if !session.is_created() {
                 return Err(Error::SessionNotFound(session_id.to_owned()));
             }

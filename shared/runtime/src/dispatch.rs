@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use turnstone_engine::protocol::{ClientInput, ClientMessageInput, StreamDelta, Trigger};
-use turnstone_engine::session::{CallSpec, Command, Effect, OutboxItem, ParentLink, Rejection, TurnOrigin};
+use turnstone_engine::session::{
+    CallSpec, Command, Effect, OutboxItem, ParentLink, Rejection, Session, TurnOrigin,
+};
 
-use crate::app::{App, is_stale_claim};
+use crate::app::{App, Executed, is_stale_claim};
 use crate::error::{Error, Result};
 use crate::hub::Notice;
 use crate::queue::QueueError;
@@ -21,8 +23,14 @@ impl App {
     /// Performs a session's due work until none is left (or the run's budget is spent, in
     /// which case it re-enqueues itself).
     pub async fn run_session(self: &Arc<Self>, session_id: &str) -> Result<()> {
+        // The state the last effect committed: the next plan starts from it instead of a load
+        // (commits are version-checked, so a state that went stale only costs a reload).
+        let mut known = None;
         for _ in 0..MAX_EFFECTS_PER_RUN {
-            let (session, _) = self.load(session_id).await?;
+            let (session, version) = match known.take() {
+                Some(known) => known,
+                None => self.load(session_id).await?,
+            };
             if !session.is_created() {
                 return Ok(());
             }
@@ -36,10 +44,25 @@ impl App {
                 .or_else(|| plan.effects.first())
                 .cloned()
             else {
+                // Nothing is due yet. The wake-up for the next due time may have been merged
+                // into the one that brought us here (a queue keeps a session's earliest
+                // wake-up only), so arm it again; without this a retry backoff or deadline
+                // would wait for the sweep.
+                if let Some(at) = plan.wake_at {
+                    let delay = Duration::from_millis(u64::try_from(at.0 - self.now().0).unwrap_or(0));
+                    let wake = crate::queue::WakeUp {
+                        session_id: session_id.to_owned(),
+                        reason: "timer".to_owned(),
+                    };
+                    if let Err(e) = self.queue.send(wake, delay).await {
+                        // The head records the wake time; the sweep picks the session up.
+                        tracing::warn!(session_id, error = %e, "could not enqueue a timer wake-up");
+                    }
+                }
                 return Ok(());
             };
-            match self.perform(session_id, effect).await {
-                Ok(()) => {}
+            match self.perform(session_id, effect, (session, version)).await {
+                Ok(after) => known = after,
                 Err(e) if is_stale_claim(&e) => {}
                 Err(e) => return Err(e),
             }
@@ -52,14 +75,23 @@ impl App {
         self.queue.send(wake, Duration::ZERO).await.map_err(Error::from)
     }
 
-    async fn perform(self: &Arc<Self>, session_id: &str, effect: Effect) -> Result<()> {
+    /// Performs `effect`, planned from `known`; returns the state it committed last, if it knows
+    /// it, for the next plan.
+    async fn perform(
+        self: &Arc<Self>,
+        session_id: &str,
+        effect: Effect,
+        known: (Session, u64),
+    ) -> Result<Option<(Session, u64)>> {
         match effect {
-            Effect::Tick => self.command(session_id, Command::Tick).await.map(drop),
-            Effect::Route { seq, item } => self.route(session_id, seq, item).await,
+            Effect::Tick => self.command_from(session_id, Some(known), Command::Tick).await.map(Executed::known),
+            Effect::Route { seq, item } => self.route(session_id, seq, item).await.map(|()| None),
             Effect::DeliverDecision { decision_id, attempt } => {
-                self.deliver_decision(session_id, decision_id, attempt).await
+                self.deliver_decision(session_id, decision_id, attempt, known).await
             }
-            Effect::RunLlmCall { call_id, attempt } => self.run_llm_call(session_id, call_id, attempt).await,
+            Effect::RunLlmCall { call_id, attempt } => {
+                self.run_llm_call(session_id, call_id, attempt, known).await
+            }
         }
     }
 
@@ -68,16 +100,16 @@ impl App {
         session_id: &str,
         decision_id: String,
         attempt: u32,
-    ) -> Result<()> {
-        let claimed = self
-            .command(session_id, Command::ClaimDecision { decision_id: decision_id.clone(), attempt })
-            .await?;
-        let session = claimed.session;
-        let Some(request) = session.decision_request() else { return Ok(()) };
+        known: (Session, u64),
+    ) -> Result<Option<(Session, u64)>> {
+        let command = Command::ClaimDecision { decision_id: decision_id.clone(), attempt };
+        let claimed = self.command_from(session_id, Some(known), command).await?;
+        let Some(request) = claimed.session.decision_request() else { return Ok(claimed.known()) };
+        let session = &claimed.session;
         let agent = self.agent(session.agent_id());
         let Some(endpoint) = agent.and_then(|a| a.worker.clone()) else {
             let error = format!("agent {:?} has no worker configured", session.agent_id());
-            return self.delivery_failed(session_id, decision_id, attempt, error, false).await;
+            return self.delivery_failed(session_id, decision_id, attempt, error, false).await.map(|()| None);
         };
         let timeout = session.defaults().decision.timeout_ms().map(Duration::from_millis);
         let stream_call = match &request.trigger {
@@ -93,14 +125,16 @@ impl App {
         };
         let now_unix = self.now().0 / 1000;
         match self.worker.deliver(&endpoint, &request, timeout, now_unix, on_delta).await {
-            Ok(response) => self
-                .command(session_id, Command::Answer { decision_id, attempt, response: Box::new(response) })
-                .await
-                .map(drop),
+            Ok(response) => {
+                let command = Command::Answer { decision_id, attempt, response: Box::new(response) };
+                self.command_from(session_id, claimed.known(), command).await.map(Executed::known)
+            }
             Err(e) => {
                 tracing::info!(session_id, attempt, code = e.code(), error = %e, "decision delivery failed");
                 let error = format!("{}: {e}", e.code());
-                self.delivery_failed(session_id, decision_id, attempt, error, e.is_retryable()).await
+                self.delivery_failed(session_id, decision_id, attempt, error, e.is_retryable())
+                    .await
+                    .map(|()| None)
             }
         }
     }
@@ -118,11 +152,17 @@ impl App {
             .map(drop)
     }
 
-    async fn run_llm_call(self: &Arc<Self>, session_id: &str, call_id: String, attempt: u32) -> Result<()> {
-        let claimed =
-            self.command(session_id, Command::ClaimLlmCall { call_id: call_id.clone(), attempt }).await?;
-        let session = claimed.session;
-        let Some(call) = session.call(&call_id) else { return Ok(()) };
+    async fn run_llm_call(
+        self: &Arc<Self>,
+        session_id: &str,
+        call_id: String,
+        attempt: u32,
+        known: (Session, u64),
+    ) -> Result<Option<(Session, u64)>> {
+        let command = Command::ClaimLlmCall { call_id: call_id.clone(), attempt };
+        let claimed = self.command_from(session_id, Some(known), command).await?;
+        let session = &claimed.session;
+        let Some(call) = session.call(&call_id) else { return Ok(claimed.known()) };
         let stream = matches!(call.spec, CallSpec::LlmCall { stream: true, .. });
         let timeout = call.policy.timeout_ms().map(Duration::from_millis);
         let request = session.llm_request(call);
@@ -145,10 +185,11 @@ impl App {
                 session.agent_id()
             ))),
         };
-        match self.command(session_id, Command::LlmCallFinished { call_id, attempt, outcome }).await {
+        let command = Command::LlmCallFinished { call_id, attempt, outcome };
+        match self.command_from(session_id, claimed.known(), command).await {
             // The attempt timed out or was voided meanwhile: its result is refused, rightly.
-            Err(Error::Rejected(_)) => Ok(()),
-            other => other.map(drop),
+            Err(Error::Rejected(_)) => Ok(None),
+            other => other.map(Executed::known),
         }
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -86,15 +87,32 @@ fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<WorkerIdentity,
 }
 
 /// Reads a JSON body of type `T`: 413 past the limit, 422 naming the field when invalid.
-fn body<T: serde::de::DeserializeOwned>(state: &AppState, bytes: &Bytes) -> Result<T, ApiError> {
-    if bytes.len() > state.config.max_body_bytes {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            format!("request body exceeds {} bytes", state.config.max_body_bytes),
-        ));
-    }
+fn body<T: serde::de::DeserializeOwned>(
+    state: &AppState,
+    bytes: &Result<Bytes, BytesRejection>,
+) -> Result<T, ApiError> {
+    let bytes = match bytes {
+        Ok(bytes) if bytes.len() <= state.config.max_body_bytes => bytes,
+        // A body far past the limit is stopped while it is read (`DefaultBodyLimit`); answer
+        // that in the API's error shape too, not axum's plain text.
+        Ok(_) => return Err(too_large(state)),
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(too_large(state));
+        }
+        Err(rejection) => {
+            return Err(ApiError::new(rejection.status(), "invalid_body", rejection.body_text()));
+        }
+    };
     parse_slice(bytes).map_err(|e| ApiError::invalid(e.path, e.message))
+}
+
+/// 413 in the API's error shape.
+fn too_large(state: &AppState) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("request body exceeds {} bytes", state.config.max_body_bytes),
+    )
 }
 
 #[derive(Deserialize)]
@@ -108,7 +126,7 @@ async fn submit(
     Path(id): Path<String>,
     Query(query): Query<SubmitQuery>,
     headers: HeaderMap,
-    bytes: Bytes,
+    bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let owner = authenticate(&state, &headers)?;
     check_id(&id)?;
@@ -121,7 +139,7 @@ async fn settle(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    bytes: Bytes,
+    bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authenticate(&state, &headers)?;
     let action: Action = body(&state, &bytes)?;
@@ -140,10 +158,11 @@ async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    bytes: Bytes,
+    bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     authenticate(&state, &headers)?;
-    let request: CancelBody = if bytes.is_empty() { CancelBody::default() } else { body(&state, &bytes)? };
+    let empty = bytes.as_ref().is_ok_and(Bytes::is_empty);
+    let request: CancelBody = if empty { CancelBody::default() } else { body(&state, &bytes)? };
     let reason = request.reason.unwrap_or_else(|| "cancelled by the client".to_owned());
     let executed = state.app.command(&id, Command::Cancel { reason }).await?;
     let turn_id = executed.events.iter().find_map(|e| match e {
