@@ -1,0 +1,395 @@
+//! `kill -9` mid-turn, then restart on the same data directory: the turn completes, every
+//! message is there exactly once, and no tool ran twice for one attempt.
+//!
+//! Each test starts the real `turnstone serve` binary with a config whose agent runs its model
+//! on the fake OpenAI server and its tools on the fake worker (both in this test process), with
+//! short policies (2 s timeouts, 0.2 s backoffs). The process is killed with SIGKILL while a
+//! step is in flight: a `tool.execute` delivery the worker holds, or a model call the model
+//! holds. The restarted host finds the session with its sweep, times the lost attempt out at
+//! its deadline, retries it by policy, and finishes the turn.
+//!
+//! The worker behaves as the protocol asks: it records executions by (call id, attempt) and
+//! answers a redelivery of the same pair from that record instead of executing again.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use turnstone_engine::protocol::Trigger;
+use turnstone_engine::time::Timestamp;
+use turnstone_runtime::clock::{Clock, SystemClock};
+use turnstone_tests::{
+    ApiClient, FakeAnswer, FakeOpenAi, FakeToolCall, FakeWorker, Gate, Reply, tool_answer,
+};
+
+/// How long a step may take before the test gives up.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// One tool execution the worker carried out (redeliveries of the same pair excluded).
+#[derive(Debug, Clone)]
+struct Execution {
+    call_id: String,
+    attempt: u32,
+    /// The attempt's deadline, from the trigger.
+    deadline: Option<Timestamp>,
+    /// When the worker received it.
+    at: Timestamp,
+    result: Value,
+}
+
+/// The worker's memory: what it executed, keyed by (call id, attempt).
+#[derive(Debug, Default, Clone)]
+struct Ledger {
+    executed: BTreeMap<(String, u32), Execution>,
+    /// Deliveries answered from the ledger (the same pair delivered again).
+    redelivered: Vec<(String, u32)>,
+}
+
+fn execute(name: &str, args: &Value) -> Value {
+    match name {
+        "add" => json!(args["a"].as_f64().unwrap() + args["b"].as_f64().unwrap()),
+        "upper" => json!(args["text"].as_str().unwrap().to_uppercase()),
+        other => panic!("unknown tool {other}"),
+    }
+}
+
+/// A worker that executes tools once per (call id, attempt); with `hold`, the first
+/// `tool.execute` it receives is executed at once but answered only when the gate opens.
+async fn worker(ledger: Arc<Mutex<Ledger>>, hold: Option<Gate>) -> FakeWorker {
+    let first = Arc::new(Mutex::new(true));
+    FakeWorker::start(None, move |request, _| match &request.trigger {
+        Trigger::ToolExecute(t) if request.proposed.is_empty() => {
+            let key = (t.id.clone(), t.attempt);
+            let result = {
+                let mut ledger = ledger.lock().unwrap();
+                if let Some(done) = ledger.executed.get(&key) {
+                    let result = done.result.clone();
+                    ledger.redelivered.push(key);
+                    result
+                } else {
+                    let value = match &t.input {
+                        turnstone_engine::protocol::ToolInput::Valid { value } => value.clone(),
+                        other => panic!("invalid input {other:?}"),
+                    };
+                    let result = execute(&t.name, &value);
+                    let execution = Execution {
+                        call_id: t.id.clone(),
+                        attempt: t.attempt,
+                        deadline: t.deadline.as_deref().and_then(Timestamp::parse_rfc3339),
+                        at: SystemClock.now(),
+                        result: result.clone(),
+                    };
+                    ledger.executed.insert(key, execution);
+                    result
+                }
+            };
+            let answer = FakeAnswer::Respond(tool_answer(Ok(result)));
+            let mut first = first.lock().unwrap();
+            match &hold {
+                Some(gate) if *first => {
+                    *first = false;
+                    FakeAnswer::held(gate, answer)
+                }
+                _ => answer,
+            }
+        }
+        _ => FakeAnswer::Accept,
+    })
+    .await
+}
+
+fn config(openai: &FakeOpenAi, worker: &FakeWorker) -> String {
+    format!(
+        r#"
+[defaults]
+llm = {{ timeout_secs = 2, max_retries = 2, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+tool = {{ timeout_secs = 2, max_retries = 2, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+decision = {{ timeout_secs = 2, max_retries = 3, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+
+[llm.fake]
+type = "openai"
+base_url = "{}"
+
+[agent.calc]
+model = "gpt-fake"
+llm = "fake"
+worker = "{}"
+
+[[agent.calc.tools]]
+name = "add"
+input = {{ type = "object", properties = {{ a = {{ type = "number" }}, b = {{ type = "number" }} }}, required = ["a", "b"] }}
+
+[[agent.calc.tools]]
+name = "upper"
+input = {{ type = "object", properties = {{ text = {{ type = "string" }} }}, required = ["text"] }}
+"#,
+        openai.base_url(),
+        worker.url()
+    )
+}
+
+/// The two tool calls the model makes.
+fn tool_calls() -> Reply {
+    Reply::tool_calls([
+        FakeToolCall::new("call_add", "add", r#"{"a":20,"b":22}"#),
+        FakeToolCall::new("call_up", "upper", r#"{"text":"done"}"#),
+    ])
+}
+
+/// A running `turnstone serve`; killed (SIGKILL) when dropped.
+struct Server {
+    child: Child,
+    api: ApiClient,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `turnstone serve` on a free port and waits until it answers.
+    async fn start(config: &Path, data: &Path, log: PathBuf) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let addr = format!("127.0.0.1:{port}");
+        let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_turnstone"))
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .arg("--addr")
+            .arg(&addr)
+            .arg("--data-dir")
+            .arg(data)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start turnstone serve");
+        let server = Server { child, api: ApiClient::new(format!("http://{addr}")), log };
+        let started = Instant::now();
+        loop {
+            if let Ok(response) = server.api.http().get(format!("{}/healthz", server.api.url())).send().await
+                && response.status().is_success()
+            {
+                return server;
+            }
+            assert!(started.elapsed() < PATIENCE, "turnstone serve did not come up:\n{}", server.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL, and reap the process.
+    fn kill(mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a crash test measured, printed at the end.
+struct Timings {
+    label: &'static str,
+    start: Instant,
+    marks: Vec<(&'static str, Duration)>,
+}
+
+impl Timings {
+    fn new(label: &'static str) -> Self {
+        Timings { label, start: Instant::now(), marks: Vec::new() }
+    }
+
+    fn mark(&mut self, what: &'static str) {
+        self.marks.push((what, self.start.elapsed()));
+    }
+
+    fn print(&self) {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{} timings:", self.label).unwrap();
+        for (what, at) in &self.marks {
+            writeln!(out, "  {at:>10.3?}  {what}").unwrap();
+        }
+    }
+}
+
+/// Checks the completed turn: the transcript holds one user message, one assistant message
+/// with both tool calls, exactly one tool message per call (in completion order) with the
+/// worker's result, and the final answer; the message tree holds nothing else.
+async fn assert_transcript_once(api: &ApiClient, session: &str, ledger: &Ledger) {
+    let messages = api.messages(session).await;
+    assert_eq!(messages.len(), 5, "{messages:#?}");
+    assert_eq!(messages[0]["role"], "user");
+    assert_eq!(messages[0]["content"], "Add 20 and 22, and shout done.");
+    assert_eq!(messages[1]["role"], "assistant");
+    let calls: Vec<&str> =
+        messages[1]["tool_calls"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
+    assert_eq!(calls, ["call_add", "call_up"]);
+    let mut answered: Vec<&str> = Vec::new();
+    for tool in &messages[2..4] {
+        assert_eq!(tool["role"], "tool", "{tool}");
+        let id = tool["tool_call_id"].as_str().unwrap();
+        answered.push(id);
+        // The tool message carries the result of an execution of that call.
+        let results: Vec<String> = ledger
+            .executed
+            .values()
+            .filter(|e| e.call_id == id)
+            .map(|e| match &e.result {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect();
+        assert!(results.iter().any(|r| tool["content"] == r.as_str()), "{tool} not in {results:?}");
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, ["call_add", "call_up"], "exactly one tool message per call");
+    assert_eq!(messages[4]["role"], "assistant");
+    assert_eq!(messages[4]["content"], "42 and DONE.");
+    let tree = api.message_tree(session).await;
+    assert_eq!(tree["nodes"].as_array().unwrap().len(), 5, "no duplicate or stray messages: {tree:#}");
+}
+
+/// Each (call id, attempt) ran at most once (the ledger's keys); a call ran at a later attempt
+/// only after the earlier attempt's deadline had passed; every call ran at least once.
+fn assert_executions(ledger: &Ledger) {
+    for call_id in ["call_add", "call_up"] {
+        let runs: Vec<&Execution> = ledger.executed.values().filter(|e| e.call_id == call_id).collect();
+        assert!(!runs.is_empty(), "{call_id} never ran");
+        for pair in runs.windows(2) {
+            let (earlier, later) = (pair[0], pair[1]);
+            let deadline = earlier.deadline.expect("tool attempts have deadlines here");
+            assert!(
+                later.at >= deadline,
+                "{call_id} ran at attempt {} before attempt {}'s deadline passed",
+                later.attempt,
+                earlier.attempt
+            );
+        }
+    }
+}
+
+/// The worker holds the first `tool.execute` (already executed) while the process is killed.
+/// After the restart, the claimed delivery times out, the decision and the tool call are
+/// retried, the redelivery of the same (call, attempt) is answered from the worker's ledger,
+/// and the turn completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_tool_execution_then_restart() {
+    let mut timings = Timings::new("kill during tool.execute");
+    let dir = tempfile::tempdir().unwrap();
+    let openai = FakeOpenAi::start().await;
+    openai.push(tool_calls());
+    openai.set_default(Reply::text("42 and DONE."));
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let gate = Gate::new();
+    let worker = worker(ledger.clone(), Some(gate.clone())).await;
+    let config_file = dir.path().join("turnstone.toml");
+    std::fs::write(&config_file, config(&openai, &worker)).unwrap();
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+
+    let first = Server::start(&config_file, &data, log.clone()).await;
+    timings.mark("first process up");
+    let input = json!({"type": "client.message", "agent_id": "calc", "turn_id": "turn-crash",
+        "message": {"role": "user", "content": "Add 20 and 22, and shout done."}});
+    let turn_id = first.api.submit_ok("s-crash", &input).await;
+    assert_eq!(turn_id, "turn-crash");
+    let held = worker.wait_for(PATIENCE, |r| r.trigger_name() == "tool.execute").await;
+    timings.mark("first tool.execute held by the worker");
+    first.kill();
+    timings.mark("killed (SIGKILL)");
+    gate.open(); // the held answer goes to a dead connection
+
+    let second = Server::start(&config_file, &data, log.clone()).await;
+    timings.mark("restarted");
+    let turn = second.api.wait_turn("s-crash", "turn-crash").await;
+    timings.mark("turn completed");
+    assert_eq!(turn["status"], "completed", "{turn}\n{}", second.log());
+    assert_eq!(turn["data"], "42 and DONE.");
+
+    let ledger = ledger.lock().unwrap().clone();
+    assert_transcript_once(&second.api, "s-crash", &ledger).await;
+    assert_executions(&ledger);
+    // The held delivery's pair was delivered again after the restart and not executed again.
+    let Trigger::ToolExecute(t) = &held.request.trigger else { unreachable!() };
+    assert!(ledger.executed.contains_key(&(t.id.clone(), t.attempt)));
+    assert_eq!(openai.request_count(), 2, "one model call before the crash, one after the tools");
+    let summary = second.api.summary("s-crash").await;
+    assert_eq!(summary["status"], "idle");
+    assert_eq!(summary["active_turn"], Value::Null);
+    println!(
+        "executions: {:?}; answered from the ledger: {:?}",
+        ledger.executed.keys().collect::<Vec<_>>(),
+        ledger.redelivered
+    );
+    second.kill();
+    timings.print();
+}
+
+/// The model holds its first answer while the process is killed. After the restart, the
+/// claimed model call times out and is retried; the tools run once each; the turn completes
+/// with the assistant's tool-call message recorded once.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_model_call_then_restart() {
+    let mut timings = Timings::new("kill during the model call");
+    let dir = tempfile::tempdir().unwrap();
+    let openai = FakeOpenAi::start().await;
+    openai.push(tool_calls().delay(Duration::from_secs(60))); // never answered in time
+    openai.push(tool_calls());
+    openai.set_default(Reply::text("42 and DONE."));
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let worker = worker(ledger.clone(), None).await;
+    let config_file = dir.path().join("turnstone.toml");
+    std::fs::write(&config_file, config(&openai, &worker)).unwrap();
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+
+    let first = Server::start(&config_file, &data, log.clone()).await;
+    timings.mark("first process up");
+    let input = json!({"type": "client.message", "agent_id": "calc", "turn_id": "turn-crash",
+        "message": {"role": "user", "content": "Add 20 and 22, and shout done."}});
+    first.api.submit_ok("s-crash", &input).await;
+    let started = Instant::now();
+    while openai.request_count() == 0 {
+        assert!(started.elapsed() < PATIENCE, "the model was never called:\n{}", first.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    timings.mark("model call held by the model");
+    first.kill();
+    timings.mark("killed (SIGKILL)");
+
+    let second = Server::start(&config_file, &data, log.clone()).await;
+    timings.mark("restarted");
+    let turn = second.api.wait_turn("s-crash", "turn-crash").await;
+    timings.mark("turn completed");
+    assert_eq!(turn["status"], "completed", "{turn}\n{}", second.log());
+
+    let ledger = ledger.lock().unwrap().clone();
+    assert_transcript_once(&second.api, "s-crash", &ledger).await;
+    assert_executions(&ledger);
+    assert_eq!(ledger.executed.len(), 2, "each tool ran once: {:?}", ledger.executed.keys());
+    assert!(ledger.redelivered.is_empty());
+    assert_eq!(openai.request_count(), 3, "the lost call, its retry, and the call after the tools");
+    // The worker saw the model's tool calls once: a single llm.finished with tool calls.
+    let finished_with_calls = worker
+        .records()
+        .iter()
+        .filter(|r| matches!(&r.request.trigger, Trigger::LlmFinished(f) if f.message.as_ref().is_some_and(|m| m.tool_calls.is_some())))
+        .count();
+    assert_eq!(finished_with_calls, 1);
+    second.kill();
+    timings.print();
+}

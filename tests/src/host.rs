@@ -1,0 +1,374 @@
+//! A local host running in the test's process, and a client for its HTTP API.
+//!
+//! [`TestHost::start`] parses a configuration (TOML text), opens a real [`SqliteStore`] file in
+//! the given data directory, builds the [`App`] over it and a [`MemoryQueue`], and runs
+//! [`turnstone_runtime::host::serve`] on `127.0.0.1:0`: the same wiring as `turnstone serve`.
+//! Everything a test does to it goes through HTTP, with the [`ApiClient`] it derefs to:
+//! [`ApiClient::submit`], [`ApiClient::wait_turn`], [`ApiClient::messages`],
+//! [`ApiClient::events`], [`ApiClient::stream`] (the SSE log); [`TestHost::stop`] ends it
+//! gracefully. An [`ApiClient`] also drives a host in another process (`turnstone serve`).
+
+use std::ops::Deref;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use turnstone_embedded::{MemoryQueue, SqliteStore};
+use turnstone_runtime::app::{App, Parts};
+use turnstone_runtime::clock::SystemClock;
+use turnstone_runtime::config::Config;
+use turnstone_runtime::http::HttpConfig;
+use turnstone_runtime::worker::WorkerClient;
+
+/// How many queue workers the test host runs.
+const WORKERS: usize = 4;
+/// How long a graceful stop may take before the host is aborted.
+const STOP_WITHIN: Duration = Duration::from_secs(10);
+
+/// A running local host.
+pub struct TestHost {
+    app: Arc<App>,
+    client: ApiClient,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl TestHost {
+    /// Starts a host for `config_toml` with its store in `data_dir`; secrets named by the
+    /// configuration are read from the process environment.
+    pub async fn start(config_toml: &str, data_dir: &Path) -> TestHost {
+        TestHost::start_with_env(config_toml, data_dir, |name| std::env::var(name).ok()).await
+    }
+
+    /// Starts a host whose secrets come from `env` (name -> value) instead of the process
+    /// environment, so tests never need to set environment variables.
+    pub async fn start_with_env(
+        config_toml: &str,
+        data_dir: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> TestHost {
+        let config =
+            Config::parse(config_toml, "e2e.toml").unwrap_or_else(|e| panic!("bad test config: {e}"));
+        let secrets = config.resolve_secrets(env).unwrap_or_else(|e| panic!("test secrets: {e}"));
+        let store = SqliteStore::open(data_dir.join("turnstone.sqlite")).expect("open the SQLite store");
+        let agents = turnstone_runtime::assemble::agents(&config, &secrets).expect("assemble the agents");
+        let app = App::new(Parts {
+            store: Arc::new(store),
+            queue: Arc::new(MemoryQueue::new(Duration::from_secs(60))),
+            clock: Arc::new(SystemClock),
+            agents,
+            defaults: config.defaults,
+            worker: WorkerClient::new().expect("a worker client"),
+        });
+        let http_config = HttpConfig {
+            max_body_bytes: config.server.max_body_bytes,
+            auth: secrets.auth_enabled().then(|| Arc::new(secrets)),
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the host");
+        let addr = listener.local_addr().expect("the host's address");
+        let (tx, rx) = oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = rx.await;
+        };
+        let task = tokio::spawn(turnstone_runtime::host::serve(
+            Arc::clone(&app),
+            http_config,
+            listener,
+            WORKERS,
+            shutdown,
+        ));
+        let client = ApiClient::new(format!("http://{addr}"));
+        TestHost { app, client, shutdown: Some(tx), task: Some(task) }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        self.client.url().to_owned()
+    }
+
+    /// The app behind the API (for what HTTP does not show).
+    pub fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+
+    /// Stops the host gracefully (HTTP first, then the queue workers); aborts it if that
+    /// takes longer than 10 s.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(mut task) = self.task.take() {
+            match tokio::time::timeout(STOP_WITHIN, &mut task).await {
+                Ok(result) => result.expect("the host task").expect("the host ended cleanly"),
+                Err(_) => {
+                    task.abort();
+                    panic!("the host did not stop within {STOP_WITHIN:?}");
+                }
+            }
+        }
+    }
+}
+
+impl Deref for TestHost {
+    type Target = ApiClient;
+
+    fn deref(&self) -> &ApiClient {
+        &self.client
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A client for a Turnstone host's HTTP API, with the helpers the tests use.
+#[derive(Debug, Clone)]
+pub struct ApiClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl ApiClient {
+    /// A client for the host at `base` (`http://host:port`, no trailing slash).
+    pub fn new(base: impl Into<String>) -> Self {
+        let http = reqwest::Client::builder().tcp_nodelay(true).build().expect("an HTTP client");
+        ApiClient { base: base.into().trim_end_matches('/').to_owned(), http }
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:8787`.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// The underlying HTTP client.
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// `GET <path>`: the status and the body as JSON (`Null` when it is not JSON).
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self.http.get(format!("{}{path}", self.base)).send().await.expect("GET");
+        status_and_json(response).await
+    }
+
+    /// `POST <path>` with a raw body (sent as `application/json`).
+    pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("POST");
+        status_and_json(response).await
+    }
+
+    /// `POST <path>` with a JSON body.
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.post_raw(path, body.to_string()).await
+    }
+
+    /// Submits a `ClientInput` to `POST /v1/sessions/{session}/inputs`.
+    pub async fn submit(&self, session: &str, input: &Value) -> (u16, Value) {
+        self.post(&format!("/v1/sessions/{session}/inputs"), input).await
+    }
+
+    /// Submits a `ClientInput` that must be accepted (202); returns its `turn_id`.
+    pub async fn submit_ok(&self, session: &str, input: &Value) -> String {
+        let (status, body) = self.submit(session, input).await;
+        assert_eq!(status, 202, "submit {input} -> {body}");
+        body["turn_id"].as_str().map(str::to_owned).unwrap_or_default()
+    }
+
+    /// Waits (long-polling `GET .../turns/{turn_id}?wait=30`) until the turn has ended;
+    /// returns the turn record.
+    pub async fn wait_turn(&self, session: &str, turn_id: &str) -> Value {
+        let started = tokio::time::Instant::now();
+        loop {
+            let (status, turn) = self.get(&format!("/v1/sessions/{session}/turns/{turn_id}?wait=30")).await;
+            assert_eq!(status, 200, "GET turn {turn_id}: {turn}");
+            if matches!(turn["status"].as_str(), Some("completed" | "failed" | "cancelled")) {
+                return turn;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "turn {turn_id} never ended: {turn}");
+        }
+    }
+
+    /// `GET /v1/sessions/{session}`: the summary.
+    pub async fn summary(&self, session: &str) -> Value {
+        let (status, body) = self.get(&format!("/v1/sessions/{session}")).await;
+        assert_eq!(status, 200, "GET session {session}: {body}");
+        body
+    }
+
+    /// Polls the summary until `ready` holds (panics after `timeout`).
+    pub async fn wait_summary(
+        &self,
+        session: &str,
+        timeout: Duration,
+        ready: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let (status, summary) = self.get(&format!("/v1/sessions/{session}")).await;
+            if status == 200 && ready(&summary) {
+                return summary;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "session {session} never got there: {summary}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// `GET /v1/sessions/{session}/messages`: the active path.
+    pub async fn messages(&self, session: &str) -> Vec<Value> {
+        let (status, body) = self.get(&format!("/v1/sessions/{session}/messages")).await;
+        assert_eq!(status, 200, "GET messages: {body}");
+        body["messages"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// `GET /v1/sessions/{session}/messages?tree=1`: the whole message tree.
+    pub async fn message_tree(&self, session: &str) -> Value {
+        let (status, body) = self.get(&format!("/v1/sessions/{session}/messages?tree=1")).await;
+        assert_eq!(status, 200, "GET message tree: {body}");
+        body
+    }
+
+    /// Every durable event after `after`, paging through `GET .../events?after=`; each is
+    /// `{"seq": n, "event": {"type": ..}}`.
+    pub async fn events(&self, session: &str, after: u64) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut after = after;
+        loop {
+            let (status, body) = self.get(&format!("/v1/sessions/{session}/events?after={after}")).await;
+            assert_eq!(status, 200, "GET events: {body}");
+            let page = body["events"].as_array().cloned().unwrap_or_default();
+            if page.is_empty() {
+                return all;
+            }
+            after = body["next_after"].as_u64().expect("next_after");
+            all.extend(page);
+        }
+    }
+
+    /// Opens `GET /v1/sessions/{session}/events/stream`, resuming after `last_event_id`.
+    pub async fn stream(&self, session: &str, last_event_id: Option<u64>) -> EventStream {
+        let mut request = self
+            .http
+            .get(format!("{}/v1/sessions/{session}/events/stream", self.base))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let response = request.send().await.expect("open the event stream");
+        assert_eq!(response.status().as_u16(), 200, "event stream status");
+        EventStream { body: Box::pin(response.bytes_stream()), buffer: String::new() }
+    }
+}
+
+async fn status_and_json(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.expect("read the body");
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// One Server-Sent Event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SseFrame {
+    /// `id:`, if any (durable events carry their sequence number).
+    pub id: Option<String>,
+    /// `event:` (`message` when absent).
+    pub event: String,
+    /// `data:`, the lines joined by `\n`.
+    pub data: String,
+}
+
+impl SseFrame {
+    /// The id as a sequence number.
+    pub fn seq(&self) -> Option<u64> {
+        self.id.as_deref().and_then(|id| id.parse().ok())
+    }
+
+    /// The data as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.data).unwrap_or(Value::Null)
+    }
+}
+
+/// An open event stream; dropping it closes the connection.
+pub struct EventStream {
+    body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
+    buffer: String,
+}
+
+impl EventStream {
+    /// The next event (comments such as keep-alives are skipped); `None` when the stream
+    /// ends or nothing arrives within `timeout`.
+    pub async fn next(&mut self, timeout: Duration) -> Option<SseFrame> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            while let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                if let Some(frame) = parse_frame(&block) {
+                    return Some(frame);
+                }
+            }
+            match tokio::time::timeout_at(deadline, self.body.next()).await {
+                Ok(Some(Ok(chunk))) => {
+                    self.buffer.push_str(&String::from_utf8_lossy(&chunk).replace("\r\n", "\n"));
+                }
+                Ok(Some(Err(_)) | None) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// Reads events until one satisfies `stop` (included); panics if the stream ends or
+    /// stalls for `timeout` first.
+    pub async fn until(&mut self, timeout: Duration, stop: impl Fn(&SseFrame) -> bool) -> Vec<SseFrame> {
+        let mut frames = Vec::new();
+        loop {
+            let Some(frame) = self.next(timeout).await else {
+                let names: Vec<&str> = frames.iter().map(|f: &SseFrame| f.event.as_str()).collect();
+                panic!("the event stream ended or stalled before the expected event; got {names:?}");
+            };
+            let done = stop(&frame);
+            frames.push(frame);
+            if done {
+                return frames;
+            }
+        }
+    }
+}
+
+fn parse_frame(block: &str) -> Option<SseFrame> {
+    let mut id = None;
+    let mut event = None;
+    let mut data: Vec<&str> = Vec::new();
+    for line in block.lines() {
+        if line.is_empty() || line.starts_with(':') {
+            continue;
+        }
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "id" => id = Some(value.to_owned()),
+            "event" => event = Some(value.to_owned()),
+            "data" => data.push(value),
+            _ => {}
+        }
+    }
+    if id.is_none() && event.is_none() && data.is_empty() {
+        return None;
+    }
+    Some(SseFrame { id, event: event.unwrap_or_else(|| "message".to_owned()), data: data.join("\n") })
+}

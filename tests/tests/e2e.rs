@@ -1,0 +1,1085 @@
+//! End to end through the HTTP API of a local host running in this process (a real SQLite file,
+//! the in-process queue, `host::serve`), against the fake OpenAI server for the model and the
+//! fake worker for decisions. Each test asserts the exact transcript, statuses and errors a
+//! client sees.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use turnstone_engine::protocol::{
+    Action, DecisionResponse, InterruptAction, LlmResultAction, ToolInput, Trigger,
+};
+use turnstone_tests::{
+    FakeAnswer, FakeOpenAi, FakeToolCall, FakeWorker, Gate, Reply, SseFrame, TestHost, tools_script,
+};
+
+/// Long enough for anything a test waits on; tests finish in well under a second each when
+/// nothing is wrong.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// Short policies so retries and timeouts play out in milliseconds.
+const FAST_DEFAULTS: &str = r#"
+[defaults]
+llm = { timeout_secs = 5, max_retries = 1, backoff_base_secs = 0.05, backoff_max_secs = 0.2 }
+tool = { timeout_secs = 5, max_retries = 0, backoff_base_secs = 0.05, backoff_max_secs = 0.2 }
+decision = { timeout_secs = 5, max_retries = 2, backoff_base_secs = 0.05, backoff_max_secs = 0.2 }
+"#;
+
+/// A config: the fast defaults, one `[llm.fake]` on `openai`, and `agents` (TOML).
+fn config(openai: &FakeOpenAi, agents: &str) -> String {
+    format!(
+        "{FAST_DEFAULTS}\n[llm.fake]\ntype = \"openai\"\nbase_url = \"{}\"\n\n{agents}",
+        openai.base_url()
+    )
+}
+
+/// The tool declarations of the calculator agents.
+const CALC_TOOLS: &str = r#"
+[[agent.calc.tools]]
+name = "add"
+description = "Adds two numbers."
+input = { type = "object", properties = { a = { type = "number" }, b = { type = "number" } }, required = ["a", "b"] }
+
+[[agent.calc.tools]]
+name = "upper"
+description = "Upper-cases a text."
+input = { type = "object", properties = { text = { type = "string" } }, required = ["text"] }
+"#;
+
+/// A worker agent `calc` with the two calculator tools.
+fn calc_agent(worker: &FakeWorker) -> String {
+    format!(
+        "[agent.calc]\nmodel = \"gpt-fake\"\nsystem = \"You calculate.\"\nllm = \"fake\"\nworker = \"{}\"\n{CALC_TOOLS}",
+        worker.url()
+    )
+}
+
+/// The calculator tools' implementation.
+fn calculate(name: &str, args: &Value) -> Result<Value, String> {
+    match name {
+        "add" => Ok(json!(args["a"].as_f64().unwrap() + args["b"].as_f64().unwrap())),
+        "upper" => Ok(json!(args["text"].as_str().unwrap().to_uppercase())),
+        other => Err(format!("no tool {other}")),
+    }
+}
+
+fn message(agent: &str, text: &str) -> Value {
+    json!({"type": "client.message", "agent_id": agent, "message": {"role": "user", "content": text}})
+}
+
+fn message_as(agent: &str, text: &str, turn_id: &str) -> Value {
+    let mut m = message(agent, text);
+    m["turn_id"] = json!(turn_id);
+    m
+}
+
+/// Starts a host on `config` in a fresh temporary directory (kept alive by the returned guard).
+async fn host(config: &str) -> (TestHost, TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(config, dir.path()).await;
+    (host, dir)
+}
+
+/// `(role, content)` of each message, tool calls shown as `name(args)#id`, tool messages as
+/// `tool_call_id=content`.
+fn transcript(messages: &[Value]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| {
+            let role = m["role"].as_str().unwrap();
+            let content = m["content"].as_str().unwrap_or_default();
+            match (role, m.get("tool_calls")) {
+                ("assistant", Some(calls)) => {
+                    let calls: Vec<String> = calls
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| {
+                            format!(
+                                "{}({})#{}",
+                                c["function"]["name"].as_str().unwrap(),
+                                c["function"]["arguments"].as_str().unwrap(),
+                                c["id"].as_str().unwrap()
+                            )
+                        })
+                        .collect();
+                    format!("assistant: {content}[{}]", calls.join(", "))
+                }
+                ("tool", _) => format!(
+                    "tool {}/{}: {content}",
+                    m["name"].as_str().unwrap_or_default(),
+                    m["tool_call_id"].as_str().unwrap()
+                ),
+                _ => format!("{role}: {content}"),
+            }
+        })
+        .collect()
+}
+
+/// The OpenAI request's messages, as `role: content` (tool messages with their call id).
+fn openai_transcript(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let role = m["role"].as_str().unwrap();
+            let content = m["content"].as_str().unwrap_or_default();
+            match role {
+                "tool" => format!("tool {}: {content}", m["tool_call_id"].as_str().unwrap()),
+                "assistant" if m.get("tool_calls").is_some() => {
+                    let ids: Vec<&str> = m["tool_calls"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| c["id"].as_str().unwrap())
+                        .collect();
+                    format!("assistant: {content}{ids:?}")
+                }
+                _ => format!("{role}: {content}"),
+            }
+        })
+        .collect()
+}
+
+fn event_types(events: &[Value]) -> Vec<String> {
+    events.iter().map(|e| e["event"]["type"].as_str().unwrap().to_owned()).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain replies
+
+/// An engine-hosted agent answers with the model's text: the transcript is the user message and
+/// the reply (whose id is the LLM call's), the turn completes with the text as its data, and
+/// the model got the system prompt and the user message, not streamed.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_reply() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::text("Hello there, friend.").usage(7, 4));
+    let agents = "[agent.plain]\nmodel = \"gpt-fake\"\nsystem = \"Be brief.\"\nllm = \"fake\"\n";
+    let (host, _dir) = host(&config(&openai, agents)).await;
+
+    let (status, body) = host.submit("s-plain", &message_as("plain", "Hi!", "turn-1")).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body, json!({"session_id": "s-plain", "turn_id": "turn-1", "queued": false}));
+
+    let turn = host.wait_turn("s-plain", "turn-1").await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn["data"], "Hello there, friend.");
+    assert_eq!(turn["error"], Value::Null);
+
+    let messages = host.messages("s-plain").await;
+    assert_eq!(transcript(&messages), ["user: Hi!", "assistant: Hello there, friend."]);
+    assert_eq!(messages[0]["content"], "Hi!");
+    // The reply's id is its LLM call's.
+    let events = host.events("s-plain", 0).await;
+    let call = events.iter().find(|e| e["event"]["type"] == "call_created").expect("a call.created event");
+    assert_eq!(call["event"]["call"]["spec"]["kind"], "llm_call");
+    assert_eq!(messages[1]["id"], call["event"]["call"]["id"]);
+
+    assert_eq!(openai.request_count(), 1);
+    let request = openai.last_request();
+    assert_eq!(request.path, "/v1/chat/completions");
+    assert_eq!(request.body["model"], "gpt-fake");
+    assert_ne!(request.body["stream"], json!(true));
+    assert_eq!(openai_transcript(&request.body), ["system: Be brief.", "user: Hi!"]);
+
+    let summary = host.summary("s-plain").await;
+    assert_eq!(summary["status"], "idle");
+    assert_eq!(summary["agent_id"], "plain");
+    assert_eq!(summary["active_turn"], Value::Null);
+    assert_eq!(summary["usage"]["llm_calls"], 1);
+    assert_eq!(summary["messages"], 2);
+    host.stop().await;
+}
+
+/// A streaming agent: while the model's stream is paused halfway, the SSE log already carries
+/// the `llm.token.delta` events of what arrived, in order; after it resumes, the deltas add up
+/// to the final text and `message.recorded` carries the whole reply, after every delta.
+#[tokio::test(flavor = "multi_thread")]
+async fn streaming_reply_reaches_the_event_stream() {
+    let openai = FakeOpenAi::start().await;
+    let text = "The quick brown fox jumps over";
+    // Give the event stream time to subscribe, then send the role chunk and three words, then
+    // wait for the test.
+    openai.push(Reply::text(text).delay(Duration::from_millis(300)).pause_after(4));
+    let agents = "[agent.streamer]\nmodel = \"gpt-fake\"\nstream = true\nllm = \"fake\"\n";
+    let (host, _dir) = host(&config(&openai, agents)).await;
+
+    let turn_id = host.submit_ok("s-stream", &message("streamer", "Tell me.")).await;
+    let mut stream = host.stream("s-stream", None).await;
+
+    let mut deltas = String::new();
+    let mut frames = Vec::new();
+    while !deltas.contains("The quick brown") {
+        let frame = stream.next(PATIENCE).await.expect("a frame while the model streams");
+        if frame.event == "llm.token.delta" {
+            assert_eq!(frame.id, None, "deltas are not durable");
+            deltas.push_str(frame.json()["delta"]["text"].as_str().unwrap_or_default());
+        }
+        frames.push(frame);
+    }
+    assert_eq!(deltas, "The quick brown", "in order, nothing more yet");
+    // The call is still running.
+    let (_, turn) = host.get(&format!("/v1/sessions/s-stream/turns/{turn_id}")).await;
+    assert_eq!(turn["status"], "active");
+    assert!(frames.iter().all(|f| f.event != "message.recorded" || f.json()["message"]["role"] == "user"));
+
+    openai.release();
+    frames.extend(stream.until(PATIENCE, |f| f.event == "turn.ended").await);
+    let mut all_deltas = String::new();
+    let mut recorded_at = None;
+    for (i, frame) in frames.iter().enumerate() {
+        match frame.event.as_str() {
+            "llm.token.delta" => {
+                assert!(recorded_at.is_none(), "a delta after the message was recorded");
+                all_deltas.push_str(frame.json()["delta"]["text"].as_str().unwrap_or_default());
+            }
+            "message.recorded" if frame.json()["message"]["role"] == "assistant" => {
+                assert_eq!(frame.json()["message"]["content"], text);
+                recorded_at = Some(i);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(all_deltas, text);
+    assert!(recorded_at.is_some(), "no message.recorded for the reply");
+    drop(stream);
+
+    let turn = host.wait_turn("s-stream", &turn_id).await;
+    assert_eq!(turn["status"], "completed");
+    assert_eq!(
+        transcript(&host.messages("s-stream").await),
+        ["user: Tell me.", format!("assistant: {text}").as_str()]
+    );
+    assert_eq!(openai.last_request().body["stream"], true);
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tools
+
+/// The model calls two worker tools at once, then answers: the worker executes both (each
+/// `tool.execute` carries the validated input), the transcript is user, assistant with both
+/// calls, one tool message per call, the answer; the model's second request carries both
+/// results; the worker saw the decisions in the order the engine delivers them.
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_loop_with_two_parallel_worker_tools() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::tool_calls([
+        FakeToolCall::new("call_add", "add", r#"{"a":2,"b":3}"#),
+        FakeToolCall::new("call_up", "upper", r#"{"text":"hi"}"#),
+    ]));
+    openai.push(Reply::text("2+3 is 5 and hi is HI."));
+    let worker = FakeWorker::tools(None, calculate).await;
+    let (host, _dir) = host(&config(&openai, &calc_agent(&worker))).await;
+
+    let turn_id = host.submit_ok("s-tools", &message("calc", "Add 2 and 3; shout hi.")).await;
+    let turn = host.wait_turn("s-tools", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn["data"], "2+3 is 5 and hi is HI.");
+
+    assert_eq!(
+        transcript(&host.messages("s-tools").await),
+        [
+            "user: Add 2 and 3; shout hi.",
+            r#"assistant: [add({"a":2,"b":3})#call_add, upper({"text":"hi"})#call_up]"#,
+            "tool add/call_add: 5.0",
+            "tool upper/call_up: HI",
+            "assistant: 2+3 is 5 and hi is HI.",
+        ]
+    );
+    assert_eq!(
+        worker.trigger_names(),
+        [
+            "session.start",
+            "client.messages",
+            "llm.finished",
+            "tool.execute",
+            "tool.execute",
+            "tool.finished",
+            "tool.finished",
+            "llm.finished",
+        ]
+    );
+    let executes: Vec<_> = worker
+        .records()
+        .into_iter()
+        .filter_map(|r| match r.request.trigger {
+            Trigger::ToolExecute(t) => Some(t),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(executes[0].id, "call_add");
+    assert_eq!(executes[0].input, ToolInput::Valid { value: json!({"a": 2, "b": 3}) });
+    assert_eq!(executes[0].attempt, 1);
+    assert!(executes[0].deadline.is_some());
+    assert_eq!(executes[1].id, "call_up");
+    assert_eq!(executes[1].arguments, r#"{"text":"hi"}"#);
+    for record in worker.records() {
+        assert_eq!(record.request.session_id, "s-tools");
+        assert_eq!(record.request.agent_id, "calc");
+        assert_eq!(record.verified, None);
+        assert_eq!(record.delivery_no, 1);
+        assert_eq!(record.idempotency_key, Some(format!("{}:1", record.request.decision_id)));
+    }
+    // The tool messages reach the model.
+    assert_eq!(openai.request_count(), 2);
+    assert_eq!(
+        openai_transcript(&openai.requests()[1].body),
+        [
+            "system: You calculate.",
+            "user: Add 2 and 3; shout hi.",
+            r#"assistant: ["call_add", "call_up"]"#,
+            "tool call_add: 5.0",
+            "tool call_up: HI",
+        ]
+    );
+    let first_request = openai.requests()[0].body.clone();
+    let tools: Vec<&str> = first_request["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["add", "upper"]);
+    host.stop().await;
+}
+
+/// The model calls a tool with arguments that violate its schema: the engine proposes a
+/// terminal `tool.error` naming the problem, the worker accepts it (executing nothing), and
+/// the model's second request sees that error text in the tool message.
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_with_invalid_arguments() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_bad", "add", r#"{"a":"two"}"#)]));
+    openai.push(Reply::text("Sorry, I got the arguments wrong."));
+    let executed = Arc::new(AtomicUsize::new(0));
+    let counter = executed.clone();
+    let worker = FakeWorker::tools(None, move |name, args| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        calculate(name, args)
+    })
+    .await;
+    let (host, _dir) = host(&config(&openai, &calc_agent(&worker))).await;
+
+    let turn_id = host.submit_ok("s-invalid", &message("calc", "Add two.")).await;
+    let turn = host.wait_turn("s-invalid", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(executed.load(Ordering::SeqCst), 0, "the worker executed nothing");
+
+    let execute = worker
+        .records()
+        .into_iter()
+        .find(|r| r.trigger_name() == "tool.execute")
+        .expect("a tool.execute delivery");
+    let Trigger::ToolExecute(t) = &execute.request.trigger else { unreachable!() };
+    let ToolInput::Invalid { value, error } = &t.input else { panic!("input: {:?}", t.input) };
+    assert_eq!(value, &json!({"a": "two"}));
+    assert!(!error.is_empty());
+    let proposed = execute.request.proposed.actions();
+    let [Action::ToolError(proposed_error)] = proposed else { panic!("proposed: {proposed:?}") };
+    assert_eq!(proposed_error.retryable, Some(false));
+    let error_text = proposed_error.error.clone();
+    assert!(error_text.starts_with("invalid arguments for tool add: "), "{error_text}");
+
+    let messages = host.messages("s-invalid").await;
+    assert_eq!(
+        transcript(&messages),
+        [
+            "user: Add two.".to_owned(),
+            r#"assistant: [add({"a":"two"})#call_bad]"#.to_owned(),
+            format!("tool add/call_bad: {error_text}"),
+            "assistant: Sorry, I got the arguments wrong.".to_owned(),
+        ]
+    );
+    let second = &openai.requests()[1].body;
+    let tool_message = second["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(tool_message["tool_call_id"], "call_bad");
+    assert_eq!(tool_message["content"], error_text.as_str());
+    host.stop().await;
+}
+
+/// A client tool: the turn waits, the summary shows the pending client call (id, name,
+/// arguments, attempt); a `tool.result` ClientInput answers it and the turn completes with the
+/// result in the transcript. Settling it again is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn client_tool_answered_through_tool_result() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_ask", "confirm", r#"{"question":"Deploy?"}"#)]));
+    openai.push(Reply::text("Deploying, as you confirmed."));
+    let agents = r#"
+[agent.asker]
+model = "gpt-fake"
+llm = "fake"
+
+[[agent.asker.tools]]
+name = "confirm"
+description = "Asks the user."
+handler = "client"
+input = { type = "object", properties = { question = { type = "string" } }, required = ["question"] }
+"#;
+    let (host, _dir) = host(&config(&openai, agents)).await;
+
+    let turn_id = host.submit_ok("s-client", &message("asker", "Deploy it.")).await;
+    let summary = host
+        .wait_summary("s-client", PATIENCE, |s| !s["pending_client_calls"].as_array().unwrap().is_empty())
+        .await;
+    assert_eq!(summary["status"], "waiting");
+    assert_eq!(summary["active_turn"], turn_id.as_str());
+    assert_eq!(
+        summary["pending_client_calls"],
+        json!([{"id": "call_ask", "name": "confirm", "arguments": r#"{"question":"Deploy?"}"#, "attempt": 1}])
+    );
+    let (_, turn) = host.get(&format!("/v1/sessions/s-client/turns/{turn_id}")).await;
+    assert_eq!(turn["status"], "active");
+
+    let (status, body) =
+        host.submit("s-client", &json!({"type": "tool.result", "id": "call_ask", "result": "yes"})).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["turn_id"], Value::Null);
+
+    let turn = host.wait_turn("s-client", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(
+        transcript(&host.messages("s-client").await),
+        [
+            "user: Deploy it.",
+            r#"assistant: [confirm({"question":"Deploy?"})#call_ask]"#,
+            "tool confirm/call_ask: yes",
+            "assistant: Deploying, as you confirmed.",
+        ]
+    );
+    let summary = host.summary("s-client").await;
+    assert_eq!(summary["pending_client_calls"], json!([]));
+    assert_eq!(summary["status"], "idle");
+
+    let (status, body) =
+        host.submit("s-client", &json!({"type": "tool.result", "id": "call_ask", "result": "again"})).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "call_already_settled");
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interrupts
+
+/// The worker answers the model's question with an `interrupt`: the summary shows it open and
+/// the session waiting; an unknown id gets 404 `unknown_interrupt`; resuming the open one with
+/// a payload delivers `interrupt.resumed` with that payload, and the turn goes on to complete.
+#[tokio::test(flavor = "multi_thread")]
+async fn interrupt_resumed_through_interrupt_resume() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::text("Shall I deploy?"));
+    openai.push(Reply::text("Deployed."));
+    let worker = FakeWorker::start(None, |request, _| match &request.trigger {
+        Trigger::LlmFinished(t)
+            if t.message.as_ref().is_some_and(|m| m.content_text() == "Shall I deploy?") =>
+        {
+            FakeAnswer::Respond(DecisionResponse {
+                messages: request.proposed.messages.clone(),
+                actions: Some(vec![Action::Interrupt(InterruptAction {
+                    interrupt_id: Some("int_approve".into()),
+                    reason: "needs approval".into(),
+                    payload: Some(json!({"plan": "deploy v2"})),
+                })]),
+                ..DecisionResponse::default()
+            })
+        }
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let agents =
+        format!("[agent.ops]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nworker = \"{}\"\n", worker.url());
+    let (host, _dir) = host(&config(&openai, &agents)).await;
+
+    let turn_id = host.submit_ok("s-int", &message("ops", "Deploy v2.")).await;
+    let summary =
+        host.wait_summary("s-int", PATIENCE, |s| !s["open_interrupts"].as_array().unwrap().is_empty()).await;
+    assert_eq!(summary["status"], "waiting");
+    assert_eq!(summary["active_turn"], turn_id.as_str());
+    assert_eq!(
+        summary["open_interrupts"],
+        json!([{"id": "int_approve", "reason": "needs approval", "payload": {"plan": "deploy v2"}}])
+    );
+    assert_eq!(transcript(&host.messages("s-int").await), ["user: Deploy v2.", "assistant: Shall I deploy?"]);
+
+    let (status, body) =
+        host.submit("s-int", &json!({"type": "interrupt.resume", "interrupt_id": "int_nope"})).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_interrupt");
+    assert!(body["error"]["message"].as_str().unwrap().contains("int_nope"), "{body}");
+
+    let payload = json!({"approved": true, "by": "alice"});
+    let (status, body) = host
+        .submit(
+            "s-int",
+            &json!({"type": "interrupt.resume", "interrupt_id": "int_approve", "payload": payload}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+
+    let turn = host.wait_turn("s-int", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn["data"], "Deployed.");
+    let resumed = worker
+        .records()
+        .into_iter()
+        .find(|r| r.trigger_name() == "interrupt.resumed")
+        .expect("an interrupt.resumed delivery");
+    let Trigger::InterruptResumed(t) = &resumed.request.trigger else { unreachable!() };
+    assert_eq!(t.interrupt_id, "int_approve");
+    assert_eq!(t.payload, Some(payload));
+    assert_eq!(
+        transcript(&host.messages("s-int").await),
+        ["user: Deploy v2.", "assistant: Shall I deploy?", "assistant: Deployed."]
+    );
+    let summary = host.summary("s-int").await;
+    assert_eq!(summary["open_interrupts"], json!([]));
+    assert_eq!(summary["status"], "idle");
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sub-agents
+
+/// The parent's model calls the sub-agent's tool: a child session runs on its own agent (a
+/// worker agent on its own model server), its worker sees the parent in `ancestry`, and the
+/// child's answer becomes the parent's tool message before the parent's final answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn sub_agent_runs_in_a_child_session() {
+    let parent_model = FakeOpenAi::start().await;
+    let child_model = FakeOpenAi::start().await;
+    parent_model.push(Reply::tool_calls([FakeToolCall::new(
+        "call_h",
+        "helper",
+        r#"{"message":"What is six times seven?"}"#,
+    )]));
+    parent_model.push(Reply::text("The helper says 42."));
+    child_model.push(Reply::text("42"));
+    let child_worker = FakeWorker::accept_all(None).await;
+    let config = format!(
+        r#"{FAST_DEFAULTS}
+[llm.parent]
+type = "openai"
+base_url = "{}"
+
+[llm.child]
+type = "openai"
+base_url = "{}"
+
+[agent.boss]
+model = "gpt-boss"
+llm = "parent"
+
+[[agent.boss.sub_agents]]
+id = "helper"
+description = "Does arithmetic."
+
+[agent.helper]
+model = "gpt-helper"
+llm = "child"
+worker = "{}"
+"#,
+        parent_model.base_url(),
+        child_model.base_url(),
+        child_worker.url()
+    );
+    let (host, _dir) = host(&config).await;
+
+    let turn_id = host.submit_ok("s-boss", &message("boss", "Ask the helper.")).await;
+    let turn = host.wait_turn("s-boss", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn["data"], "The helper says 42.");
+
+    assert_eq!(
+        transcript(&host.messages("s-boss").await),
+        [
+            "user: Ask the helper.",
+            r#"assistant: [helper({"message":"What is six times seven?"})#call_h]"#,
+            "tool helper/call_h: 42",
+            "assistant: The helper says 42.",
+        ]
+    );
+    // The parent's model sees the sub-agent as a tool.
+    let tools = &parent_model.requests()[0].body["tools"];
+    assert_eq!(tools[0]["function"]["name"], "helper");
+
+    // The child session.
+    let (status, list) = host.get("/v1/sessions?agent=helper").await;
+    assert_eq!(status, 200, "{list}");
+    let children = list["sessions"].as_array().unwrap();
+    assert_eq!(children.len(), 1, "{list}");
+    let child = children[0]["session_id"].as_str().unwrap().to_owned();
+    assert!(child.ends_with("-call_h"), "{child}");
+    let summary = host.summary(&child).await;
+    assert_eq!(summary["agent_id"], "helper");
+    assert_eq!(summary["status"], "idle");
+    assert_eq!(transcript(&host.messages(&child).await), ["user: What is six times seven?", "assistant: 42"]);
+    assert_eq!(child_model.request_count(), 1);
+    assert_eq!(child_model.last_request().body["model"], "gpt-helper");
+
+    // The child's worker sees its ancestry; the child's log names its parent.
+    let records = child_worker.records();
+    assert!(!records.is_empty());
+    for record in &records {
+        assert_eq!(record.request.session_id, child);
+        assert_eq!(record.request.agent_id, "helper");
+        assert_eq!(record.request.ancestry, ["s-boss"]);
+    }
+    let created = &host.events(&child, 0).await[0]["event"];
+    assert_eq!(created["type"], "session_created");
+    assert_eq!(created["init"]["parent"], json!({"session_id": "s-boss", "tool_call_id": "call_h"}));
+    assert_eq!(created["init"]["ancestry"], json!(["s-boss"]));
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker failures
+
+/// A worker that answers 500 twice: the decision is delivered again by policy, three times in
+/// all, with the same decision id and trigger, `attempts` 1, 2, 3 and Idempotency-Keys
+/// `<decision_id>:1..3`; the turn completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_500_twice_then_success() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::text("Fine."));
+    let worker = FakeWorker::start(None, |request, delivery_no| match &request.trigger {
+        Trigger::ClientMessages(_) if delivery_no <= 2 => {
+            FakeAnswer::Status(500, json!({"error": {"message": "database down"}}).to_string())
+        }
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let agents =
+        format!("[agent.flaky]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nworker = \"{}\"\n", worker.url());
+    let (host, _dir) = host(&config(&openai, &agents)).await;
+
+    let turn_id = host.submit_ok("s-flaky", &message("flaky", "Hello?")).await;
+    let turn = host.wait_turn("s-flaky", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(transcript(&host.messages("s-flaky").await), ["user: Hello?", "assistant: Fine."]);
+
+    let first = worker.records().into_iter().find(|r| r.trigger_name() == "client.messages").unwrap();
+    let decision_id = first.request.decision_id.clone();
+    let deliveries = worker.deliveries_of(&decision_id);
+    assert_eq!(deliveries.len(), 3);
+    let keys: Vec<String> = deliveries.iter().map(|r| r.idempotency_key.clone().unwrap()).collect();
+    assert_eq!(keys, [1, 2, 3].map(|n| format!("{decision_id}:{n}")));
+    let attempts: Vec<u32> = deliveries.iter().map(|r| r.request.attempts).collect();
+    assert_eq!(attempts, [1, 2, 3]);
+    for record in &deliveries {
+        assert_eq!(record.request.trigger, first.request.trigger);
+        assert_eq!(record.request.proposed, first.request.proposed);
+        assert_eq!(record.header("x-turnstone-decision").as_deref(), Some(decision_id.as_str()));
+    }
+    let events = host.events("s-flaky", 0).await;
+    let retries: Vec<&Value> =
+        events.iter().map(|e| &e["event"]).filter(|e| e["type"] == "decision_retry_scheduled").collect();
+    assert_eq!(retries.len(), 2);
+    for retry in retries {
+        assert_eq!(retry["decision_id"], decision_id.as_str());
+        let error = retry["error"].as_str().unwrap();
+        assert!(error.contains("HTTP 500"), "{error}");
+    }
+    host.stop().await;
+}
+
+/// A worker that never answers in time: each delivery times out, the retries run out, and the
+/// turn fails with an error that names the timeout and the decision's trigger.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_timing_out_past_its_retries_fails_the_turn() {
+    let openai = FakeOpenAi::start().await;
+    let worker = FakeWorker::start(None, |request, _| match &request.trigger {
+        Trigger::ClientMessages(_) => FakeAnswer::delayed(Duration::from_secs(5), FakeAnswer::Accept),
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let config = format!(
+        r#"
+[defaults]
+decision = {{ timeout_secs = 0.4, max_retries = 1, backoff_base_secs = 0.05, backoff_max_secs = 0.1 }}
+
+[llm.fake]
+type = "openai"
+base_url = "{}"
+
+[agent.slow]
+model = "gpt-fake"
+llm = "fake"
+worker = "{}"
+"#,
+        openai.base_url(),
+        worker.url()
+    );
+    let (host, _dir) = host(&config).await;
+
+    let started = Instant::now();
+    let turn_id = host.submit_ok("s-slow", &message("slow", "Anyone?")).await;
+    let turn = host.wait_turn("s-slow", &turn_id).await;
+    let took = started.elapsed();
+    assert_eq!(turn["status"], "failed", "{turn}");
+    let error = turn["error"].as_str().unwrap();
+    assert!(error.contains("client.messages"), "{error}");
+    assert!(error.contains("timeout") || error.contains("timed out"), "{error}");
+    assert!(error.contains("after 2 attempts"), "{error}");
+    assert!(took < Duration::from_secs(4), "the turn failed after {took:?}, not after the worker's 5 s");
+
+    let decision_id = worker
+        .records()
+        .into_iter()
+        .find(|r| r.trigger_name() == "client.messages")
+        .unwrap()
+        .request
+        .decision_id;
+    assert_eq!(worker.deliveries_of(&decision_id).len(), 2);
+    assert_eq!(openai.request_count(), 0, "no model call without the worker's answer");
+    assert_eq!(transcript(&host.messages("s-slow").await), Vec::<String>::new());
+    let summary = host.summary("s-slow").await;
+    assert_eq!(summary["active_turn"], Value::Null);
+    host.stop().await;
+}
+
+/// A worker that answers garbage with a 200: a terminal `invalid_response`, delivered once;
+/// the turn fails at once with an error that names the problem and never quotes the body.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_answering_garbage_fails_the_turn_at_once() {
+    let openai = FakeOpenAi::start().await;
+    let worker = FakeWorker::start(None, |request, _| match &request.trigger {
+        Trigger::ClientMessages(_) => FakeAnswer::Garbage(b"<html>SECRET-TOKEN-12345 oops".to_vec()),
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let agents =
+        format!("[agent.broken]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nworker = \"{}\"\n", worker.url());
+    let (host, _dir) = host(&config(&openai, &agents)).await;
+
+    let started = Instant::now();
+    let turn_id = host.submit_ok("s-garbage", &message("broken", "Hi")).await;
+    let turn = host.wait_turn("s-garbage", &turn_id).await;
+    assert_eq!(turn["status"], "failed", "{turn}");
+    assert!(started.elapsed() < Duration::from_secs(2), "failed after {:?}", started.elapsed());
+    let error = turn["error"].as_str().unwrap();
+    assert!(error.contains("failed: invalid_response: invalid worker response: "), "{error}");
+    assert!(error.contains("client.messages"), "{error}");
+    assert!(!error.contains("SECRET-TOKEN"), "the error quotes the body: {error}");
+    assert!(!error.contains("<html>"), "the error quotes the body: {error}");
+    assert!(!error.contains("attempts"), "a terminal failure is not retried: {error}");
+
+    assert_eq!(worker.trigger_names(), ["session.start", "client.messages"]);
+    assert_eq!(openai.request_count(), 0);
+    let events = host.events("s-garbage", 0).await;
+    let types = event_types(&events);
+    assert!(types.contains(&"decision_failed".to_owned()), "{types:?}");
+    assert!(!types.contains(&"decision_retry_scheduled".to_owned()), "{types:?}");
+    assert_eq!(types.last().map(String::as_str), Some("turn_ended"));
+    // The log does not keep the body either.
+    let log = serde_json::to_string(&events).unwrap();
+    assert!(!log.contains("SECRET-TOKEN"));
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signatures
+
+/// The worker verifies every request's HMAC signature with the secret the config names (read
+/// through the host's env closure, never the process environment); a worker holding another
+/// secret refuses the requests (401) and that turn fails, naming the status.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_verifies_the_hmac_signature() {
+    const SECRET: &str = "whsec-e2e-right-0123456789";
+    let openai = FakeOpenAi::start().await;
+    openai.set_default(Reply::text("Signed and sealed."));
+    let signed = FakeWorker::accept_all(Some(SECRET)).await;
+    let forged = FakeWorker::accept_all(Some(SECRET)).await;
+    let agents = format!(
+        "[agent.signed]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nworker = \"{}\"\nworker_secret_env = \"E2E_HMAC_SIGNED\"\n\n\
+         [agent.forged]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nworker = \"{}\"\nworker_secret_env = \"E2E_HMAC_FORGED\"\n",
+        signed.url(),
+        forged.url()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start_with_env(&config(&openai, &agents), dir.path(), |name| match name {
+        "E2E_HMAC_SIGNED" => Some(SECRET.to_owned()),
+        "E2E_HMAC_FORGED" => Some("whsec-e2e-wrong".to_owned()),
+        _ => None,
+    })
+    .await;
+
+    let turn_id = host.submit_ok("s-signed", &message("signed", "Sign it.")).await;
+    let turn = host.wait_turn("s-signed", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    let records = signed.records();
+    assert_eq!(records.len(), 3, "session.start, client.messages, llm.finished");
+    for record in &records {
+        assert_eq!(record.verified, Some(true), "{:?}", record.header("x-turnstone-signature"));
+        let header = record.header("x-turnstone-signature").unwrap();
+        assert!(header.starts_with("t=") && header.contains(",v1="), "{header}");
+    }
+
+    let turn_id = host.submit_ok("s-forged", &message("forged", "Sign it.")).await;
+    let turn = host.wait_turn("s-forged", &turn_id).await;
+    assert_eq!(turn["status"], "failed", "{turn}");
+    let error = turn["error"].as_str().unwrap();
+    assert!(error.contains("HTTP 401"), "{error}");
+    assert!(!error.contains(SECRET) && !error.contains("whsec-e2e-wrong"), "{error}");
+    assert!(forged.records().iter().all(|r| r.verified == Some(false)));
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Turns
+
+/// While a turn runs, another message is refused with 409 `turn_already_active` naming the
+/// running turn, and writes nothing; resubmitting the running turn's `turn_id` returns that
+/// turn and writes nothing (same `last_seq`), during the turn and after it.
+#[tokio::test(flavor = "multi_thread")]
+async fn turn_already_active_and_idempotent_turn_id() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::text("First answer."));
+    let gate = Gate::new();
+    let held = gate.clone();
+    let worker = FakeWorker::start(None, move |request, _| match &request.trigger {
+        Trigger::ClientMessages(_) => FakeAnswer::held(&held, FakeAnswer::Accept),
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let agents =
+        format!("[agent.busy]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nworker = \"{}\"\n", worker.url());
+    let (host, _dir) = host(&config(&openai, &agents)).await;
+
+    let first = message_as("busy", "First.", "turn-a");
+    let (status, body) = host.submit("s-busy", &first).await;
+    assert_eq!(
+        (status, &body),
+        (202, &json!({"session_id": "s-busy", "turn_id": "turn-a", "queued": false}))
+    );
+    worker.wait_for(PATIENCE, |r| r.trigger_name() == "client.messages").await;
+    let before = host.summary("s-busy").await["last_seq"].as_u64().unwrap();
+
+    let (status, body) = host.submit("s-busy", &message_as("busy", "Second.", "turn-b")).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "turn_already_active");
+    assert!(body["error"]["message"].as_str().unwrap().contains("turn-a"), "{body}");
+    let (status, body) = host.submit("s-busy", &message("busy", "No turn id.")).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "turn_already_active");
+
+    let (status, body) = host.submit("s-busy", &first).await;
+    assert_eq!(
+        (status, &body),
+        (202, &json!({"session_id": "s-busy", "turn_id": "turn-a", "queued": false}))
+    );
+    let summary = host.summary("s-busy").await;
+    assert_eq!(summary["last_seq"].as_u64().unwrap(), before, "a refused or known input wrote something");
+    assert_eq!(summary["active_turn"], "turn-a");
+    let (status, _) = host.get("/v1/sessions/s-busy/turns/turn-b").await;
+    assert_eq!(status, 404);
+
+    gate.open();
+    let turn = host.wait_turn("s-busy", "turn-a").await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    let after = host.summary("s-busy").await["last_seq"].as_u64().unwrap();
+    let (status, body) = host.submit("s-busy", &first).await;
+    assert_eq!(
+        (status, &body),
+        (202, &json!({"session_id": "s-busy", "turn_id": "turn-a", "queued": false}))
+    );
+    assert_eq!(host.summary("s-busy").await["last_seq"].as_u64().unwrap(), after);
+    assert_eq!(transcript(&host.messages("s-busy").await), ["user: First.", "assistant: First answer."]);
+    assert_eq!(worker.trigger_names().iter().filter(|n| **n == "client.messages").count(), 1);
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The event stream
+
+/// Reading part of the SSE log, dropping the connection mid-turn and reconnecting with
+/// `Last-Event-ID` loses and repeats nothing: the ids are exactly 1..=last_seq, consecutive,
+/// and the events are those of `GET .../events`, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn sse_resumes_with_last_event_id() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::tool_calls([
+        FakeToolCall::new("call_1", "add", r#"{"a":1,"b":1}"#),
+        FakeToolCall::new("call_2", "upper", r#"{"text":"ok"}"#),
+    ]));
+    openai.push(Reply::text("Two and OK."));
+    let gate = Gate::new();
+    let held = gate.clone();
+    let execute = tools_script(calculate);
+    let worker = FakeWorker::start(None, move |request, _| match &request.trigger {
+        Trigger::ToolExecute(t) if t.id == "call_1" => FakeAnswer::held(&held, execute(request)),
+        _ => execute(request),
+    })
+    .await;
+    let (host, _dir) = host(&config(&openai, &calc_agent(&worker))).await;
+
+    let turn_id = host.submit_ok("s-sse", &message("calc", "Go.")).await;
+    let mut stream = host.stream("s-sse", None).await;
+    let mut seen: Vec<SseFrame> = Vec::new();
+    while seen.len() < 5 {
+        let frame = stream.next(PATIENCE).await.expect("a durable event");
+        assert!(frame.id.is_some(), "a non-streaming agent sends only durable events: {frame:?}");
+        seen.push(frame);
+    }
+    drop(stream);
+
+    // More happens while no one listens.
+    worker.wait_for(PATIENCE, |r| r.trigger_name() == "tool.execute").await;
+    gate.open();
+    worker.wait_for(PATIENCE, |r| r.trigger_name() == "tool.finished").await;
+
+    let last = seen.last().unwrap().seq().unwrap();
+    let mut resumed = host.stream("s-sse", Some(last)).await;
+    seen.extend(resumed.until(PATIENCE, |f| f.event == "turn.ended").await);
+    drop(resumed);
+
+    let turn = host.wait_turn("s-sse", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    let ids: Vec<u64> = seen.iter().map(|f| f.seq().expect("an id")).collect();
+    let expected: Vec<u64> = (1..=ids.len() as u64).collect();
+    assert_eq!(ids, expected, "ids strictly consecutive from 1, none missed or repeated");
+    let log = host.events("s-sse", 0).await;
+    assert_eq!(log.len(), seen.len(), "turn.ended is the last event");
+    for (frame, logged) in seen.iter().zip(&log) {
+        assert_eq!(frame.seq(), logged["seq"].as_u64());
+        assert_eq!(frame.json(), logged["event"], "seq {:?}", frame.id);
+        assert_eq!(frame.event.replace('.', "_"), logged["event"]["type"].as_str().unwrap());
+    }
+    assert_eq!(host.summary("s-sse").await["last_seq"].as_u64().unwrap(), ids.len() as u64);
+    // Resuming at the end sends nothing old.
+    let mut tail = host.stream("s-sse", Some(ids.len() as u64)).await;
+    assert_eq!(tail.next(Duration::from_millis(300)).await, None);
+    drop(tail);
+    host.stop().await;
+}
+
+/// A worker that runs the model itself (`handler = "worker"`) and answers a streaming
+/// `llm.execute` with an event stream: its deltas reach the session's SSE clients as
+/// `llm.token.delta` for that call, and its `decision.result` settles the call.
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_streams_an_llm_execute_answer() {
+    let openai = FakeOpenAi::start().await;
+    let worker = FakeWorker::start(None, |request, _| match &request.trigger {
+        Trigger::LlmExecute(t) => {
+            assert!(t.stream);
+            let result = DecisionResponse {
+                actions: Some(vec![Action::LlmResult(LlmResultAction {
+                    id: None,
+                    attempt: None,
+                    response: json!({"model": "worker-model", "content": "Hello from the worker.", "finish_reason": "stop"}),
+                })]),
+                ..DecisionResponse::default()
+            };
+            let answer =
+                FakeAnswer::sse_text(&["Hello ", "from ", "the ", "worker."], result, Duration::from_millis(30));
+            FakeAnswer::delayed(Duration::from_millis(300), answer)
+        }
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let agents = format!(
+        "[agent.selfhosted]\nmodel = \"worker-model\"\nstream = true\nhandler = \"worker\"\nworker = \"{}\"\n",
+        worker.url()
+    );
+    let (host, _dir) = host(&config(&openai, &agents)).await;
+
+    let turn_id = host.submit_ok("s-wstream", &message("selfhosted", "Hi worker.")).await;
+    let mut stream = host.stream("s-wstream", None).await;
+    let frames = stream.until(PATIENCE, |f| f.event == "turn.ended").await;
+    drop(stream);
+    let execute = worker.records().into_iter().find(|r| r.trigger_name() == "llm.execute").unwrap();
+    let Trigger::LlmExecute(t) = &execute.request.trigger else { unreachable!() };
+    let deltas: Vec<Value> =
+        frames.iter().filter(|f| f.event == "llm.token.delta").map(SseFrame::json).collect();
+    assert!(!deltas.is_empty());
+    assert!(deltas.iter().all(|d| d["call_id"] == t.id.as_str()), "{deltas:?}");
+    let text: String = deltas.iter().map(|d| d["delta"]["text"].as_str().unwrap_or_default()).collect();
+    assert_eq!(text, "Hello from the worker.");
+
+    let turn = host.wait_turn("s-wstream", &turn_id).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(
+        transcript(&host.messages("s-wstream").await),
+        ["user: Hi worker.", "assistant: Hello from the worker."]
+    );
+    assert_eq!(openai.request_count(), 0, "the engine ran no model call itself");
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request validation
+
+/// A body over the configured limit gets 413; an invalid ClientInput gets 422 naming the
+/// field; neither creates the session.
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_and_invalid_inputs() {
+    let openai = FakeOpenAi::start().await;
+    let agents = "[server]\nmax_body_bytes = 4096\n";
+    let config =
+        format!("{agents}{}", config(&openai, "[agent.plain]\nmodel = \"gpt-fake\"\nllm = \"fake\"\n"));
+    let (host, _dir) = host(&config).await;
+
+    let big = message("plain", &"x".repeat(8 * 1024));
+    let (status, body) = host.submit("s-val", &big).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "body_too_large", "{body}");
+    // Just over the limit, too.
+    let filler = 4096 - message("plain", "").to_string().len() + 1;
+    let (status, body) = host.submit("s-val", &message("plain", &"y".repeat(filler))).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "body_too_large", "{body}");
+
+    let robot =
+        json!({"type": "client.message", "agent_id": "plain", "message": {"role": "robot", "content": "hi"}});
+    let (status, body) = host.submit("s-val", &robot).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_request");
+    assert_eq!(body["error"]["param"], "message.role", "{body}");
+
+    let system = json!({"type": "client.message", "agent_id": "plain", "message": {"role": "system", "content": "hi"}});
+    let (status, body) = host.submit("s-val", &system).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["param"], "message.role", "{body}");
+
+    let (status, body) = host.submit("s-val", &json!({"type": "client.message", "agent_id": "plain"})).await;
+    assert_eq!(status, 422, "{body}");
+    // A missing field is named by the message (its parent, the root, has no path).
+    assert_eq!(body["error"]["code"], "invalid_request");
+    assert!(body["error"]["message"].as_str().unwrap().contains("`message`"), "{body}");
+
+    let (status, body) = host.post_raw("/v1/sessions/s-val/inputs", "{not json").await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_request");
+
+    let (status, body) = host.submit("s-val", &message("nobody", "hi")).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_agent");
+
+    let (status, body) = host.get("/v1/sessions/s-val").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "session_not_found");
+    assert_eq!(openai.request_count(), 0);
+    host.stop().await;
+}
+
+/// Keeps the suite honest about its own helpers: a fake worker records an unparseable body
+/// instead of answering it as a decision.
+#[tokio::test(flavor = "multi_thread")]
+async fn fake_worker_refuses_what_is_not_a_decision_request() {
+    let worker = FakeWorker::accept_all(None).await;
+    let response = reqwest::Client::new().post(worker.url()).body("{}").send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    assert_eq!(worker.unparsed().len(), 1);
+    assert!(worker.records().is_empty());
+}
