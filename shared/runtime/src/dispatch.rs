@@ -324,6 +324,16 @@ impl App {
         }
     }
 
+    /// Enqueues every session that has a wake time, due or not: after a restart, an
+    /// in-process queue has lost the delayed wake-ups of the previous process.
+    pub async fn recover(&self, limit: usize) -> Result<usize> {
+        let scheduled = self.store.due(turnstone_engine::time::Timestamp(i64::MAX), limit).await?;
+        for session_id in &scheduled {
+            self.wake(session_id, "recover").await?;
+        }
+        Ok(scheduled.len())
+    }
+
     /// Enqueues every session whose wake time has passed (a wake-up may have been lost).
     pub async fn sweep(&self, limit: usize) -> Result<usize> {
         let due = self.store.due(self.now(), limit).await?;

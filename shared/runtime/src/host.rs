@@ -23,6 +23,11 @@ pub async fn serve(
     workers: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    match app.recover(100_000).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(sessions = n, "resuming sessions with pending work"),
+        Err(e) => tracing::warn!(error = %e, "could not list sessions with pending work; the sweep will find them"),
+    }
     let handles = app.spawn_workers(workers);
     let sweeper = {
         let app = Arc::clone(&app);

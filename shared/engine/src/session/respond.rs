@@ -256,21 +256,21 @@ impl Tx {
             }
             Action::ToolResult(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
-                self.settle_in_response(&id, a.attempt, Ok(CallValue::Text(result_text(&a.result))), false)?;
+                self.settle_in_response(&id, answered_attempt(decision, &id, a.attempt), Ok(CallValue::Text(result_text(&a.result))), false)?;
             }
             Action::ToolError(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
-                self.settle_in_response(&id, a.attempt, Err(call_error(a)), false)?;
+                self.settle_in_response(&id, answered_attempt(decision, &id, a.attempt), Err(call_error(a)), false)?;
             }
             Action::LlmResult(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
                 let call = self.session.call(&id).cloned().ok_or_else(|| format!("no open call {id:?}"))?;
                 let outcome = self.llm_result(&call, &a.response);
-                self.settle_in_response(&id, a.attempt, outcome, true)?;
+                self.settle_in_response(&id, answered_attempt(decision, &id, a.attempt), outcome, true)?;
             }
             Action::LlmError(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
-                self.settle_in_response(&id, a.attempt, Err(call_error(a)), true)?;
+                self.settle_in_response(&id, answered_attempt(decision, &id, a.attempt), Err(call_error(a)), true)?;
             }
             Action::SubAgentSpawn(a) => {
                 self.check_fresh(&a.tool_call_id)?;
@@ -330,6 +330,7 @@ impl Tx {
         Ok(())
     }
 
+    /// The call a settle action answers: its `id`, else the execute trigger's call.
     fn answered_call(&self, decision: &Decision, id: Option<&String>) -> String {
         id.cloned().or_else(|| decision.call_id.clone()).unwrap_or_default()
     }
@@ -402,4 +403,14 @@ fn new_call(
         policy,
         outcome: None,
     }
+}
+
+/// The attempt a settle action answers: its `attempt`, else, for the execute trigger's own
+/// call, the attempt that trigger delivered (so a late answer to an old attempt is fenced).
+fn answered_attempt(decision: &Decision, id: &str, attempt: Option<u32>) -> Option<u32> {
+    attempt.or_else(|| match &decision.trigger {
+        Trigger::ToolExecute(t) if t.id == id => Some(t.attempt),
+        Trigger::LlmExecute(t) if t.id == id => Some(t.attempt),
+        _ => None,
+    })
 }
