@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo run --release -p turnstone --example bench -- \
-//!     [--sessions 1,50,1000] [--turns 300,20,3] [--mode both|inproc|http] [--workers 8] [--sizes]
+//!     [--sessions 1,50,1000] [--turns 300,20,5] [--mode both|inproc|http] [--workers 8] [--sizes]
 //! ```
 //!
 //! Each concurrency level (`--sessions`) runs `--turns` turns per session (one value for all
@@ -53,6 +53,10 @@ const AGENT: &str = "demo";
 /// How long an HTTP client long-polls a turn per request.
 const TURN_WAIT_SECS: u32 = 30;
 
+/// A turn that takes longer than this fails the run (the engine hangs, or the host is far
+/// slower than it should be).
+const TURN_DEADLINE: Duration = Duration::from_secs(120);
+
 #[derive(Debug, Parser)]
 #[command(about = "Benchmarks the local host with the scripted model (steps/s, latency, bytes, memory).")]
 struct Args {
@@ -60,7 +64,7 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [1, 50, 1000])]
     sessions: Vec<usize>,
     /// Turns per session, one after another: one value for every level, or one per level.
-    #[arg(long, value_delimiter = ',', default_values_t = [300, 20, 3])]
+    #[arg(long, value_delimiter = ',', default_values_t = [300, 20, 5])]
     turns: Vec<usize>,
     /// Which modes to run.
     #[arg(long, value_enum, default_value_t = Modes::Both)]
@@ -114,8 +118,8 @@ struct SessionProbe {
     mark: Instant,
     /// Time inside the current step that is not the engine's (the model, `--sizes`).
     excluded: Duration,
-    /// When the session's latest load started: in-process, the start of the `App::execute`
-    /// whose commit comes next.
+    /// When the session's latest load started (in-process: the dispatcher's or an
+    /// `App::execute`'s; over HTTP also a long-poll's).
     last_load: Option<Instant>,
     /// Turns ended so far (the in-process clients wait on it).
     ended: watch::Sender<u64>,
@@ -128,7 +132,7 @@ struct StepSample {
     /// From the previous commit of the session (or the submit) to the end of this one, model
     /// time excluded.
     step: Duration,
-    /// From the start of the session's latest load to the end of this commit.
+    /// From the start of the load it started from (if any since the step began) to its end.
     execute: Duration,
     /// The `Store::commit` call.
     commit: Duration,
@@ -163,8 +167,7 @@ impl Probe {
     /// Starts following a session; the receiver counts its ended turns.
     fn register(&self, session_id: &str) -> watch::Receiver<u64> {
         let (ended, rx) = watch::channel(0);
-        let probe =
-            SessionProbe { mark: Instant::now(), excluded: Duration::ZERO, last_load: None, ended };
+        let probe = SessionProbe { mark: Instant::now(), excluded: Duration::ZERO, last_load: None, ended };
         lock(&self.sessions).insert(session_id.to_owned(), probe);
         rx
     }
@@ -193,15 +196,25 @@ impl Probe {
         lock(&self.samples).loads.push((turn, took));
     }
 
-    fn committed(&self, session_id: &str, events: &[Event], commit: Duration, payload: u64, sizes: CommitSizes) {
+    fn committed(
+        &self,
+        session_id: &str,
+        events: &[Event],
+        commit: Duration,
+        payload: u64,
+        sizes: CommitSizes,
+    ) {
         let now = Instant::now();
         let (turn, step, execute, failed) = {
             let mut sessions = lock(&self.sessions);
             let Some(s) = sessions.get_mut(session_id) else { return };
             let step = now.saturating_duration_since(s.mark).saturating_sub(s.excluded + sizes.took);
-            let execute = s
-                .last_load
-                .map_or(step, |l| now.saturating_duration_since(l).saturating_sub(sizes.took));
+            // Since the load this commit's handling started from, or, when it started from a
+            // state the host already held (no load since the step began), the step itself.
+            let execute = match s.last_load {
+                Some(load) if load > s.mark => now.saturating_duration_since(load).saturating_sub(sizes.took),
+                _ => step,
+            };
             s.mark = now;
             s.excluded = Duration::ZERO;
             let turn = *s.ended.borrow() as u32;
@@ -379,9 +392,7 @@ struct ProcIo {
 fn proc_io() -> ProcIo {
     let text = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
     let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
-            .unwrap_or(0)
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok()).unwrap_or(0)
     };
     ProcIo { rchar: field("rchar"), wchar: field("wchar"), write_bytes: field("write_bytes") }
 }
@@ -438,9 +449,10 @@ async fn inproc_client(
         if submitted.turn_id.is_none() || submitted.queued {
             bail!("turn {n} of {session_id} did not start: {submitted:?}");
         }
-        ended
-            .wait_for(|k| *k > n as u64)
+        tokio::time::timeout(TURN_DEADLINE, ended.wait_for(|k| *k > n as u64))
             .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r.map(drop).map_err(anyhow::Error::from))
             .with_context(|| format!("waiting for turn {n} of {session_id}"))?;
         probe.turn(submit, started.elapsed());
     }
@@ -480,6 +492,9 @@ async fn http_client(
             .with_context(|| format!("POST {inputs}: no turn_id in {answer}"))?;
         let url = format!("{base}/v1/sessions/{session_id}/turns/{turn_id}?wait={TURN_WAIT_SECS}");
         loop {
+            if started.elapsed() > TURN_DEADLINE {
+                bail!("turn {n} of {session_id} did not end within {TURN_DEADLINE:?}");
+            }
             let response = http.get(&url).send().await.with_context(|| format!("GET {url}"))?;
             let status = response.status();
             let turn: Value = response.json().await.with_context(|| format!("GET {url}: answer"))?;
@@ -594,8 +609,12 @@ async fn run(mode: Mode, sessions: usize, turns: usize, args: &Args) -> anyhow::
         .cloned()
         .zip(receivers)
         .map(|(id, ended)| match mode {
-            Mode::Inproc => tokio::spawn(inproc_client(Arc::clone(&app), Arc::clone(&probe), id, ended, turns)),
-            Mode::Http => tokio::spawn(http_client(http.clone(), base.clone(), Arc::clone(&probe), id, turns)),
+            Mode::Inproc => {
+                tokio::spawn(inproc_client(Arc::clone(&app), Arc::clone(&probe), id, ended, turns))
+            }
+            Mode::Http => {
+                tokio::spawn(http_client(http.clone(), base.clone(), Arc::clone(&probe), id, turns))
+            }
         })
         .collect();
     let mut failure = None;
@@ -683,7 +702,13 @@ fn spread(mut values: Vec<Duration>) -> Spread {
 
 fn ms(d: Duration) -> String {
     let ms = d.as_secs_f64() * 1e3;
-    if ms < 10.0 { format!("{ms:.3}") } else if ms < 1000.0 { format!("{ms:.1}") } else { format!("{ms:.0}") }
+    if ms < 10.0 {
+        format!("{ms:.3}")
+    } else if ms < 1000.0 {
+        format!("{ms:.1}")
+    } else {
+        format!("{ms:.0}")
+    }
 }
 
 fn spread3(s: Spread) -> String {
@@ -725,11 +750,12 @@ fn machine() -> String {
         .find_map(|l| l.strip_prefix("MemTotal:")?.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or_else(|| "?".to_owned(), |kb| format!("{:.1} GiB", kb as f64 / (1024.0 * 1024.0)));
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let build = if cfg!(debug_assertions) { "DEBUG build: figures are not meaningful, use --release" } else { "release" };
-    format!(
-        "machine: {cores} cores ({model}), {mem} RAM, Linux {}, {build}",
-        kernel.trim()
-    )
+    let build = if cfg!(debug_assertions) {
+        "DEBUG build: figures are not meaningful, use --release"
+    } else {
+        "release"
+    };
+    format!("machine: {cores} cores ({model}), {mem} RAM, Linux {}, {build}", kernel.trim())
 }
 
 fn print_tables(reports: &[Report], args: &Args) {
@@ -738,7 +764,15 @@ fn print_tables(reports: &[Report], args: &Args) {
     let _ = writeln!(
         out,
         "{:<19} {:>7} {:>7} {:>8} {:>9} {:>8} {:>10} {:>10} {:>9}",
-        "run (sess x turns)", "turns", "steps", "wall s", "steps/s", "turns/s", "steps/turn", "loads/step", "conflicts"
+        "run (sess x turns)",
+        "turns",
+        "steps",
+        "wall s",
+        "steps/s",
+        "turns/s",
+        "steps/turn",
+        "loads/step",
+        "conflicts"
     );
     for r in reports {
         let wall = r.wall.as_secs_f64();
@@ -762,7 +796,13 @@ fn print_tables(reports: &[Report], args: &Args) {
     let _ = writeln!(
         out,
         "{:<19} {:>22} {:>22} {:>22} {:>22} {:>22} {:>22}",
-        "run (sess x turns)", "step (excl. model)", "execute", "store commit", "store load", "submit", "turn (submit->end)"
+        "run (sess x turns)",
+        "step (excl. model)",
+        "execute",
+        "store commit",
+        "store load",
+        "submit",
+        "turn (submit->end)"
     );
     for r in reports {
         let s = &r.samples;
@@ -831,13 +871,21 @@ fn print_tables(reports: &[Report], args: &Args) {
 
     // How the cost of a step moves as a session grows (single-session runs: the payload figures
     // are exact only when one commit runs at a time).
-    let single: Vec<&Report> = reports.iter().filter(|r| r.sessions == 1 && r.turns_per_session >= 10).collect();
+    let single: Vec<&Report> =
+        reports.iter().filter(|r| r.sessions == 1 && r.turns_per_session >= 10).collect();
     if !single.is_empty() {
-        let _ = writeln!(out, "\nGrowth within one session: first tenth of its turns vs last tenth (p50s in ms)");
+        let _ =
+            writeln!(out, "\nGrowth within one session: first tenth of its turns vs last tenth (p50s in ms)");
         let _ = writeln!(
             out,
             "{:<19} {:>17} {:>17} {:>17} {:>17} {:>19} {:>17}",
-            "run (sess x turns)", "step", "execute", "store load", "store commit", "payload B/step", "head B/step"
+            "run (sess x turns)",
+            "step",
+            "execute",
+            "store load",
+            "store commit",
+            "payload B/step",
+            if args.sizes { "head B/step" } else { "" }
         );
         for r in single {
             let tenth = (r.turns_per_session / 10).max(1) as u32;
@@ -864,11 +912,20 @@ fn print_tables(reports: &[Report], args: &Args) {
                 pair(loads(&|t| t < tenth), loads(&|t| t >= last)),
                 pair(p50(&first_steps, |s| s.commit), p50(&last_steps, |s| s.commit)),
                 pair(mean(&first_steps, |s| Some(s.payload)), mean(&last_steps, |s| Some(s.payload))),
-                pair(mean(&first_steps, |s| s.sizes.map(|z| z.0)), mean(&last_steps, |s| s.sizes.map(|z| z.0))),
+                if args.sizes {
+                    pair(
+                        mean(&first_steps, |s| s.sizes.map(|z| z.0)),
+                        mean(&last_steps, |s| s.sizes.map(|z| z.0)),
+                    )
+                } else {
+                    String::new()
+                },
             );
         }
     }
-    print!("{out}");
+    for line in out.lines() {
+        println!("{}", line.trim_end());
+    }
 }
 
 const EXPLAIN: &str = "
@@ -886,9 +943,10 @@ What the figures are
               holds the queue hand-off to a dispatcher worker, loads, the engine, the commit, and
               with many sessions the wait for a worker and for the single SQLite writer. Over
               HTTP the first step of a turn also holds the client's POST.
-  execute     from the start of the session's latest load to the end of the commit: App::execute
-              (load, handle, plan, commit). Over HTTP a concurrent long-poll load can come
-              later, so it may read low there.
+  execute     App::execute: from the start of the load the step began with to the end of its
+              commit (load, handle, plan, commit); for a step that starts from the state the
+              dispatcher already holds (no load), the step itself. Over HTTP a concurrent
+              long-poll load can come later, so it may read low there.
   store commit / store load
               the Store calls alone (JSON serialization, waiting for the writer or a reader,
               the SQLite transaction).
@@ -926,7 +984,9 @@ async fn main() -> anyhow::Result<()> {
         args.workers,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
-    println!("agent: `{AGENT}` from the demo config, scripted model, no worker; each session runs its turns one after another");
+    println!(
+        "agent: `{AGENT}` from the demo config, scripted model, no worker; each session runs its turns one after another"
+    );
 
     let mut reports = Vec::new();
     for (i, &sessions) in args.sessions.iter().enumerate() {

@@ -84,7 +84,9 @@ impl App {
         known: (Session, u64),
     ) -> Result<Option<(Session, u64)>> {
         match effect {
-            Effect::Tick => self.command_from(session_id, Some(known), Command::Tick).await.map(Executed::known),
+            Effect::Tick => {
+                self.command_from(session_id, Some(known), Command::Tick).await.map(Executed::known)
+            }
             Effect::Route { seq, item } => self.route(session_id, seq, item).await.map(|()| None),
             Effect::DeliverDecision { decision_id, attempt } => {
                 self.deliver_decision(session_id, decision_id, attempt, known).await

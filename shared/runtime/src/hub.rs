@@ -13,6 +13,10 @@ use turnstone_engine::protocol::StreamDelta;
 /// Capacity of each session's channel; a subscriber that lags re-reads the log.
 const CAPACITY: usize = 1024;
 
+/// The hub sweeps out channels nobody listens to once it holds this many, or twice as many as
+/// after its last sweep.
+const SWEEP_FLOOR: usize = 64;
+
 /// Something that happened in a session, live.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -34,30 +38,72 @@ pub enum Notice {
 /// Per-session broadcast channels, created when someone listens.
 #[derive(Debug, Clone, Default)]
 pub struct Hub {
-    channels: Arc<Mutex<HashMap<String, broadcast::Sender<Notice>>>>,
+    channels: Arc<Mutex<Channels>>,
+}
+
+#[derive(Debug, Default)]
+struct Channels {
+    by_session: HashMap<String, broadcast::Sender<Notice>>,
+    /// How many channels were left after the last sweep.
+    after_sweep: usize,
 }
 
 impl Hub {
     /// Listens to a session.
     pub fn subscribe(&self, session_id: &str) -> broadcast::Receiver<Notice> {
         let mut channels = self.lock();
-        channels.entry(session_id.to_owned()).or_insert_with(|| broadcast::channel(CAPACITY).0).subscribe()
+        // A channel whose listeners all left is dropped when its session next publishes; one
+        // that never publishes again would keep its buffer (~150 KB) for good. So drop them all
+        // whenever the map has doubled since the last sweep: amortized O(1) per subscribe, and
+        // at most about twice as many channels as there are sessions with listeners.
+        if channels.by_session.len() >= SWEEP_FLOOR.max(2 * channels.after_sweep) {
+            channels.by_session.retain(|_, sender| sender.receiver_count() > 0);
+            channels.after_sweep = channels.by_session.len();
+        }
+        channels
+            .by_session
+            .entry(session_id.to_owned())
+            .or_insert_with(|| broadcast::channel(CAPACITY).0)
+            .subscribe()
     }
 
     /// Tells a session's listeners, if any; forgets channels nobody listens to any more.
     pub fn publish(&self, session_id: &str, notice: Notice) {
         let mut channels = self.lock();
-        if let Some(sender) = channels.get(session_id) {
+        if let Some(sender) = channels.by_session.get(session_id) {
             if sender.receiver_count() == 0 {
-                channels.remove(session_id);
+                channels.by_session.remove(session_id);
             } else {
                 let _ = sender.send(notice);
             }
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, broadcast::Sender<Notice>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Channels> {
         // A poisoned map is still a valid map: the hub holds no invariant a panic could break.
         self.channels.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_nobody_listens_to_are_swept() {
+        let hub = Hub::default();
+        // Listeners come and go on many sessions that never publish again.
+        for i in 0..1000 {
+            drop(hub.subscribe(&format!("s{i}")));
+        }
+        assert!(hub.lock().by_session.len() <= SWEEP_FLOOR);
+        // Live listeners keep their channels, and they still get notices.
+        let mut live: Vec<_> = (0..100).map(|i| hub.subscribe(&format!("live{i}"))).collect();
+        for i in 0..1000 {
+            drop(hub.subscribe(&format!("t{i}")));
+        }
+        assert!(hub.lock().by_session.len() <= 2 * 100 + SWEEP_FLOOR);
+        hub.publish("live7", Notice::Committed { last_seq: 3 });
+        assert_eq!(live[7].try_recv().ok(), Some(Notice::Committed { last_seq: 3 }));
     }
 }
