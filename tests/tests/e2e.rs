@@ -1083,3 +1083,27 @@ async fn fake_worker_refuses_what_is_not_a_decision_request() {
     assert_eq!(worker.unparsed().len(), 1);
     assert!(worker.records().is_empty());
 }
+
+/// The head keeps only recent turns: an old turn's record is rebuilt from the log, and
+/// resubmitting its id is still a no-op.
+#[tokio::test(flavor = "multi_thread")]
+async fn old_turns_are_answered_from_the_log() {
+    let config = format!(
+        "{FAST_DEFAULTS}\n[llm.s]\ntype = \"scripted\"\n\n[agent.echo]\nmodel = \"scripted\"\nllm = \"s\"\n"
+    );
+    let (host, _dir) = host(&config).await;
+    let turns = turnstone_engine::session::RECENT_TURNS + 3;
+    for i in 0..turns {
+        let turn_id = format!("t{i}");
+        host.submit_ok("s-old", &message_as("echo", &format!("m{i}"), &turn_id)).await;
+        assert_eq!(host.wait_turn("s-old", &turn_id).await["status"], "completed");
+    }
+    let first = host.wait_turn("s-old", "t0").await;
+    assert_eq!(first["status"], "completed", "{first}");
+    assert_eq!(first["data"], "You said: m0");
+    let last_seq = host.summary("s-old").await["last_seq"].clone();
+    let (status, body) = host.submit("s-old", &message_as("echo", "again", "t0")).await;
+    assert_eq!((status, &body["turn_id"]), (202, &json!("t0")), "{body}");
+    assert_eq!(host.summary("s-old").await["last_seq"], last_seq);
+    host.stop().await;
+}

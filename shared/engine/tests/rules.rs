@@ -710,3 +710,23 @@ fn what_a_step_writes_does_not_grow_with_the_transcript() {
         }
     }
 }
+
+#[test]
+fn the_head_keeps_recent_turns_and_the_log_keeps_the_rest() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    let mut first = None;
+    for i in 0..(RECENT_TURNS + 8) {
+        h.ok(msg_with_turn("demo", &format!("m{i}"), &format!("t{i}")));
+        h.run_llm(reply(&format!("r{i}")));
+        if i == 0 {
+            first = h.session.turn("t0").cloned();
+        }
+    }
+    assert_eq!(h.session.turns.len(), RECENT_TURNS);
+    assert!(h.session.turn("t0").is_none() && h.session.knows_turn("t0"));
+    // Resubmitting an evicted turn is still a no-op...
+    assert!(h.ok(msg_with_turn("demo", "again", "t0")).is_empty());
+    // ...and its record is rebuilt from the log, exactly.
+    assert_eq!(turn_from_log("t0", &h.log), first);
+    assert_eq!(turn_from_log("t0", &h.log).unwrap().data, Some(json!("r0")));
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
-    Command, Ctx, Defaults, Event, Rejection, Session, SessionInit, TurnOrigin, handle,
+    Command, Ctx, Defaults, Event, Rejection, Session, SessionInit, TurnOrigin, TurnRecord, handle,
 };
 use turnstone_engine::time::Timestamp;
 
@@ -301,7 +301,7 @@ impl App {
             .await?;
         let session = &executed.session;
         let turn_id = match input.turn_id() {
-            Some(id) => session.turn(id).map(|t| t.id.clone()),
+            Some(id) => session.knows_turn(id).then(|| session.resolve_turn_id(id).to_owned()),
             None => executed.events.iter().find_map(|e| match e {
                 Event::TurnStarted { turn } | Event::TurnQueued { turn } => Some(turn.id.clone()),
                 _ => None,
@@ -340,6 +340,26 @@ impl App {
             Ok(vec![command.clone()])
         })
         .await
+    }
+
+    /// A turn's record: from the head, or rebuilt from the log for an older turn.
+    pub async fn turn_record(&self, session: &Session, turn_id: &str) -> Result<Option<TurnRecord>> {
+        if let Some(turn) = session.turn(turn_id) {
+            return Ok(Some(turn.clone()));
+        }
+        if !session.knows_turn(turn_id) {
+            return Ok(None);
+        }
+        let turn_id = session.resolve_turn_id(turn_id);
+        let mut events = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = self.store.events_after(&session.id, after, 1000).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            events.extend(page.into_iter().map(|e| e.event));
+        }
+        Ok(turnstone_engine::session::turn_from_log(turn_id, &events))
     }
 
     /// Loads an existing session.

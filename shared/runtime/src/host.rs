@@ -26,7 +26,9 @@ pub async fn serve(
     match app.recover(100_000).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(sessions = n, "resuming sessions with pending work"),
-        Err(e) => tracing::warn!(error = %e, "could not list sessions with pending work; the sweep will find them"),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list sessions with pending work; the sweep will find them")
+        }
     }
     let handles = app.spawn_workers(workers);
     let sweeper = {

@@ -22,8 +22,8 @@ use turnstone_engine::protocol::{DecisionRequest, DecisionResponse, StreamDelta,
 pub use error::DeliveryError;
 pub use signature::{DEFAULT_TOLERANCE_SECS, SIGNATURE_HEADER, SignatureError, sign, verify};
 
-use error::{WORKER_MESSAGE_CHARS, short_text, status_hint};
 use crate::sse::{SseError, SseEvent, SseParser};
+use error::{WORKER_MESSAGE_CHARS, short_text, status_hint};
 
 /// The `Accept` header of every delivery.
 pub const ACCEPT_VALUE: &str = "text/event-stream, application/json";

@@ -45,6 +45,15 @@ impl Session {
                     turn.data = data.clone();
                     turn.error = error.clone();
                     turn.ended_at = Some(*at);
+                    turn.input = None;
+                    turn.client_tools = Vec::new();
+                    self.ended_order.push_back(turn_id.clone());
+                }
+                while self.ended_order.len() > super::RECENT_TURNS {
+                    if let Some(old) = self.ended_order.pop_front() {
+                        self.turns.remove(&old);
+                        self.past_turns.insert(old);
+                    }
                 }
             }
             Event::TriggerQueued { trigger } => self.triggers.push(trigger.clone()),
@@ -133,12 +142,12 @@ impl Session {
             }
             Event::CallReported { call_id } => {
                 self.calls.retain(|c| &c.id != call_id);
-                self.closed_calls.insert(call_id.clone(), CallClosure::Reported);
+                self.close_call(call_id, CallClosure::Reported);
             }
             Event::CallVoided { call_id, .. } => {
                 self.calls.retain(|c| &c.id != call_id);
                 self.triggers.retain(|t| t.source.call_id() != Some(call_id.as_str()));
-                self.closed_calls.insert(call_id.clone(), CallClosure::Voided);
+                self.close_call(call_id, CallClosure::Voided);
             }
             Event::InterruptOpened { interrupt } => self.interrupts.push(interrupt.clone()),
             Event::InterruptResumed { interrupt_id, .. } | Event::InterruptClosed { interrupt_id } => {
@@ -150,6 +159,17 @@ impl Session {
             }
             Event::OutboxDelivered { seq } => {
                 self.outbox.remove(seq);
+            }
+        }
+    }
+
+    fn close_call(&mut self, call_id: &str, how: CallClosure) {
+        if self.closed_calls.insert(call_id.to_owned(), how).is_none() {
+            self.closed_order.push_back(call_id.to_owned());
+        }
+        while self.closed_order.len() > super::RECENT_CLOSED_CALLS {
+            if let Some(old) = self.closed_order.pop_front() {
+                self.closed_calls.remove(&old);
             }
         }
     }

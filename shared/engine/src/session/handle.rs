@@ -212,7 +212,7 @@ impl Tx {
     }
 
     fn known_turn(&self, turn_id: Option<&str>) -> bool {
-        turn_id.is_some_and(|t| self.session.turn(t).is_some())
+        turn_id.is_some_and(|t| self.session.knows_turn(t))
     }
 
     fn start_turn(

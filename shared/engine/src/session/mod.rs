@@ -16,7 +16,7 @@ mod respond;
 mod tool_input;
 mod tree;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -30,6 +30,53 @@ pub use tree::{Reconciled, Tree};
 
 use crate::protocol::{AgentConfig, AgentTool, WorkerIdentity};
 use crate::time::Timestamp;
+
+/// How many ended turns the head keeps whole; older ones are rebuilt from the log.
+pub const RECENT_TURNS: usize = 32;
+
+/// How many closed call ids the head remembers (to refuse late settles clearly and to make a
+/// reused id a no-op); older ids are forgotten, so a settle for one is an unknown call.
+pub const RECENT_CLOSED_CALLS: usize = 512;
+
+/// Rebuilds a turn's record from the session's log (for turns the head no longer holds).
+pub fn turn_from_log<'a>(turn_id: &str, events: impl IntoIterator<Item = &'a Event>) -> Option<TurnRecord> {
+    let mut turn: Option<TurnRecord> = None;
+    let mut call_turns: BTreeMap<&str, bool> = BTreeMap::new();
+    for event in events {
+        match event {
+            Event::TurnStarted { turn: t } | Event::TurnQueued { turn: t } if t.id == turn_id => {
+                turn = Some(t.clone())
+            }
+            Event::TurnActivated { turn_id: id, at } if id == turn_id => {
+                if let Some(t) = turn.as_mut() {
+                    t.status = TurnStatus::Active;
+                    t.started_at = Some(*at);
+                    t.input = None;
+                }
+            }
+            Event::TurnEnded { turn_id: id, status, data, error, at } if id == turn_id => {
+                if let Some(t) = turn.as_mut() {
+                    t.status = *status;
+                    t.data = data.clone();
+                    t.error = error.clone();
+                    t.ended_at = Some(*at);
+                }
+            }
+            Event::CallCreated { call } => {
+                call_turns.insert(&call.id, call.turn_id.as_deref() == Some(turn_id));
+            }
+            Event::CallSettled { call_id, outcome: Ok(CallValue::Llm(response)), .. }
+                if call_turns.get(call_id.as_str()) == Some(&true) =>
+            {
+                if let Some(t) = turn.as_mut() {
+                    t.usage.add(response.usage.as_ref(), response.cost.as_deref());
+                }
+            }
+            _ => {}
+        }
+    }
+    turn
+}
 
 /// What a command needs from the outside world: the time, and entropy for fresh ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,14 +114,22 @@ pub struct Session {
     pub agents: Vec<Versioned<AgentConfig>>,
     /// Calls not yet reported, in creation order.
     pub calls: Vec<CallRecord>,
-    /// Ids of calls that left the open set, and how.
+    /// Ids of the most recent calls that left the open set, and how (at most
+    /// [`RECENT_CLOSED_CALLS`], oldest first out: the head holds open work, not history).
     pub closed_calls: BTreeMap<String, CallClosure>,
+    /// The order `closed_calls` were closed in, for eviction.
+    pub closed_order: VecDeque<String>,
     /// The live decision.
     pub decision: Option<Decision>,
     /// News waiting for a decision, in arrival order.
     pub triggers: Vec<PendingTrigger>,
-    /// Every turn by id.
+    /// The active and queued turns and the most recent ended ones (at most
+    /// [`RECENT_TURNS`]), by id. Older ended turns are in the log (see [`turn_from_log`]).
     pub turns: BTreeMap<String, TurnRecord>,
+    /// Ended turns in the order they ended, for eviction.
+    pub ended_order: VecDeque<String>,
+    /// Ids of ended turns evicted from `turns`: still known, so resubmitting one is a no-op.
+    pub past_turns: BTreeSet<String>,
     /// Extra idempotency ids naming existing turns.
     pub turn_aliases: BTreeMap<String, String>,
     /// The running turn.
@@ -180,10 +235,20 @@ impl Session {
         self.calls.iter().filter(|c| c.counts_as_pending()).count()
     }
 
-    /// A turn by its id or an alias.
+    /// A turn by its id or an alias, if the head still holds its record.
     pub fn turn(&self, id: &str) -> Option<&TurnRecord> {
-        let id = self.turn_aliases.get(id).map_or(id, String::as_str);
-        self.turns.get(id)
+        self.turns.get(self.resolve_turn_id(id))
+    }
+
+    /// The turn an id or alias names.
+    pub fn resolve_turn_id<'a>(&'a self, id: &'a str) -> &'a str {
+        self.turn_aliases.get(id).map_or(id, String::as_str)
+    }
+
+    /// Whether a turn id (or alias) was ever used in this session.
+    pub fn knows_turn(&self, id: &str) -> bool {
+        let id = self.resolve_turn_id(id);
+        self.turns.contains_key(id) || self.past_turns.contains(id)
     }
 
     /// The open interrupts that pause the active branch.

@@ -256,11 +256,21 @@ impl Tx {
             }
             Action::ToolResult(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
-                self.settle_in_response(&id, answered_attempt(decision, &id, a.attempt), Ok(CallValue::Text(result_text(&a.result))), false)?;
+                self.settle_in_response(
+                    &id,
+                    answered_attempt(decision, &id, a.attempt),
+                    Ok(CallValue::Text(result_text(&a.result))),
+                    false,
+                )?;
             }
             Action::ToolError(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
-                self.settle_in_response(&id, answered_attempt(decision, &id, a.attempt), Err(call_error(a)), false)?;
+                self.settle_in_response(
+                    &id,
+                    answered_attempt(decision, &id, a.attempt),
+                    Err(call_error(a)),
+                    false,
+                )?;
             }
             Action::LlmResult(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
@@ -270,7 +280,12 @@ impl Tx {
             }
             Action::LlmError(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
-                self.settle_in_response(&id, answered_attempt(decision, &id, a.attempt), Err(call_error(a)), true)?;
+                self.settle_in_response(
+                    &id,
+                    answered_attempt(decision, &id, a.attempt),
+                    Err(call_error(a)),
+                    true,
+                )?;
             }
             Action::SubAgentSpawn(a) => {
                 self.check_fresh(&a.tool_call_id)?;

@@ -262,7 +262,7 @@ async fn turn(
     let mut notices = state.app.hub().subscribe(&id);
     loop {
         let session = state.app.session(&id).await?;
-        let Some(turn) = session.turn(&turn_id) else {
+        let Some(turn) = state.app.turn_record(&session, &turn_id).await? else {
             return Err(crate::error::Error::TurnNotFound { session_id: id, turn_id }.into());
         };
         if turn.status.is_ended() || tokio::time::Instant::now() >= deadline {
