@@ -348,7 +348,7 @@ fn with_sub_agent() -> AgentConfig {
 
 #[test]
 fn sub_agent_delegation() {
-    let mut world = World { sessions: Default::default() };
+    let mut world = World::default();
     world.sessions.insert("p".into(), Harness::new("p", init("boss", Some(with_sub_agent()), false)));
     let p = world.sessions.get_mut("p").unwrap();
     p.ok(message("boss", "find out X"));
@@ -396,7 +396,7 @@ fn sub_agent_delegation() {
 
 #[test]
 fn cancel_voids_open_work_and_answers_dangling_tool_calls() {
-    let mut world = World { sessions: Default::default() };
+    let mut world = World::default();
     let mut a = with_sub_agent();
     a.tools = worker_agent_with_tools().tools;
     world.sessions.insert("p".into(), Harness::new("p", init("boss", Some(a), true)));

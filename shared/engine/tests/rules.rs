@@ -534,22 +534,30 @@ fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
 fn a_voided_delegation_cancels_the_child_and_its_children() {
     let mut boss = agent("m");
     boss.sub_agents = Some(vec![SubAgent { id: "mid".into(), description: None }]);
-    let mut world = World { sessions: Default::default() };
+    let mut mid = agent("m");
+    mid.sub_agents = Some(vec![SubAgent { id: "leaf".into(), description: None }]);
+    let mut world = World::default();
+    world.configs.insert("mid".into(), mid);
     world.sessions.insert("p".into(), Harness::new("p", init("boss", Some(boss), false)));
     world.sessions.get_mut("p").unwrap().ok(message("boss", "go"));
     world.sessions.get_mut("p").unwrap().run_llm(tool_calls(&[("t1", "mid", r#"{"message":"m"}"#)]));
     world.route();
-    // The child (engine-hosted, plain agent) spawns its own sub-agent by a worker-less proposal
-    // only if its config declares one; drive a grandchild by hand instead.
-    let child_id = world.sessions.keys().find(|k| k.as_str() != "p").cloned().unwrap();
-    let child = world.sessions.get_mut(&child_id).unwrap();
-    assert_eq!(child.session.ancestry(), ["p"]);
+    let mid_id = world.sessions.keys().find(|k| k.as_str() != "p").cloned().unwrap();
+    // The child delegates in turn: a grandchild.
+    world.sessions.get_mut(&mid_id).unwrap().run_llm(tool_calls(&[("t2", "leaf", r#"{"message":"l"}"#)]));
+    world.route();
+    let leaf_id = world.sessions.keys().find(|k| k.as_str() != "p" && **k != mid_id).cloned().unwrap();
+    assert_eq!(world.sessions[&leaf_id].session.ancestry(), ["p".to_owned(), mid_id.clone()]);
+    assert!(world.sessions[&leaf_id].turn().is_some());
+    // Cancelling the parent cancels the child, whose cancel cancels the grandchild.
     world.sessions.get_mut("p").unwrap().ok(Command::Cancel { reason: "stop".into() });
     let routed = world.route();
-    assert!(routed.contains(&"p:cancel_child".to_owned()));
-    assert_eq!(world.sessions[&child_id].last_turn().status, TurnStatus::Cancelled);
+    assert!(routed.contains(&"p:cancel_child".to_owned()), "{routed:?}");
+    assert!(routed.contains(&format!("{mid_id}:cancel_child")), "{routed:?}");
+    assert_eq!(world.sessions[&mid_id].last_turn().status, TurnStatus::Cancelled);
+    assert_eq!(world.sessions[&leaf_id].last_turn().status, TurnStatus::Cancelled);
     // The cancelled child reports to its parent, whose delegation is already voided: a no-op.
-    assert!(routed.contains(&format!("{child_id}:notify_parent")));
+    assert!(routed.contains(&format!("{mid_id}:notify_parent")));
 }
 
 // ----- state and config ------------------------------------------------------------------

@@ -189,7 +189,7 @@ fn run(seed: u64) {
     let _guard = SeedGuard(seed);
     let mut rng = Rng(IdMinter::new(seed));
     let has_worker = rng.chance(60);
-    let mut world = World { sessions: Default::default() };
+    let mut world = World::default();
     world.sessions.insert("root".into(), Harness::new("root", init("root", Some(root_agent()), has_worker)));
     let mut answers = 0u64;
     let mut pending_duplicate: Option<(String, Command)> = None;

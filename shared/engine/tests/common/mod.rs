@@ -274,7 +274,10 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
 }
 
 /// Routes outbox items between sessions as the runtime would.
+#[derive(Default)]
 pub struct World {
+    /// Agent configs by agent id (default: a plain agent on model `m`).
+    pub configs: std::collections::BTreeMap<String, AgentConfig>,
     pub sessions: std::collections::BTreeMap<String, Harness>,
 }
 
@@ -300,7 +303,8 @@ impl World {
                 ));
                 match item {
                     OutboxItem::SpawnChild { session_id, agent_id, tool_call_id, ancestry, identity } => {
-                        let mut i = init(&agent_id, Some(agent("m")), false);
+                        let config = self.configs.get(&agent_id).cloned().unwrap_or_else(|| agent("m"));
+                        let mut i = init(&agent_id, Some(config), false);
                         i.identity = identity;
                         i.ancestry = ancestry;
                         i.parent = Some(ParentLink { session_id: from.clone(), tool_call_id });
