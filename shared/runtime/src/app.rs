@@ -223,7 +223,7 @@ impl App {
             let commit = Commit { session: &session, events: &events, wake_at };
             match self.store.commit(session_id, version, commit).await {
                 Ok(version) => {
-                    self.after_commit(session_id, &session, wake_at, now).await;
+                    self.after_commit(session_id, &session, &events, wake_at, now).await;
                     return Ok(Executed { session, events, version });
                 }
                 Err(StoreError::Conflict { .. }) => continue,
@@ -253,10 +253,18 @@ impl App {
         &self,
         session_id: &str,
         session: &Session,
+        events: &[Event],
         wake_at: Option<Timestamp>,
         now: Timestamp,
     ) {
-        self.hub.publish(session_id, Notice::Committed { last_seq: session.events_applied });
+        let ended_turns = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::TurnEnded { turn_id, .. } => Some(turn_id.clone()),
+                _ => None,
+            })
+            .collect();
+        self.hub.publish(session_id, Notice::Committed { last_seq: session.events_applied, ended_turns });
         if let Some(at) = wake_at {
             let delay = Duration::from_millis(u64::try_from(at.0 - now.0).unwrap_or(0));
             let wake = WakeUp { session_id: session_id.to_owned(), reason: "commit".to_owned() };

@@ -25,6 +25,8 @@ pub enum Notice {
     Committed {
         /// The newest sequence number.
         last_seq: u64,
+        /// The turns this commit ended (long-polls of other turns need not look).
+        ended_turns: Vec<String>,
     },
     /// A model produced more output for a call.
     Delta {
@@ -103,7 +105,7 @@ mod tests {
             drop(hub.subscribe(&format!("t{i}")));
         }
         assert!(hub.lock().by_session.len() <= 2 * 100 + SWEEP_FLOOR);
-        hub.publish("live7", Notice::Committed { last_seq: 3 });
-        assert_eq!(live[7].try_recv().ok(), Some(Notice::Committed { last_seq: 3 }));
+        hub.publish("live7", Notice::Committed { last_seq: 3, ended_turns: Vec::new() });
+        assert_eq!(live[7].try_recv().ok(), Some(Notice::Committed { last_seq: 3, ended_turns: Vec::new() }));
     }
 }

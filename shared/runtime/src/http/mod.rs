@@ -268,8 +268,15 @@ async fn turn(
         if turn.status.is_ended() || tokio::time::Instant::now() >= deadline {
             return Ok(Json(json!(turn)));
         }
-        // Skip deltas; any commit (or lag, or the deadline) means: look again.
-        while let Ok(Ok(Notice::Delta { .. })) = tokio::time::timeout_at(deadline, notices.recv()).await {}
+        // Look again only when this turn ended (or notices were lost, or time is up).
+        loop {
+            match tokio::time::timeout_at(deadline, notices.recv()).await {
+                Ok(Ok(Notice::Committed { ended_turns, .. })) if ended_turns.contains(&turn.id) => break,
+                Ok(Ok(_)) => continue,
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) | Err(_) => break,
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return Ok(Json(json!(turn))),
+            }
+        }
     }
 }
 
