@@ -5,7 +5,9 @@
 //! Nothing here does I/O: the runtime performs effects and reports their outcomes as commands.
 
 mod apply;
+mod calls;
 mod command;
+mod decide;
 mod event;
 mod handle;
 mod plan;

@@ -3,8 +3,9 @@
 
 use serde_json::Value;
 
+use super::calls::{call_error, result_text};
 use super::event::Event;
-use super::handle::{Tx, call_error, result_text};
+use super::handle::Tx;
 use super::records::*;
 use crate::protocol::*;
 

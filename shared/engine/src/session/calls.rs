@@ -1,0 +1,361 @@
+//! Settling calls (fenced by id and attempt), claims of effects, delivery failures, and the
+//! passing of time (deadlines and due retries).
+
+use serde_json::Value;
+
+use super::CallClosure;
+use super::command::Rejection;
+use super::event::Event;
+use super::handle::Tx;
+use super::records::*;
+use crate::protocol::*;
+use crate::time::Timestamp;
+
+/// How a refused settle is treated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fence {
+    /// Refuse the command (an external settle gets a clear error).
+    Reject,
+    /// Drop it quietly, recording why (a settle inside a decision response).
+    Drop,
+}
+
+impl Tx {
+    // ----- settling calls --------------------------------------------------------------
+
+    /// Settles a call, refusing stale or unknown ones.
+    pub(super) fn settle_checked(
+        &mut self,
+        id: &str,
+        attempt: Option<u32>,
+        outcome: CallOutcome,
+    ) -> Result<(), Rejection> {
+        self.settle(id, attempt, outcome, Fence::Reject)
+    }
+
+    pub(super) fn client_settle(
+        &mut self,
+        id: &str,
+        attempt: Option<u32>,
+        outcome: CallOutcome,
+    ) -> Result<(), Rejection> {
+        let call = self.open_call(id)?;
+        if !call.is_client_tool() {
+            return Err(Rejection::NotAClientCall(id.to_owned()));
+        }
+        self.settle(id, attempt, outcome, Fence::Reject)
+    }
+
+    pub(super) fn open_call(&self, id: &str) -> Result<&CallRecord, Rejection> {
+        self.session.call(id).ok_or_else(|| match self.session.closed_calls.get(id) {
+            Some(CallClosure::Reported) => Rejection::CallAlreadySettled(id.to_owned()),
+            Some(CallClosure::Voided) => Rejection::CallVoided(id.to_owned()),
+            None => Rejection::UnknownCall(id.to_owned()),
+        })
+    }
+
+    /// Settles the running attempt of a call: a result or terminal error finishes it (and
+    /// queues its `*.finished` trigger); a retryable error schedules the next attempt while
+    /// retries remain.
+    pub(super) fn settle(
+        &mut self,
+        id: &str,
+        attempt: Option<u32>,
+        outcome: CallOutcome,
+        fence: Fence,
+    ) -> Result<(), Rejection> {
+        let checked = self.open_call(id).and_then(|call| {
+            if call.is_settled() {
+                return Err(Rejection::CallAlreadySettled(id.to_owned()));
+            }
+            if !call.is_pending() {
+                return Err(Rejection::CallNotRunning { id: id.to_owned(), status: call.status });
+            }
+            match attempt {
+                Some(a) if a != call.attempt => {
+                    Err(Rejection::StaleAttempt { id: id.to_owned(), attempt: a, current: call.attempt })
+                }
+                _ => Ok(call.clone()),
+            }
+        });
+        let call = match (checked, fence) {
+            (Ok(call), _) => call,
+            (Err(rejection), Fence::Reject) => return Err(rejection),
+            (Err(_), Fence::Drop) => return Ok(()),
+        };
+        let outcome = self.check_result(&call, outcome);
+        match outcome {
+            Err(error)
+                if error.retryable
+                    && call.attempt <= call.policy.max_retries
+                    && call.kind() != CallKind::SubAgent =>
+            {
+                let retry_at = self.backoff(&call.policy, call.attempt);
+                self.emit(Event::CallRetryScheduled {
+                    call_id: call.id.clone(),
+                    attempt: call.attempt,
+                    error,
+                    retry_at,
+                });
+            }
+            outcome => {
+                if let (Err(_), CallSpec::SubAgent { session_id, .. }) = (&outcome, &call.spec) {
+                    let reason = "the delegation failed".to_owned();
+                    self.outbox(OutboxItem::CancelChild { session_id: session_id.clone(), reason });
+                }
+                self.emit(Event::CallSettled { call_id: call.id.clone(), attempt: call.attempt, outcome });
+                let source = TriggerSource::CallFinished { call_id: call.id.clone() };
+                self.emit(Event::TriggerQueued {
+                    trigger: PendingTrigger { source, turn_id: call.turn_id.clone() },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A tool result that violates the tool's output schema settles as a terminal error.
+    pub(super) fn check_result(&self, call: &CallRecord, outcome: CallOutcome) -> CallOutcome {
+        let (Ok(CallValue::Text(text)), CallSpec::ToolCall { name, .. }) = (&outcome, &call.spec) else {
+            return outcome;
+        };
+        let Some(schema) =
+            self.session.tool_declaration(name, call.turn_id.as_deref()).and_then(|t| t.output)
+        else {
+            return outcome;
+        };
+        let value = serde_json::from_str::<Value>(text).unwrap_or_else(|_| Value::String(text.clone()));
+        match super::tool_input::check_output(&value, &schema) {
+            Ok(()) => outcome,
+            Err(problem) => Err(CallError::terminal(format!(
+                "result of tool {name:?} violates its output schema: {problem}"
+            ))),
+        }
+    }
+
+    pub(super) fn backoff(&mut self, policy: &RetryPolicy, failed_attempt: u32) -> Timestamp {
+        let base = policy.backoff_ms(failed_attempt);
+        // Up to 10% jitter, from the command's entropy, so retries of many sessions spread.
+        let jitter = if base >= 10 { self.ids.next_u64() % (base / 10 + 1) } else { 0 };
+        self.now.plus_ms(base + jitter)
+    }
+
+    pub(super) fn external_settle(&mut self, action: Action) -> Result<(), Rejection> {
+        let (id, attempt, outcome, want_llm) = match action {
+            Action::ToolResult(a) => (a.id, a.attempt, Ok(CallValue::Text(result_text(&a.result))), false),
+            Action::ToolError(a) => (a.id.clone(), a.attempt, Err(call_error(&a)), false),
+            Action::LlmResult(a) => {
+                let id = a.id.clone().ok_or_else(|| Rejection::invalid("id", "required"))?;
+                let call = self.open_call(&id)?.clone();
+                (Some(id), a.attempt, self.llm_result(&call, &a.response), true)
+            }
+            Action::LlmError(a) => (a.id.clone(), a.attempt, Err(call_error(&a)), true),
+            other => {
+                return Err(Rejection::invalid(
+                    "type",
+                    format!(
+                        "{} cannot settle a call (expected tool.result, tool.error, llm.result or llm.error)",
+                        other.name()
+                    ),
+                ));
+            }
+        };
+        let id = id.ok_or_else(|| Rejection::invalid("id", "required"))?;
+        let call = self.open_call(&id)?;
+        let is_llm = call.kind() == CallKind::LlmCall;
+        if is_llm != want_llm {
+            let kind = if is_llm {
+                "an LLM call: settle it with llm.result or llm.error"
+            } else {
+                "not an LLM call: settle it with tool.result or tool.error"
+            };
+            return Err(Rejection::invalid("type", format!("call {id:?} is {kind}")));
+        }
+        if call.is_server_llm() {
+            return Err(Rejection::invalid(
+                "id",
+                format!("call {id:?} is run by the engine, not the worker"),
+            ));
+        }
+        self.settle(&id, attempt, outcome, Fence::Reject)
+    }
+
+    /// Parses an `llm.result` response in the call's format.
+    pub(super) fn llm_result(&self, call: &CallRecord, response: &Value) -> CallOutcome {
+        let format = match &call.spec {
+            CallSpec::LlmCall { format, .. } => *format,
+            _ => None,
+        };
+        let parsed = match format {
+            Some(format) => crate::llm_format::response(format, response).map_err(|e| e.to_string()),
+            None => parse::<LlmResponse>(response.clone()).map_err(|e| e.to_string()),
+        };
+        parsed
+            .map(CallValue::Llm)
+            .map_err(|e| CallError::terminal(format!("invalid llm.result response: {e}")))
+    }
+
+    pub(super) fn sub_agent_finished(
+        &mut self,
+        tool_call_id: &str,
+        session_id: &str,
+        ok: bool,
+        result: Option<String>,
+        error: Option<String>,
+    ) {
+        let matches = self.session.call(tool_call_id).is_some_and(|c| {
+            matches!(&c.spec, CallSpec::SubAgent { session_id: s, .. } if s == session_id) && c.is_pending()
+        });
+        if !matches {
+            // Redelivered, or the delegation was voided: at most once, quietly.
+            return;
+        }
+        let outcome = if ok {
+            Ok(CallValue::Text(result.unwrap_or_default()))
+        } else {
+            Err(CallError::terminal(error.unwrap_or_else(|| "the sub-agent failed".to_owned())))
+        };
+        let _ = self.settle(tool_call_id, None, outcome, Fence::Drop);
+    }
+
+    // ----- claims, failures, time ------------------------------------------------------
+
+    pub(super) fn claim_decision(&mut self, decision_id: &str, attempt: u32) -> Result<(), Rejection> {
+        let due = self.session.decision.as_ref().filter(|d| {
+            d.id == decision_id
+                && !d.in_flight
+                && d.attempts + 1 == attempt
+                && d.retry_at.is_none_or(|t| t <= self.now)
+                && self.session.has_worker()
+        });
+        if due.is_none() {
+            return Err(Rejection::StaleClaim(format!("decision {decision_id} attempt {attempt}")));
+        }
+        let deadline = self.session.defaults().decision.timeout_ms().map(|ms| self.now.plus_ms(ms));
+        self.emit(Event::DecisionDispatched { decision_id: decision_id.to_owned(), attempt, deadline });
+        Ok(())
+    }
+
+    pub(super) fn claim_llm_call(&mut self, call_id: &str, attempt: u32) -> Result<(), Rejection> {
+        let busy = self.session.calls.iter().any(|c| c.is_server_llm() && c.is_pending());
+        let call = self.session.call(call_id).filter(|c| {
+            c.is_server_llm() && c.status == CallStatus::Queued && c.attempt + 1 == attempt && !busy
+        });
+        let Some(call) = call else {
+            return Err(Rejection::StaleClaim(format!("llm call {call_id} attempt {attempt}")));
+        };
+        let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
+        self.emit(Event::CallDispatched { call_id: call_id.to_owned(), attempt, deadline });
+        Ok(())
+    }
+
+    pub(super) fn delivery_failed(
+        &mut self,
+        decision_id: &str,
+        attempt: u32,
+        error: String,
+        retryable: bool,
+    ) {
+        let Some(decision) = self.session.decision.clone() else { return };
+        if decision.id != decision_id || !decision.in_flight || decision.attempts != attempt {
+            return;
+        }
+        let policy = self.session.defaults().decision;
+        if retryable && attempt <= policy.max_retries {
+            let retry_at = self.backoff(&policy, attempt);
+            self.emit(Event::DecisionRetryScheduled { decision_id: decision.id, attempt, error, retry_at });
+        } else {
+            let error = if retryable { format!("{error} (after {attempt} attempts)") } else { error };
+            self.fail_decision(&decision, error);
+        }
+    }
+
+    /// A decision failed for good: the active turn it belongs to ends with the error.
+    pub(super) fn fail_decision(&mut self, decision: &Decision, error: String) {
+        let error = format!("decision {} ({}) failed: {error}", decision.id, decision.trigger.name());
+        self.emit(Event::DecisionFailed { decision_id: decision.id.clone(), error: error.clone() });
+        let turn_active = decision.turn_id.is_some() && decision.turn_id == self.session.active_turn;
+        match (turn_active, &decision.turn_id) {
+            (true, Some(turn_id)) => self.end_turn(&turn_id.clone(), TurnStatus::Failed, None, Some(error)),
+            _ => {
+                if let Some(call_id) =
+                    decision.call_id.as_deref().filter(|id| self.session.call(id).is_some())
+                {
+                    self.void_call(call_id, "its decision failed");
+                }
+            }
+        }
+    }
+
+    pub(super) fn tick(&mut self) {
+        let now = self.now;
+        if let Some(d) = self.session.decision.clone()
+            && d.in_flight
+            && d.deadline.is_some_and(|t| t <= now)
+        {
+            let error = format!("delivery attempt {} timed out", d.attempts);
+            self.delivery_failed(&d.id, d.attempts, error, true);
+        }
+        let expired: Vec<(String, u32)> = self
+            .session
+            .calls
+            .iter()
+            .filter(|c| c.is_pending() && c.deadline.is_some_and(|t| t <= now))
+            .map(|c| (c.id.clone(), c.attempt))
+            .collect();
+        for (id, attempt) in expired {
+            let _ = self.settle(&id, Some(attempt), Err(CallError::deadline_exceeded(attempt)), Fence::Drop);
+        }
+        let due: Vec<CallRecord> = self
+            .session
+            .calls
+            .iter()
+            .filter(|c| c.status == CallStatus::RetryScheduled && c.retry_at.is_some_and(|t| t <= now))
+            .cloned()
+            .collect();
+        for call in due {
+            self.emit(Event::CallRequeued { call_id: call.id.clone() });
+            self.start_queued_call(&call);
+        }
+    }
+
+    /// Starts what a queued call needs: a worker call gets its execute trigger, a client tool
+    /// its attempt (it waits for the client); a server LLM call waits for the runtime's claim.
+    pub(super) fn start_queued_call(&mut self, call: &CallRecord) {
+        let source = match &call.spec {
+            CallSpec::ToolCall { handler: ToolHandler::Worker, .. } => {
+                TriggerSource::ToolExecute { call_id: call.id.clone() }
+            }
+            CallSpec::LlmCall { handler: LlmHandler::Worker, .. } => {
+                TriggerSource::LlmExecute { call_id: call.id.clone() }
+            }
+            CallSpec::ToolCall { handler: ToolHandler::Client, .. } | CallSpec::SubAgent { .. } => {
+                let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
+                self.emit(Event::CallDispatched {
+                    call_id: call.id.clone(),
+                    attempt: call.attempt + 1,
+                    deadline,
+                });
+                return;
+            }
+            CallSpec::LlmCall { handler: LlmHandler::Server, .. } => return,
+        };
+        self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: call.turn_id.clone() } });
+    }
+}
+
+/// A tool result as the text a tool message carries: strings verbatim, other JSON serialized.
+pub(super) fn result_text(result: &Value) -> String {
+    match result {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub(super) fn call_error(a: &CallErrorAction) -> CallError {
+    CallError {
+        error: a.error.clone(),
+        code: a.code,
+        detail: a.detail.clone(),
+        retryable: a.retryable.unwrap_or(false),
+    }
+}

@@ -1,0 +1,319 @@
+//! Opening decisions: the next pending trigger becomes the live decision, materialized
+//! against the session as it is now, with the engine's proposal; an agent without a worker
+//! has the proposal accepted on the spot.
+
+use super::calls::Fence;
+use super::event::Event;
+use super::handle::Tx;
+use super::records::*;
+use crate::protocol::*;
+
+use super::handle::MAX_STEPS_PER_COMMAND;
+
+impl Tx {
+    // ----- decisions -------------------------------------------------------------------
+
+    /// Opens decisions while none is live and news waits; an agent without a worker has its
+    /// proposals accepted on the spot, so one command can run many engine-hosted steps.
+    pub(super) fn pump(&mut self) {
+        for _ in 0..MAX_STEPS_PER_COMMAND {
+            self.start_next_queued_turn();
+            if self.session.decision.is_some() {
+                return;
+            }
+            let Some(index) = self.next_trigger_index() else { return };
+            self.open_decision(index);
+        }
+    }
+
+    /// The pending trigger to open next: the oldest, or, while the branch is paused, the
+    /// oldest resume (everything else waits until the branch is resumed).
+    pub(super) fn next_trigger_index(&self) -> Option<usize> {
+        if self.session.is_paused() {
+            return self
+                .session
+                .triggers
+                .iter()
+                .position(|t| matches!(t.source, TriggerSource::InterruptResumed { .. }));
+        }
+        (!self.session.triggers.is_empty()).then_some(0)
+    }
+
+    pub(super) fn open_decision(&mut self, index: usize) {
+        let pending = self.session.triggers[index].clone();
+        let (trigger, call_id, view_base) = match self.materialize(&pending.source) {
+            Ok(materialized) => materialized,
+            Err(reason) => {
+                self.emit(Event::TriggerDropped { queue_index: index, reason });
+                return;
+            }
+        };
+        if matches!(pending.source, TriggerSource::CallFinished { .. })
+            && let Some(id) = &call_id
+        {
+            self.emit(Event::CallReported { call_id: id.clone() });
+        }
+        let decision_id = self.ids.mint("dec");
+        let (proposed, proposal_base) = super::propose::propose(
+            &self.session,
+            &trigger,
+            view_base.as_ref(),
+            pending.turn_id.as_deref(),
+            &decision_id,
+        );
+        let mut decision = new_decision(decision_id, trigger, proposed, &pending, call_id.clone());
+        decision.view_base = view_base;
+        decision.proposal_base = proposal_base;
+        self.emit(Event::DecisionOpened { decision: decision.clone(), queue_index: index });
+        if let (TriggerSource::ToolExecute { .. } | TriggerSource::LlmExecute { .. }, Some(id)) =
+            (&pending.source, &call_id)
+            && let Some(call) = self.session.call(id).cloned()
+        {
+            let attempt = call.attempt + 1;
+            let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
+            self.emit(Event::CallDispatched { call_id: id.clone(), attempt, deadline });
+        }
+        if !self.session.has_worker() {
+            if decision.proposes_nothing() && needs_worker(&decision.trigger) {
+                let error = format!(
+                    "agent {:?} has no worker, and nothing else can answer {}",
+                    self.session.agent_id(),
+                    describe(&decision.trigger)
+                );
+                self.fail_decision(&decision, error);
+            } else {
+                let (proposed, base) = (decision.proposed.clone(), decision.proposal_base.clone());
+                self.resolve(&decision, proposed, base, Resolver::Engine);
+            }
+        }
+    }
+}
+
+fn new_decision(
+    id: String,
+    trigger: Trigger,
+    proposed: DecisionResponse,
+    pending: &PendingTrigger,
+    call_id: Option<String>,
+) -> Decision {
+    Decision {
+        id,
+        trigger,
+        proposed,
+        turn_id: pending.turn_id.clone(),
+        attempts: 0,
+        deadline: None,
+        in_flight: false,
+        retry_at: None,
+        call_id,
+        view_base: None,
+        proposal_base: None,
+    }
+}
+
+impl Tx {
+    /// Builds the wire trigger for pending news, against the session as it is now.
+    /// `Err` says why there is nothing to decide (the call it was about is gone, or its
+    /// request cannot be put in the worker's format, which fails the call).
+    pub(super) fn materialize(&mut self, source: &TriggerSource) -> Result<Materialized, String> {
+        let s = &self.session;
+        let gone = |id: &str| format!("call {id} is no longer open");
+        Ok(match source {
+            TriggerSource::SessionStart => (Trigger::SessionStart, None, None),
+            TriggerSource::ClientMessage { message } => {
+                // The view is the active path plus the message: kept by reference to the path.
+                let head = s.tree.head().map(str::to_owned);
+                let new_from = s.tree.path_ids_to(head.as_deref()).len();
+                let client = ClientContext::default();
+                let t = ClientMessagesTrigger { messages: vec![message.clone()], new_from, client };
+                (Trigger::ClientMessages(t), None, Some(PathRef { head }))
+            }
+            TriggerSource::ClientMessages { messages, client } => {
+                let new_from = s.tree.new_from(messages);
+                let t =
+                    ClientMessagesTrigger { messages: messages.clone(), new_from, client: client.clone() };
+                (Trigger::ClientMessages(t), None, None)
+            }
+            TriggerSource::ClientAction { name, args } => (
+                Trigger::ClientAction(ClientActionTrigger { name: name.clone(), args: args.clone() }),
+                None,
+                None,
+            ),
+            TriggerSource::ToolExecute { call_id } => {
+                let call = s
+                    .call(call_id)
+                    .filter(|c| c.status == CallStatus::Queued)
+                    .ok_or_else(|| gone(call_id))?;
+                let CallSpec::ToolCall { name, arguments, .. } = &call.spec else {
+                    return Err(gone(call_id));
+                };
+                let declaration = s.tool_declaration(name, call.turn_id.as_deref());
+                let input = match &declaration {
+                    Some(tool) => super::tool_input::validate_arguments(arguments, tool.input.as_ref()),
+                    None => super::tool_input::validate_arguments(arguments, None),
+                };
+                let attempt = call.attempt + 1;
+                let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms).to_rfc3339());
+                let t = ToolExecuteTrigger {
+                    id: call_id.clone(),
+                    name: name.clone(),
+                    arguments: arguments.clone(),
+                    input,
+                    attempt,
+                    deadline,
+                };
+                (Trigger::ToolExecute(t), Some(call_id.clone()), None)
+            }
+            TriggerSource::LlmExecute { call_id } => {
+                let call = s
+                    .call(call_id)
+                    .filter(|c| c.status == CallStatus::Queued)
+                    .ok_or_else(|| gone(call_id))?;
+                let CallSpec::LlmCall { stream, format, .. } = &call.spec else { return Err(gone(call_id)) };
+                let request = s.llm_request(call).ok_or_else(|| gone(call_id))?;
+                let converted = match format {
+                    Some(format) => crate::llm_format::request(*format, &request, *stream),
+                    None => serde_json::to_value(&request)
+                        .map_err(|e| crate::llm_format::FormatError::new("", e.to_string())),
+                };
+                let request = match converted {
+                    Ok(request) => request,
+                    Err(e) => {
+                        let call = call.clone();
+                        let error = format!("the request cannot be sent in the {format:?} format: {e}");
+                        self.emit(Event::CallDispatched {
+                            call_id: call.id.clone(),
+                            attempt: call.attempt + 1,
+                            deadline: None,
+                        });
+                        let _ =
+                            self.settle(&call.id, None, Err(CallError::terminal(error.clone())), Fence::Drop);
+                        return Err(error);
+                    }
+                };
+                let attempt = call.attempt + 1;
+                let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms).to_rfc3339());
+                let t = LlmExecuteTrigger {
+                    id: call_id.clone(),
+                    request,
+                    format: *format,
+                    stream: *stream,
+                    attempt,
+                    deadline,
+                };
+                (Trigger::LlmExecute(t), Some(call_id.clone()), None)
+            }
+            TriggerSource::CallFinished { call_id } => {
+                let call = s.call(call_id).filter(|c| c.is_settled()).ok_or_else(|| gone(call_id))?;
+                (finished_trigger(call).ok_or_else(|| gone(call_id))?, Some(call_id.clone()), None)
+            }
+            TriggerSource::InterruptResumed { interrupt_id, payload } => {
+                let t =
+                    InterruptResumedTrigger { interrupt_id: interrupt_id.clone(), payload: payload.clone() };
+                (Trigger::InterruptResumed(t), None, None)
+            }
+        })
+    }
+}
+
+/// A materialized trigger: the wire trigger, the call it is about, and the path its view is
+/// kept by reference to.
+type Materialized = (Trigger, Option<String>, Option<PathRef>);
+
+/// The `*.finished` trigger of a settled call.
+fn finished_trigger(call: &CallRecord) -> Option<Trigger> {
+    let outcome = call.outcome.as_ref()?;
+    Some(match (&call.spec, outcome) {
+        (CallSpec::ToolCall { name, .. }, outcome) => Trigger::ToolFinished(ToolFinishedTrigger {
+            id: call.id.clone(),
+            ok: outcome.is_ok(),
+            name: name.clone(),
+            result: outcome.as_ref().ok().map(CallValue::text),
+            error: outcome.as_ref().err().map(|e| e.error.clone()),
+        }),
+        (CallSpec::SubAgent { agent_id, session_id }, outcome) => {
+            Trigger::SubAgentFinished(SubAgentFinishedTrigger {
+                id: call.id.clone(),
+                ok: outcome.is_ok(),
+                session_id: session_id.clone(),
+                agent_id: agent_id.clone(),
+                result: outcome.as_ref().ok().map(CallValue::text),
+                error: outcome.as_ref().err().map(|e| e.error.clone()),
+            })
+        }
+        (CallSpec::LlmCall { .. }, Ok(CallValue::Llm(response))) => {
+            Trigger::LlmFinished(LlmFinishedTrigger {
+                id: call.id.clone(),
+                ok: true,
+                message: Some(assistant_message(&call.id, response)),
+                truncated: response.is_truncated(),
+                usage: response.usage.clone(),
+                cost: response.cost.clone(),
+                error: None,
+                code: response.is_refused().then_some(ErrorCode::Refused),
+                detail: None,
+            })
+        }
+        (CallSpec::LlmCall { .. }, Ok(CallValue::Text(text))) => {
+            // Cannot arise (LLM calls settle with responses); report it as a failure.
+            Trigger::LlmFinished(LlmFinishedTrigger {
+                id: call.id.clone(),
+                ok: false,
+                message: None,
+                truncated: false,
+                usage: None,
+                cost: None,
+                error: Some(format!("an LLM call settled with text instead of a response: {text}")),
+                code: Some(ErrorCode::ProviderError),
+                detail: None,
+            })
+        }
+        (CallSpec::LlmCall { .. }, Err(e)) => Trigger::LlmFinished(LlmFinishedTrigger {
+            id: call.id.clone(),
+            ok: false,
+            message: None,
+            truncated: false,
+            usage: None,
+            cost: None,
+            error: Some(e.error.clone()),
+            code: e.code,
+            detail: e.detail.clone(),
+        }),
+    })
+}
+
+/// The assistant message an LLM response records; its id is the call's (rule 20).
+pub(super) fn assistant_message(call_id: &str, response: &LlmResponse) -> DraftMessage {
+    DraftMessage {
+        id: Some(call_id.to_owned()),
+        role: Role::Assistant,
+        content: response.content.clone().map(Content::Text),
+        tool_calls: response.tool_calls.clone().filter(|t| !t.is_empty()),
+        tool_call_id: None,
+        name: None,
+    }
+}
+
+impl CallValue {
+    /// The value as text (a model response's content).
+    pub fn text(&self) -> String {
+        match self {
+            CallValue::Text(text) => text.clone(),
+            CallValue::Llm(response) => response.content.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// Triggers only a worker can answer: an engine-hosted agent fails them when the proposal is empty.
+fn needs_worker(trigger: &Trigger) -> bool {
+    matches!(trigger, Trigger::ToolExecute(_) | Trigger::LlmExecute(_) | Trigger::ClientAction(_))
+}
+
+fn describe(trigger: &Trigger) -> String {
+    match trigger {
+        Trigger::ToolExecute(t) => format!("tool.execute for tool {:?}", t.name),
+        Trigger::LlmExecute(_) => "llm.execute (an LLM call with handler worker)".to_owned(),
+        Trigger::ClientAction(a) => format!("client.action {:?}", a.name),
+        other => other.name().to_owned(),
+    }
+}
