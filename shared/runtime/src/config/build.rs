@@ -1,0 +1,277 @@
+//! The file as written (raw serde types), and the checks that turn it into a [`Config`].
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// The file as written, before checks.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub(super) server: Option<ServerConfig>,
+    #[serde(default)]
+    pub(super) defaults: Option<RawDefaults>,
+    #[serde(default)]
+    pub(super) llm: BTreeMap<String, LlmConfig>,
+    #[serde(default)]
+    pub(super) agent: BTreeMap<String, RawAgent>,
+    #[serde(default)]
+    pub(super) auth: Option<AuthConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDefaults {
+    pub(super) llm: Option<RawRetry>,
+    pub(super) tool: Option<RawRetry>,
+    pub(super) client_tool: Option<RawRetry>,
+    pub(super) sub_agent: Option<RawRetry>,
+    pub(super) decision: Option<RawRetry>,
+}
+
+/// The seed's `RetryPolicy`, with `timeout_secs` left out for "no timeout" (TOML has no null).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRetry {
+    pub(super) timeout_secs: Option<f64>,
+    pub(super) max_retries: u32,
+    pub(super) backoff_base_secs: f64,
+    pub(super) backoff_max_secs: f64,
+}
+
+impl RawRetry {
+    pub(super) fn policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            timeout_secs: self.timeout_secs,
+            max_retries: self.max_retries,
+            backoff_base_secs: self.backoff_base_secs,
+            backoff_max_secs: self.backoff_max_secs,
+        }
+    }
+}
+
+/// The seed's `AgentConfig` fields plus the host's; built into [`AgentConfig`] field by field,
+/// so a field added to the seed's type fails to compile here until it is added.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAgent {
+    pub(super) model: String,
+    pub(super) system: Option<String>,
+    pub(super) stream: Option<bool>,
+    pub(super) handler: Option<LlmHandler>,
+    pub(super) format: Option<LlmFormat>,
+    pub(super) retry: Option<RawRetry>,
+    pub(super) tools: Option<Vec<AgentTool>>,
+    pub(super) sub_agents: Option<Vec<SubAgent>>,
+    pub(super) llm: Option<String>,
+    pub(super) worker: Option<String>,
+    pub(super) worker_secret_env: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks.
+
+pub(super) fn build(raw: RawConfig, src: &Source<'_>) -> Result<Config, ConfigError> {
+    let mut problems = Problems { src, found: Vec::new() };
+    let server = raw.server.unwrap_or_default();
+    if server.max_body_bytes == 0 {
+        problems.add(path(&["server", "max_body_bytes"]), "must be at least 1");
+    }
+    let defaults = build_defaults(raw.defaults, &mut problems);
+    for (id, llm) in &raw.llm {
+        check_llm(id, llm, &mut problems);
+    }
+    let llm_ids: Vec<&str> = raw.llm.keys().map(String::as_str).collect();
+    let agent_ids: Vec<String> = raw.agent.keys().cloned().collect();
+    let agent_ids: Vec<&str> = agent_ids.iter().map(String::as_str).collect();
+    let mut agents = BTreeMap::new();
+    for (id, agent) in raw.agent {
+        let def = build_agent(id, agent, &llm_ids, &agent_ids, &mut problems);
+        agents.insert(def.id.clone(), def);
+    }
+    if let Some(auth) = &raw.auth {
+        check_env_name(&auth.api_keys_env, path(&["auth", "api_keys_env"]), &mut problems);
+    }
+    if let Some(first) = problems.first() {
+        return Err(first);
+    }
+    Ok(Config { file: src.file.to_owned(), server, defaults, llms: raw.llm, agents, auth: raw.auth })
+}
+
+pub(super) fn build_defaults(raw: Option<RawDefaults>, problems: &mut Problems<'_>) -> Defaults {
+    let mut defaults = Defaults::default();
+    let Some(raw) = raw else { return defaults };
+    let kinds = [
+        ("llm", &mut defaults.llm, raw.llm),
+        ("tool", &mut defaults.tool, raw.tool),
+        ("client_tool", &mut defaults.client_tool, raw.client_tool),
+        ("sub_agent", &mut defaults.sub_agent, raw.sub_agent),
+        ("decision", &mut defaults.decision, raw.decision),
+    ];
+    for (kind, slot, given) in kinds {
+        if let Some(given) = given {
+            let policy = given.policy();
+            if let Err(e) = policy.validate() {
+                problems.add(join(path(&["defaults", kind]), &e.path), e.message);
+            }
+            *slot = policy;
+        }
+    }
+    defaults
+}
+
+pub(super) fn check_llm(id: &str, llm: &LlmConfig, problems: &mut Problems<'_>) {
+    let at = |field: &str| path(&["llm", id, field]);
+    check_id("llm", id, path(&["llm", id]), problems);
+    if let Some(url) = &llm.base_url {
+        if llm.kind == LlmKind::Scripted {
+            problems.add(at("base_url"), "the scripted model takes no base_url");
+        } else if let Err(m) = check_url(url) {
+            problems.add(at("base_url"), m);
+        }
+    }
+    if let Some(var) = &llm.api_key_env {
+        if llm.kind == LlmKind::Scripted {
+            problems.add(at("api_key_env"), "the scripted model takes no API key");
+        } else {
+            check_env_name(var, at("api_key_env"), problems);
+        }
+    }
+}
+
+pub(super) fn build_agent(
+    id: String,
+    raw: RawAgent,
+    llm_ids: &[&str],
+    agent_ids: &[&str],
+    problems: &mut Problems<'_>,
+) -> AgentDef {
+    let at = |field: &str| join(path(&["agent", &id]), field);
+    check_id("agent", &id, path(&["agent", &id]), problems);
+    if raw.model.trim().is_empty() {
+        problems.add(at("model"), "must not be empty");
+    }
+    let config = AgentConfig {
+        model: raw.model,
+        system: raw.system,
+        stream: raw.stream,
+        handler: raw.handler,
+        format: raw.format,
+        retry: raw.retry.as_ref().map(RawRetry::policy),
+        tools: raw.tools,
+        sub_agents: raw.sub_agents,
+    };
+    if let Err(e) = config.validate() {
+        problems.add(at(&e.path), e.message);
+    }
+    let handler = config.handler.unwrap_or_default();
+    match &raw.llm {
+        Some(name) if !llm_ids.contains(&name.as_str()) => {
+            problems.add(at("llm"), format!("unknown llm {name:?} ({})", defined(llm_ids)));
+        }
+        None if handler == LlmHandler::Server && llm_ids.is_empty() => problems.add(
+            at("llm"),
+            "missing: this agent's LLM calls run on the server (handler \"server\", the default) and no \
+             [llm.<id>] block is defined; add one (e.g. [llm.scripted] with type = \"scripted\") or set \
+             handler = \"worker\"",
+        ),
+        None if handler == LlmHandler::Server && llm_ids.len() > 1 => problems.add(
+            at("llm"),
+            format!(
+                "missing: this agent's LLM calls run on the server (handler \"server\", the default) and \
+                 {} [llm] blocks are defined ({}); name one with llm = \"<id>\"",
+                llm_ids.len(),
+                llm_ids.join(", ")
+            ),
+        ),
+        _ => {}
+    }
+    if let Some(url) = &raw.worker
+        && let Err(m) = check_url(url)
+    {
+        problems.add(at("worker"), m);
+    }
+    if raw.worker.is_none() {
+        let worker = format!("agent.{id}.worker");
+        if config.format.is_some() && handler == LlmHandler::Worker {
+            problems.add(at("format"), format!("requires a worker URL ({worker} is not set)"));
+        } else if handler == LlmHandler::Worker {
+            problems.add(
+                at("handler"),
+                format!(
+                    "\"worker\" sends LLM calls to the worker, but the agent has none ({worker} is not set)"
+                ),
+            );
+        }
+        for (i, tool) in config.tools().iter().enumerate() {
+            if tool.handler.unwrap_or_default() == ToolHandler::Worker {
+                let how = if tool.handler.is_none() { " (the default handler)" } else { "" };
+                problems.add(
+                    at(&format!("tools[{i}].handler")),
+                    format!(
+                        "tool {:?} runs on the worker{how}, but the agent has none ({worker} is not set); \
+                         set handler = \"client\" or a worker",
+                        tool.name
+                    ),
+                );
+            }
+        }
+        if raw.worker_secret_env.is_some() {
+            problems.add(
+                at("worker_secret_env"),
+                format!("there is no worker to sign requests for ({worker} is not set)"),
+            );
+        }
+    }
+    if let Some(var) = &raw.worker_secret_env {
+        check_env_name(var, at("worker_secret_env"), problems);
+    }
+    for (i, sub) in config.sub_agents().iter().enumerate() {
+        if !agent_ids.contains(&sub.id.as_str()) {
+            problems.add(
+                at(&format!("sub_agents[{i}].id")),
+                format!("unknown agent {:?} ({})", sub.id, defined(agent_ids)),
+            );
+        }
+    }
+    AgentDef { id, config, llm: raw.llm, worker: raw.worker, worker_secret_env: raw.worker_secret_env }
+}
+
+pub(super) fn defined(ids: &[&str]) -> String {
+    if ids.is_empty() { "none defined".to_owned() } else { format!("defined: {}", ids.join(", ")) }
+}
+
+pub(super) fn check_id(what: &str, id: &str, at: Vec<Seg>, problems: &mut Problems<'_>) {
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        problems.add(at, format!("invalid {what} id {id:?}: use only letters, digits, '_' and '-'"));
+    }
+}
+
+pub(super) fn check_env_name(var: &str, at: Vec<Seg>, problems: &mut Problems<'_>) {
+    let mut chars = var.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        // Not echoed: a value here is most likely the secret itself.
+        problems.add(
+            at,
+            "must be the NAME of an environment variable (letters, digits and '_', not starting with a \
+             digit); the secret itself goes in that variable, never in this file",
+        );
+    }
+}
+
+pub(super) fn check_url(url: &str) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("is not a URL ({e})"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("must be an http:// or https:// URL, not scheme {:?}", parsed.scheme()));
+    }
+    if !parsed.has_host() {
+        return Err("must be an http:// or https:// URL with a host".to_owned());
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err("must not carry credentials (user:password@); secrets never go in this file".to_owned());
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! The configuration file (`turnstone.toml`): server settings, engine defaults, model
+//! providers, agents and auth, one file for both deployments.
+//!
+//! ```toml
+//! [server]                      # optional; the local host only
+//! addr = "127.0.0.1:8787"
+//! data_dir = "./turnstone-data" # relative to the working directory
+//! max_body_bytes = 1048576
+//!
+//! [defaults]                    # optional; engine default retry policies per kind of call
+//! llm = { timeout_secs = 120, max_retries = 2, backoff_base_secs = 1, backoff_max_secs = 30 }
+//! # tool, client_tool, sub_agent and decision likewise; a kind left out keeps the engine's.
+//!
+//! [llm.openai]                  # a model provider the engine calls (`handler = "server"`)
+//! type = "openai"               # openai | anthropic | scripted
+//! base_url = "https://api.openai.com/v1"  # optional: the provider's public API
+//! api_key_env = "OPENAI_API_KEY"          # the NAME of the variable holding the key
+//!
+//! [agent.demo]                  # the seed's AgentConfig fields, plus:
+//! model = "gpt-4o"
+//! llm = "openai"                # which [llm.<id>] runs its server LLM calls
+//! worker = "https://worker.example.com/decide"  # optional worker webhook
+//! worker_secret_env = "DEMO_WORKER_SECRET"      # optional: its HMAC secret's variable
+//!
+//! [auth]                        # optional; absent: no auth
+//! api_keys_env = "TURNSTONE_API_KEYS"           # `name:key,name:key`
+//! ```
+//!
+//! Rules checked at load, each failure a [`ConfigError`] that names the file, the line and
+//! column, and the field, e.g. `turnstone.toml:12:1: agent.demo.llm: unknown llm "gpt"
+//! (defined: openai, scripted)`:
+//! - unknown keys are errors everywhere (a typo never passes silently);
+//! - agent and llm ids use only `A-Z a-z 0-9 _ -`;
+//! - an agent's `llm` names an `[llm.<id>]` block; an agent whose LLM calls run on the server
+//!   (`handler` absent or `"server"`) may leave `llm` out only when exactly one `[llm]` block
+//!   exists, which is then its default;
+//! - `sub_agents` name defined agents; `worker` and `base_url` are http(s) URLs without
+//!   credentials; `format` needs `handler = "worker"` and a `worker`; so does any work the
+//!   worker runs (a worker LLM handler, a tool whose handler is `worker`, the default);
+//! - the seed's own rules ([`AgentConfig::validate`]): unique tool and sub-agent names, sane
+//!   retry policies.
+//!
+//! TOML has no `null`: a retry policy without `timeout_secs` has no timeout (the seed's
+//! `"timeout_secs": null`). Secrets never live in the file: it names environment variables,
+//! and [`Config::resolve_secrets`] reads them into [`Secrets`], whose `Debug` shows no value.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::de::{DeTable, DeValue};
+use turnstone_engine::protocol::{
+    AgentConfig, AgentTool, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler,
+};
+use turnstone_engine::session::Defaults;
+
+/// The bundled demo configuration, the one a new user reads first.
+pub const DEMO_TOML: &str = include_str!("../demo.toml");
+
+/// A loaded and checked configuration file. Holds no secret, only the names of variables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where the configuration was read from, as error messages name it.
+    pub file: String,
+    /// The local host's settings (`[server]`).
+    pub server: ServerConfig,
+    /// The engine's default retry policies (`[defaults]`), the engine's own where left out.
+    pub defaults: Defaults,
+    /// The model providers (`[llm.<id>]`), by id.
+    pub llms: BTreeMap<String, LlmConfig>,
+    /// The agents (`[agent.<id>]`), by id.
+    pub agents: BTreeMap<String, AgentDef>,
+    /// API-key auth (`[auth]`); `None`: no auth.
+    pub auth: Option<AuthConfig>,
+}
+
+/// The local host's settings (`[server]`); every field has a default.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// The address to listen on (default `127.0.0.1:8787`).
+    pub addr: SocketAddr,
+    /// Where the embedded store keeps its files (default `./turnstone-data`), as written.
+    pub data_dir: PathBuf,
+    /// The largest request body accepted, in bytes (default 1 MiB).
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 8787)),
+            data_dir: PathBuf::from("./turnstone-data"),
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// A model provider the engine calls for server LLM calls (`[llm.<id>]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// The provider's wire protocol (`type`).
+    #[serde(rename = "type")]
+    pub kind: LlmKind,
+    /// The provider's base URL; `None`: its public API.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The name of the environment variable holding the API key; `None`: no key is sent.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+}
+
+/// The kinds of model provider, by their `type` name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LlmKind {
+    /// OpenAI chat completions, or a compatible server at `base_url`.
+    Openai,
+    /// Anthropic messages.
+    Anthropic,
+    /// The deterministic built-in model, for demos and tests.
+    Scripted,
+}
+
+impl LlmKind {
+    /// The `type` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            LlmKind::Openai => "openai",
+            LlmKind::Anthropic => "anthropic",
+            LlmKind::Scripted => "scripted",
+        }
+    }
+
+    /// The provider kind that [`crate::llm::provider_for`] builds.
+    pub fn provider_kind(self) -> crate::llm::ProviderKind {
+        match self {
+            LlmKind::Openai => crate::llm::ProviderKind::Openai,
+            LlmKind::Anthropic => crate::llm::ProviderKind::Anthropic,
+            LlmKind::Scripted => crate::llm::ProviderKind::Scripted,
+        }
+    }
+}
+
+impl fmt::Display for LlmKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An agent (`[agent.<id>]`): the seed's `AgentConfig` plus how the host runs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentDef {
+    /// The agent's id, the `<id>` of its section.
+    pub id: String,
+    /// The declared config, checked by [`AgentConfig::validate`].
+    pub config: AgentConfig,
+    /// The `[llm.<id>]` named for server LLM calls, as written; see [`AgentDef::llm_for`].
+    pub llm: Option<String>,
+    /// The worker webhook URL; `None`: the engine accepts its own proposals.
+    pub worker: Option<String>,
+    /// The name of the environment variable holding the worker's HMAC secret.
+    pub worker_secret_env: Option<String>,
+}
+
+impl AgentDef {
+    /// Whether a worker webhook answers this agent's decisions.
+    pub fn has_worker(&self) -> bool {
+        self.worker.is_some()
+    }
+
+    /// The llm id that runs this agent's server LLM calls: its `llm`, else the only one defined.
+    pub fn llm_for<'a>(&'a self, config: &'a Config) -> Option<&'a str> {
+        match &self.llm {
+            Some(id) => Some(id.as_str()),
+            None if config.llms.len() == 1 => config.llms.keys().next().map(String::as_str),
+            None => None,
+        }
+    }
+}
+
+/// API-key auth (`[auth]`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// The environment variable holding comma-separated `name:key` pairs.
+    pub api_keys_env: String,
+}
+
+/// Where in the file a problem is, 1-based; the column counts characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    /// The line.
+    pub line: usize,
+    /// The column.
+    pub column: usize,
+}
+
+/// A configuration that cannot be used: `file:line:column: field.path: what is wrong`.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.render())]
+pub struct ConfigError {
+    /// The file, as given to [`Config::parse`] or [`Config::load`].
+    pub file: String,
+    /// Where in the file, when the problem is in its text.
+    pub position: Option<Position>,
+    /// The field, e.g. `agent.demo.tools[1].name`; empty for the file as a whole.
+    pub path: String,
+    /// What is wrong; never a secret's value.
+    pub message: String,
+    /// The I/O error, when the file could not be read.
+    #[source]
+    pub io: Option<std::io::Error>,
+}
+
+impl ConfigError {
+    fn render(&self) -> String {
+        let mut out = self.file.clone();
+        if let Some(p) = self.position {
+            out.push_str(&format!(":{}:{}", p.line, p.column));
+        }
+        out.push_str(": ");
+        if !self.path.is_empty() {
+            out.push_str(&self.path);
+            out.push_str(": ");
+        }
+        out.push_str(&self.message);
+        out
+    }
+
+    /// An error about a field, outside the file's text (e.g. a missing environment variable).
+    fn at(file: &str, path: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError {
+            file: file.to_owned(),
+            position: None,
+            path: path.into(),
+            message: message.into(),
+            io: None,
+        }
+    }
+}
+
+impl Config {
+    /// Parses and checks a configuration; `file` names it in error messages.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let doc = DeTable::parse(text).map_err(|e| ConfigError {
+            file: file.to_owned(),
+            position: e.span().map(|s| position(text, s.start)),
+            path: String::new(),
+            message: syntax_message(text, &e),
+            io: None,
+        })?;
+        let src = Source { file, text, doc: doc.get_ref() };
+        let raw: RawConfig = serde_path_to_error::deserialize(toml::de::Deserializer::from(doc.clone()))
+            .map_err(|e| src.serde_error(&e))?;
+        build(raw, &src)
+    }
+
+    /// Reads, parses and checks the configuration file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            message: format!("cannot read the configuration file: {e}"),
+            io: Some(e),
+            ..ConfigError::at(&file, "", "")
+        })?;
+        Config::parse(&text, &file)
+    }
+
+    /// The bundled demo configuration ([`DEMO_TOML`]).
+    pub fn demo() -> Result<Config, ConfigError> {
+        Config::parse(DEMO_TOML, "demo.toml")
+    }
+
+    /// The agent `id`, if defined.
+    pub fn agent(&self, id: &str) -> Option<&AgentDef> {
+        self.agents.get(id)
+    }
+
+    /// The llm `id`, if defined.
+    pub fn llm(&self, id: &str) -> Option<&LlmConfig> {
+        self.llms.get(id)
+    }
+
+    /// Reads every secret the file names from `env` (e.g. `|k| std::env::var(k).ok()`).
+    /// A variable that is unset or empty is an error naming the variable and who needs it.
+    pub fn resolve_secrets(&self, env: impl Fn(&str) -> Option<String>) -> Result<Secrets, ConfigError> {
+        let read = |var: &str, path: String, who: String| {
+            env(var).filter(|v| !v.trim().is_empty()).ok_or_else(|| {
+                let state = if env(var).is_some() { "is empty" } else { "is not set" };
+                ConfigError::at(
+                    &self.file,
+                    path,
+                    format!("environment variable {var} {state} ({who} needs it)"),
+                )
+            })
+        };
+        let mut secrets = Secrets::default();
+        for (id, llm) in &self.llms {
+            if let Some(var) = &llm.api_key_env {
+                let key = read(var, format!("llm.{id}.api_key_env"), format!("llm {id:?}"))?;
+                secrets.llm_keys.insert(id.clone(), key);
+            }
+        }
+        for (id, agent) in &self.agents {
+            if let Some(var) = &agent.worker_secret_env {
+                let secret = read(var, format!("agent.{id}.worker_secret_env"), format!("agent {id:?}"))?;
+                secrets.worker_secrets.insert(id.clone(), secret);
+            }
+        }
+        if let Some(auth) = &self.auth {
+            let var = &auth.api_keys_env;
+            let list = read(var, "auth.api_keys_env".to_owned(), "[auth]".to_owned())?;
+            let keys = parse_api_keys(&list).map_err(|m| {
+                ConfigError::at(&self.file, "auth.api_keys_env", format!("environment variable {var}: {m}"))
+            })?;
+            secrets.api_keys = Some(keys);
+        }
+        Ok(secrets)
+    }
+}
+mod build;
+mod locate;
+mod secrets;
+#[cfg(test)]
+mod tests;
+
+use build::*;
+use locate::*;
+pub use secrets::Secrets;
+use secrets::parse_api_keys;

@@ -1,0 +1,625 @@
+//! Tests of the configuration: parsing, every check, secrets.
+use super::*;
+use serde_json::json;
+
+/// The message of the error `text` must fail with.
+fn err(text: &str) -> String {
+    match Config::parse(text, "turnstone.toml") {
+        Ok(config) => panic!("parsed, expected an error: {config:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// `text` after a `[llm.scripted]` block, so agents have a default llm.
+fn with_llm(text: &str) -> String {
+    format!("[llm.scripted]\ntype = \"scripted\"\n\n{text}")
+}
+
+const FULL: &str = r#"[server]
+addr = "0.0.0.0:9000"
+data_dir = "/var/lib/turnstone"
+max_body_bytes = 2048
+
+[defaults]
+llm = { timeout_secs = 60, max_retries = 1, backoff_base_secs = 0.5, backoff_max_secs = 5 }
+client_tool = { max_retries = 0, backoff_base_secs = 0, backoff_max_secs = 0 }
+
+[llm.openai]
+type = "openai"
+base_url = "http://localhost:11434/v1"
+api_key_env = "OPENAI_API_KEY"
+
+[llm.claude]
+type = "anthropic"
+api_key_env = "ANTHROPIC_API_KEY"
+
+[agent.main]
+model = "claude-sonnet"
+system = "Be brief."
+stream = false
+handler = "worker"
+format = "anthropic"
+retry = { timeout_secs = 30, max_retries = 4, backoff_base_secs = 2, backoff_max_secs = 20 }
+llm = "claude"
+worker = "https://worker.example.com/decide"
+worker_secret_env = "MAIN_WORKER_SECRET"
+sub_agents = [{ id = "helper", description = "Helps." }]
+
+[[agent.main.tools]]
+name = "search"
+description = "Search the web."
+input = { type = "object", properties = { q = { type = "string" } }, required = ["q"] }
+output = { type = "string" }
+handler = "worker"
+
+[[agent.main.tools]]
+name = "ask"
+handler = "client"
+
+[agent.helper]
+model = "gpt-4o-mini"
+llm = "openai"
+
+[auth]
+api_keys_env = "TURNSTONE_API_KEYS"
+"#;
+
+#[test]
+fn the_demo_parses() {
+    let config = Config::demo().unwrap();
+    assert_eq!(config.file, "demo.toml");
+    assert_eq!(config.server, ServerConfig::default());
+    assert_eq!(config.defaults, Defaults::default());
+    assert_eq!(config.llms.keys().collect::<Vec<_>>(), ["scripted"]);
+    assert_eq!(config.llms["scripted"].kind, LlmKind::Scripted);
+    assert!(config.auth.is_none());
+
+    let demo = config.agent("demo").unwrap();
+    assert_eq!(demo.config.model, "scripted");
+    assert_eq!(demo.config.stream, Some(true));
+    assert!(demo.config.system.as_deref().is_some_and(|s| !s.is_empty()));
+    assert_eq!(demo.llm_for(&config), Some("scripted"));
+    assert!(!demo.has_worker());
+    let [confirm] = demo.config.tools() else { panic!("one tool: {:?}", demo.config.tools) };
+    assert_eq!(confirm.name, "confirm");
+    assert_eq!(confirm.handler, Some(ToolHandler::Client));
+    assert_eq!(confirm.input.as_ref().unwrap()["properties"]["question"]["type"], "string");
+    assert_eq!(demo.config.sub_agents().iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["researcher"]);
+
+    let researcher = config.agent("researcher").unwrap();
+    assert_eq!(researcher.config.model, "scripted");
+    assert_eq!(researcher.llm_for(&config), Some("scripted"));
+    assert!(config.agent("nobody").is_none());
+
+    let secrets = config.resolve_secrets(|_| None).unwrap();
+    assert!(!secrets.auth_enabled());
+}
+
+#[test]
+fn the_demos_commented_examples_parse_once_uncommented() {
+    let is_toml = |line: &str| {
+        line.starts_with('[')
+            || line.split_once(" = ").is_some_and(|(key, _)| {
+                !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            })
+    };
+    let text: String = DEMO_TOML
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest) if is_toml(rest) => format!("{rest}\n"),
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    let config = Config::parse(&text, "demo.toml").unwrap();
+    // The commented [defaults] spell out the engine's own.
+    assert_eq!(config.defaults, Defaults::default());
+    assert_eq!(config.llms.keys().collect::<Vec<_>>(), ["anthropic", "openai", "scripted"]);
+    let demo = config.agent("demo").unwrap();
+    assert!(demo.has_worker());
+    assert_eq!(demo.worker_secret_env.as_deref(), Some("DEMO_WORKER_SECRET"));
+    assert!(demo.config.retry.is_some());
+    assert_eq!(config.auth, Some(AuthConfig { api_keys_env: "TURNSTONE_API_KEYS".into() }));
+}
+
+#[test]
+fn a_full_example_parses_to_every_field() {
+    let config = Config::parse(FULL, "turnstone.toml").unwrap();
+    assert_eq!(
+        config.server,
+        ServerConfig {
+            addr: "0.0.0.0:9000".parse().unwrap(),
+            data_dir: PathBuf::from("/var/lib/turnstone"),
+            max_body_bytes: 2048,
+        }
+    );
+    let engine = Defaults::default();
+    assert_eq!(
+        config.defaults,
+        Defaults {
+            llm: RetryPolicy {
+                timeout_secs: Some(60.0),
+                max_retries: 1,
+                backoff_base_secs: 0.5,
+                backoff_max_secs: 5.0
+            },
+            client_tool: RetryPolicy::NONE,
+            ..engine
+        }
+    );
+    assert_eq!(
+        config.llms["openai"],
+        LlmConfig {
+            kind: LlmKind::Openai,
+            base_url: Some("http://localhost:11434/v1".into()),
+            api_key_env: Some("OPENAI_API_KEY".into()),
+        }
+    );
+    assert_eq!(
+        config.llms["claude"],
+        LlmConfig { kind: LlmKind::Anthropic, base_url: None, api_key_env: Some("ANTHROPIC_API_KEY".into()) }
+    );
+    assert_eq!(config.llms["claude"].kind.provider_kind(), crate::llm::ProviderKind::Anthropic);
+
+    let main = config.agent("main").unwrap();
+    let expected = AgentConfig {
+        model: "claude-sonnet".into(),
+        system: Some("Be brief.".into()),
+        stream: Some(false),
+        handler: Some(LlmHandler::Worker),
+        format: Some(LlmFormat::Anthropic),
+        retry: Some(RetryPolicy {
+            timeout_secs: Some(30.0),
+            max_retries: 4,
+            backoff_base_secs: 2.0,
+            backoff_max_secs: 20.0,
+        }),
+        tools: Some(vec![
+            AgentTool {
+                name: "search".into(),
+                description: Some("Search the web.".into()),
+                input: Some(json!({
+                    "type": "object",
+                    "properties": {"q": {"type": "string"}},
+                    "required": ["q"]
+                })),
+                output: Some(json!({"type": "string"})),
+                handler: Some(ToolHandler::Worker),
+            },
+            AgentTool {
+                name: "ask".into(),
+                description: None,
+                input: None,
+                output: None,
+                handler: Some(ToolHandler::Client),
+            },
+        ]),
+        sub_agents: Some(vec![SubAgent { id: "helper".into(), description: Some("Helps.".into()) }]),
+    };
+    assert_eq!(
+        *main,
+        AgentDef {
+            id: "main".into(),
+            config: expected,
+            llm: Some("claude".into()),
+            worker: Some("https://worker.example.com/decide".into()),
+            worker_secret_env: Some("MAIN_WORKER_SECRET".into()),
+        }
+    );
+    assert!(main.has_worker());
+    assert_eq!(main.llm_for(&config), Some("claude"));
+
+    let helper = config.agent("helper").unwrap();
+    assert_eq!(helper.config, AgentConfig::new("gpt-4o-mini"));
+    assert_eq!(helper.llm_for(&config), Some("openai"));
+    assert!(!helper.has_worker());
+    assert_eq!(config.auth, Some(AuthConfig { api_keys_env: "TURNSTONE_API_KEYS".into() }));
+}
+
+#[test]
+fn the_only_llm_is_the_default_and_worker_agents_need_none() {
+    let config = Config::parse(&with_llm("[agent.a]\nmodel = \"m\"\n"), "t.toml").unwrap();
+    let a = config.agent("a").unwrap();
+    assert_eq!(a.llm, None);
+    assert_eq!(a.llm_for(&config), Some("scripted"));
+
+    let text = "[agent.w]\nmodel = \"m\"\nhandler = \"worker\"\nworker = \"http://127.0.0.1:9/\"\n";
+    let config = Config::parse(text, "t.toml").unwrap();
+    assert_eq!(config.agent("w").unwrap().llm_for(&config), None);
+}
+
+#[test]
+fn syntax_errors_name_the_line_and_column() {
+    assert_eq!(
+        err("[agent.demo\nmodel = \"x\"\n"),
+        "turnstone.toml:1:12: invalid TOML: unclosed table, expected `]`"
+    );
+    assert_eq!(
+        err("[server]\naddr = \"a\"\naddr = \"b\"\n"),
+        "turnstone.toml:3:1: invalid TOML: duplicate key \"addr\""
+    );
+    assert_eq!(
+        err("[server]\n\nmax_body_bytes = = 3\n"),
+        "turnstone.toml:3:18: invalid TOML: extra `=`, expected nothing"
+    );
+}
+
+#[test]
+fn unknown_keys_are_named_where_they_are() {
+    assert_eq!(
+        err("[agents.demo]\nmodel = \"x\"\n"),
+        "turnstone.toml:1:2: agents: unknown key \"agents\" (did you mean \"agent\"?); \
+         expected one of: server, defaults, llm, agent, auth"
+    );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\nmodle = \"y\"\n")),
+        "turnstone.toml:6:1: agent.demo.modle: unknown key \"modle\" (did you mean \"model\"?); \
+         expected one of: model, system, stream, handler, format, retry, tools, sub_agents, llm, \
+         worker, worker_secret_env"
+    );
+    assert_eq!(
+        err(&with_llm(
+            "[agent.demo]\nmodel = \"x\"\ntools = [{ name = \"a\", handler = \"client\", inptu = {} }]\n"
+        )),
+        "turnstone.toml:6:44: agent.demo.tools[0].inptu: unknown key \"inptu\" (did you mean \"input\"?); \
+         expected one of: name, description, input, output, handler"
+    );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\n\n[[agent.demo.sub_agents]]\nid = \"demo\"\nwhy = 1\n")),
+        "turnstone.toml:9:1: agent.demo.sub_agents[0].why: unknown key \"why\"; expected one of: id, description"
+    );
+    assert_eq!(
+        err(
+            "[defaults]\nllm = { max_retries = 1, backoff_base_secs = 1, backoff_max_secs = 2, jitter = 1 }\n"
+        ),
+        "turnstone.toml:2:71: defaults.llm.jitter: unknown key \"jitter\"; \
+         expected one of: timeout_secs, max_retries, backoff_base_secs, backoff_max_secs"
+    );
+    assert_eq!(
+        err("[defaults]\nllms = { max_retries = 1, backoff_base_secs = 1, backoff_max_secs = 2 }\n"),
+        "turnstone.toml:2:1: defaults.llms: unknown key \"llms\" (did you mean \"llm\"?); \
+         expected one of: llm, tool, client_tool, sub_agent, decision"
+    );
+    assert_eq!(
+        err("[llm.openai]\ntype = \"openai\"\napi_key = \"x\"\n"),
+        "turnstone.toml:3:1: llm.openai.api_key: unknown key \"api_key\" (did you mean \"api_key_env\"?); \
+         expected one of: type, base_url, api_key_env"
+    );
+    assert_eq!(
+        err("[server]\nport = 8787\n"),
+        "turnstone.toml:2:1: server.port: unknown key \"port\"; expected one of: addr, data_dir, max_body_bytes"
+    );
+    assert_eq!(
+        err("[auth]\napi_keys = \"x\"\n"),
+        "turnstone.toml:2:1: auth.api_keys: unknown key \"api_keys\" (did you mean \"api_keys_env\"?); \
+         expected one of: api_keys_env"
+    );
+}
+
+#[test]
+fn wrong_types_and_values_name_the_field() {
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\nstream = \"yes\"\n")),
+        "turnstone.toml:6:10: agent.demo.stream: expected a boolean, found a string"
+    );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\ntools = [\"confirm\"]\n")),
+        "turnstone.toml:6:10: agent.demo.tools[0]: expected a table, found a string"
+    );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\nhandler = \"client\"\n")),
+        "turnstone.toml:6:11: agent.demo.handler: unknown value \"client\"; expected one of: server, worker"
+    );
+    assert_eq!(
+        err("[llm.x]\ntype = \"gpt\"\n"),
+        "turnstone.toml:2:8: llm.x.type: unknown value \"gpt\"; expected one of: openai, anthropic, scripted"
+    );
+    assert_eq!(
+        err("[llm.x]\nbase_url = \"http://h\"\n"),
+        "turnstone.toml:1:1: llm.x: missing required key \"type\""
+    );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nsystem = \"hi\"\n")),
+        "turnstone.toml:4:1: agent.demo: missing required key \"model\""
+    );
+    assert_eq!(
+        err("[defaults]\nllm = { max_retries = -1, backoff_base_secs = 1, backoff_max_secs = 2 }\n"),
+        "turnstone.toml:2:23: defaults.llm.max_retries: invalid value -1, expected a non-negative integer"
+    );
+    assert_eq!(
+        err("[server]\naddr = \"localhost\"\n"),
+        "turnstone.toml:2:8: server.addr: invalid socket address, expected an IP address and port \
+         such as \"127.0.0.1:8787\""
+    );
+    assert_eq!(
+        err("[server]\nmax_body_bytes = 0\n"),
+        "turnstone.toml:2:1: server.max_body_bytes: must be at least 1"
+    );
+    assert_eq!(err("agent = 3\n"), "turnstone.toml:1:9: agent: expected a table, found an integer");
+}
+
+#[test]
+fn the_seeds_own_rules_are_checked() {
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\nformat = \"openai\"\n")),
+        "turnstone.toml:6:1: agent.demo.format: requires handler \"worker\""
+    );
+    let dup = "[agent.demo]\nmodel = \"x\"\n\n[[agent.demo.tools]]\nname = \"a\"\nhandler = \"client\"\n\n\
+               [[agent.demo.tools]]\nname = \"a\"\nhandler = \"client\"\n";
+    assert_eq!(err(&with_llm(dup)), "turnstone.toml:12:1: agent.demo.tools[1].name: duplicate tool \"a\"");
+    let clash = "[agent.demo]\nmodel = \"x\"\ntools = [{ name = \"demo\", handler = \"client\" }]\n\
+                 sub_agents = [{ id = \"demo\" }]\n";
+    assert_eq!(
+        err(&with_llm(clash)),
+        "turnstone.toml:7:17: agent.demo.sub_agents[0].id: \"demo\" is already the name of a tool or sub-agent"
+    );
+    assert_eq!(
+        err(&with_llm(
+            "[agent.demo]\nmodel = \"x\"\nretry = { max_retries = 1, backoff_base_secs = 3, backoff_max_secs = 2 }\n"
+        )),
+        "turnstone.toml:6:51: agent.demo.retry.backoff_max_secs: must be a number no smaller than backoff_base_secs"
+    );
+    assert_eq!(
+        err(
+            "[defaults]\ndecision = { timeout_secs = 0, max_retries = 1, backoff_base_secs = 1, backoff_max_secs = 2 }\n"
+        ),
+        "turnstone.toml:2:14: defaults.decision.timeout_secs: must be a positive number of seconds or null"
+    );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \" \"\n")),
+        "turnstone.toml:5:1: agent.demo.model: must not be empty"
+    );
+}
+
+#[test]
+fn an_agents_llm_must_be_defined_or_the_only_one() {
+    let text = "[llm.openai]\ntype = \"openai\"\n\n[llm.scripted]\ntype = \"scripted\"\n\n\
+                [agent.demo]\nmodel = \"x\"\nstream = true\n\n\n\nllm = \"gpt\"\n";
+    assert_eq!(
+        err(text),
+        "turnstone.toml:13:1: agent.demo.llm: unknown llm \"gpt\" (defined: openai, scripted)"
+    );
+    assert_eq!(
+        err("[agent.demo]\nmodel = \"x\"\nllm = \"gpt\"\n"),
+        "turnstone.toml:3:1: agent.demo.llm: unknown llm \"gpt\" (none defined)"
+    );
+    let two = "[llm.a]\ntype = \"scripted\"\n[llm.b]\ntype = \"scripted\"\n[agent.demo]\nmodel = \"x\"\n";
+    assert_eq!(
+        err(two),
+        "turnstone.toml:5:8: agent.demo.llm: missing: this agent's LLM calls run on the server \
+         (handler \"server\", the default) and 2 [llm] blocks are defined (a, b); name one with llm = \"<id>\""
+    );
+    assert_eq!(
+        err("[agent.demo]\nmodel = \"x\"\nhandler = \"server\"\n"),
+        "turnstone.toml:1:8: agent.demo.llm: missing: this agent's LLM calls run on the server \
+         (handler \"server\", the default) and no [llm.<id>] block is defined; add one \
+         (e.g. [llm.scripted] with type = \"scripted\") or set handler = \"worker\""
+    );
+}
+
+#[test]
+fn sub_agents_must_be_defined() {
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\nsub_agents = [{ id = \"demo\" }, { id = \"ghost\" }]\n")),
+        "turnstone.toml:6:34: agent.demo.sub_agents[1].id: unknown agent \"ghost\" (defined: demo)"
+    );
+}
+
+#[test]
+fn worker_urls_are_http() {
+    let agent = |url: &str| err(&with_llm(&format!("[agent.demo]\nmodel = \"x\"\nworker = \"{url}\"\n")));
+    assert_eq!(
+        agent("ftp://files.example.com/"),
+        "turnstone.toml:6:1: agent.demo.worker: must be an http:// or https:// URL, not scheme \"ftp\""
+    );
+    assert_eq!(
+        agent("worker.example.com"),
+        "turnstone.toml:6:1: agent.demo.worker: is not a URL (relative URL without a base)"
+    );
+    assert_eq!(
+        agent("https://me:hunter2@worker.example.com/"),
+        "turnstone.toml:6:1: agent.demo.worker: must not carry credentials (user:password@); \
+         secrets never go in this file"
+    );
+    assert_eq!(
+        err("[llm.o]\ntype = \"openai\"\nbase_url = \"localhost:11434\"\n"),
+        "turnstone.toml:3:1: llm.o.base_url: must be an http:// or https:// URL, not scheme \"localhost\""
+    );
+}
+
+#[test]
+fn worker_work_needs_a_worker() {
+    assert_eq!(
+        err("[agent.demo]\nmodel = \"x\"\nhandler = \"worker\"\nformat = \"openai\"\n"),
+        "turnstone.toml:4:1: agent.demo.format: requires a worker URL (agent.demo.worker is not set)"
+    );
+    assert_eq!(
+        err("[agent.demo]\nmodel = \"x\"\nhandler = \"worker\"\n"),
+        "turnstone.toml:3:1: agent.demo.handler: \"worker\" sends LLM calls to the worker, but the agent \
+         has none (agent.demo.worker is not set)"
+    );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\n\n[[agent.demo.tools]]\nname = \"search\"\n")),
+        "turnstone.toml:7:1: agent.demo.tools[0].handler: tool \"search\" runs on the worker (the default \
+         handler), but the agent has none (agent.demo.worker is not set); set handler = \"client\" or a worker"
+    );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\nworker_secret_env = \"SECRET\"\n")),
+        "turnstone.toml:6:1: agent.demo.worker_secret_env: there is no worker to sign requests for \
+         (agent.demo.worker is not set)"
+    );
+}
+
+#[test]
+fn ids_use_a_safe_alphabet() {
+    assert_eq!(
+        err(&with_llm("[agent.\"my agent\"]\nmodel = \"x\"\n")),
+        "turnstone.toml:4:8: agent.\"my agent\": invalid agent id \"my agent\": use only letters, digits, '_' and '-'"
+    );
+    assert_eq!(
+        err("[llm.\"gpt.4\"]\ntype = \"scripted\"\n"),
+        "turnstone.toml:1:6: llm.\"gpt.4\": invalid llm id \"gpt.4\": use only letters, digits, '_' and '-'"
+    );
+}
+
+#[test]
+fn secrets_are_named_never_written() {
+    let message = err("[llm.openai]\ntype = \"openai\"\napi_key_env = \"sk-live-123\"\n");
+    assert_eq!(
+        message,
+        "turnstone.toml:3:1: llm.openai.api_key_env: must be the NAME of an environment variable \
+         (letters, digits and '_', not starting with a digit); the secret itself goes in that variable, \
+         never in this file"
+    );
+    assert!(!message.contains("sk-live-123"));
+    let message = err("[server]\naddr = { secret = \"sk-live-123\" }\n");
+    assert!(!message.contains("sk-live-123"), "{message}");
+    assert_eq!(
+        err("[llm.s]\ntype = \"scripted\"\napi_key_env = \"KEY\"\n"),
+        "turnstone.toml:3:1: llm.s.api_key_env: the scripted model takes no API key"
+    );
+}
+
+#[test]
+fn the_first_problem_in_the_file_is_reported() {
+    let text = "[agent.b]\nmodel = \"x\"\nllm = \"nope\"\n\n[agent.a]\nmodel = \"x\"\nllm = \"nope\"\n";
+    assert_eq!(err(text), "turnstone.toml:3:1: agent.b.llm: unknown llm \"nope\" (none defined)");
+}
+
+fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let vars: BTreeMap<String, String> = vars.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+    move |name| vars.get(name).cloned()
+}
+
+const ALL_SET: &[(&str, &str)] = &[
+    ("OPENAI_API_KEY", "sk-openai-secret"),
+    ("ANTHROPIC_API_KEY", "sk-ant-secret"),
+    ("MAIN_WORKER_SECRET", "whsec-main"),
+    ("TURNSTONE_API_KEYS", " alice:key-alice-1 , ci:key-ci-2,"),
+];
+
+#[test]
+fn secrets_resolve_from_the_environment() {
+    let config = Config::parse(FULL, "turnstone.toml").unwrap();
+    let secrets = config.resolve_secrets(env(ALL_SET)).unwrap();
+    assert_eq!(secrets.llm_api_key("openai"), Some("sk-openai-secret"));
+    assert_eq!(secrets.llm_api_key("claude"), Some("sk-ant-secret"));
+    assert_eq!(secrets.llm_api_key("nope"), None);
+    assert_eq!(secrets.worker_secret("main"), Some("whsec-main"));
+    assert_eq!(secrets.worker_secret("helper"), None);
+    assert!(secrets.auth_enabled());
+    assert_eq!(secrets.api_key_names().collect::<Vec<_>>(), ["alice", "ci"]);
+    assert_eq!(secrets.authenticate("key-ci-2"), Some("ci"));
+    assert_eq!(secrets.authenticate("key-alice-1"), Some("alice"));
+    assert_eq!(secrets.authenticate("key-alice-"), None);
+    assert_eq!(secrets.authenticate(""), None);
+
+    let debug = format!("{secrets:?}");
+    for (_, value) in ALL_SET {
+        for part in
+            value.split([',', ':']).map(str::trim).filter(|p| p.starts_with("key") || p.contains("sec"))
+        {
+            assert!(!debug.contains(part), "{debug} shows {part}");
+        }
+    }
+    assert_eq!(
+        debug,
+        "Secrets { llm_keys: {\"claude\": <redacted>, \"openai\": <redacted>}, \
+         worker_secrets: {\"main\": <redacted>}, api_keys: Some({\"alice\": <redacted>, \"ci\": <redacted>}) }"
+    );
+}
+
+#[test]
+fn a_missing_secret_names_the_variable_and_who_needs_it() {
+    let config = Config::parse(FULL, "turnstone.toml").unwrap();
+    let without = |name: &str| {
+        let vars: Vec<(&str, &str)> = ALL_SET.iter().copied().filter(|(k, _)| *k != name).collect();
+        config.resolve_secrets(env(&vars)).unwrap_err().to_string()
+    };
+    assert_eq!(
+        without("ANTHROPIC_API_KEY"),
+        "turnstone.toml: llm.claude.api_key_env: environment variable ANTHROPIC_API_KEY is not set \
+         (llm \"claude\" needs it)"
+    );
+    assert_eq!(
+        without("MAIN_WORKER_SECRET"),
+        "turnstone.toml: agent.main.worker_secret_env: environment variable MAIN_WORKER_SECRET is not set \
+         (agent \"main\" needs it)"
+    );
+    assert_eq!(
+        without("TURNSTONE_API_KEYS"),
+        "turnstone.toml: auth.api_keys_env: environment variable TURNSTONE_API_KEYS is not set ([auth] needs it)"
+    );
+    let mut vars = ALL_SET.to_vec();
+    vars[0].1 = "  ";
+    assert_eq!(
+        config.resolve_secrets(env(&vars)).unwrap_err().to_string(),
+        "turnstone.toml: llm.openai.api_key_env: environment variable OPENAI_API_KEY is empty \
+         (llm \"openai\" needs it)"
+    );
+}
+
+#[test]
+fn malformed_api_keys_are_refused_without_showing_them() {
+    let config = Config::parse("[auth]\napi_keys_env = \"KEYS\"\n", "t.toml").unwrap();
+    let fail = |value: &str| config.resolve_secrets(env(&[("KEYS", value)])).unwrap_err().to_string();
+    let message = fail("alice:k1,sk-live-999");
+    assert_eq!(message, "t.toml: auth.api_keys_env: environment variable KEYS: entry 2 is not `name:key`");
+    assert_eq!(
+        fail("alice:k1,alice:k2"),
+        "t.toml: auth.api_keys_env: environment variable KEYS: entry 2 repeats the name \"alice\""
+    );
+    assert_eq!(
+        fail("alice:k1,bob:k1"),
+        "t.toml: auth.api_keys_env: environment variable KEYS: entry 2 (\"bob\") repeats the key of another entry"
+    );
+    assert_eq!(
+        fail("alice:"),
+        "t.toml: auth.api_keys_env: environment variable KEYS: entry 1 (\"alice\") has an empty key"
+    );
+    assert_eq!(
+        fail(":k1"),
+        "t.toml: auth.api_keys_env: environment variable KEYS: entry 1 has an empty name or one with spaces \
+         (expected `name:key`)"
+    );
+    assert_eq!(
+        fail(" , "),
+        "t.toml: auth.api_keys_env: environment variable KEYS: holds no `name:key` entry; \
+         auth would refuse every request"
+    );
+}
+
+#[test]
+fn load_reads_a_file_and_names_it() {
+    let dir = std::env::temp_dir().join(format!("turnstone-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("turnstone.toml");
+    std::fs::write(&path, with_llm("[agent.demo]\nmodel = \"x\"\nllm = \"gpt\"\n")).unwrap();
+    let message = Config::load(&path).unwrap_err().to_string();
+    assert_eq!(
+        message,
+        format!("{}:6:1: agent.demo.llm: unknown llm \"gpt\" (defined: scripted)", path.display())
+    );
+    std::fs::write(&path, DEMO_TOML).unwrap();
+    let config = Config::load(&path).unwrap();
+    assert_eq!(config.file, path.display().to_string());
+    assert_eq!(config.agents.keys().collect::<Vec<_>>(), ["demo", "researcher"]);
+
+    let missing = dir.join("absent.toml");
+    let error = Config::load(&missing).unwrap_err();
+    assert!(error.io.is_some());
+    assert!(
+        error
+            .to_string()
+            .starts_with(&format!("{}: cannot read the configuration file: ", missing.display())),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn positions_count_characters() {
+    assert_eq!(position("ab\ncd", 4), Position { line: 2, column: 2 });
+    assert_eq!(position("é = 1", 2), Position { line: 1, column: 2 });
+    assert_eq!(position("é", 1), Position { line: 1, column: 1 });
+    assert_eq!(position("", 10), Position { line: 1, column: 1 });
+}
