@@ -3,9 +3,11 @@
 //! work is due. A crash anywhere loses nothing: a claimed effect that never finishes times
 //! out at its deadline and is retried by policy.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use turnstone_engine::protocol::{ClientInput, ClientMessageInput, StreamDelta, Trigger};
 use turnstone_engine::session::{
     CallSpec, Command, Effect, OutboxItem, ParentLink, Rejection, Session, TurnOrigin,
@@ -311,16 +313,19 @@ impl App {
             for delivery in deliveries {
                 let session_id = delivery.wake_up.session_id.clone();
                 let guard = locks.lock(&session_id).await;
-                let outcome = self.run_session(&session_id).await;
+                // A bug that panics while running one session must not take the worker down
+                // with it: the session is left unacked (and retried later), the worker goes on.
+                let outcome = AssertUnwindSafe(self.run_session(&session_id)).catch_unwind().await;
                 drop(guard);
                 match outcome {
-                    Ok(()) => {
+                    Ok(Ok(())) => {
                         if let Err(e) = self.queue.ack(&delivery).await {
                             tracing::warn!(session_id, error = %e, "queue ack failed");
                         }
                     }
                     // Not acked: the queue delivers it again after its visibility timeout.
-                    Err(e) => tracing::warn!(session_id, error = %e, "session run failed"),
+                    Ok(Err(e)) => tracing::warn!(session_id, error = %e, "session run failed"),
+                    Err(_) => tracing::error!(session_id, "session run panicked; it will be retried"),
                 }
             }
         }
