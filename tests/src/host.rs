@@ -65,6 +65,7 @@ impl TestHost {
             agents,
             defaults: config.defaults,
             worker: WorkerClient::new().expect("a worker client"),
+            claim_ahead: true,
         });
         let http_config = HttpConfig {
             max_body_bytes: config.server.max_body_bytes,

@@ -553,6 +553,7 @@ async fn run(mode: Mode, sessions: usize, turns: usize, args: &Args) -> anyhow::
         agents,
         defaults: config.defaults,
         worker: WorkerClient::new().context("building the worker HTTP client")?,
+        claim_ahead: true,
     });
     let ids: Vec<String> = (0..sessions).map(|i| format!("s{i:04}")).collect();
     let receivers: Vec<_> = ids.iter().map(|id| probe.register(id)).collect();

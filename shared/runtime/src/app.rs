@@ -2,14 +2,16 @@
 //! commits the result, and tells the queue and the live hub. The HTTP router, the local host
 //! and the Lambda functions all go through [`App`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
-    Command, Ctx, Defaults, Event, Rejection, Session, SessionInit, TurnOrigin, TurnRecord, handle,
+    Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, TurnOrigin, TurnRecord,
+    handle,
 };
 use turnstone_engine::time::Timestamp;
 
@@ -61,6 +63,10 @@ pub struct Parts {
     pub defaults: Defaults,
     /// The worker webhook client.
     pub worker: WorkerClient,
+    /// Claim a submitted turn's first model call or delivery in the submit's own commit and
+    /// hand it to this process's queue workers (one commit less per turn). Only for hosts
+    /// whose queue workers run in the same process as the API (the local host).
+    pub claim_ahead: bool,
 }
 
 /// The runtime: store, queue, clock, agents, and the live hub.
@@ -71,6 +77,9 @@ pub struct App {
     pub(crate) agents: BTreeMap<String, AgentRuntime>,
     pub(crate) defaults: Defaults,
     pub(crate) worker: WorkerClient,
+    claim_ahead: bool,
+    /// Effects claimed in a submit's commit, waiting for a queue worker of this process.
+    handoff: Mutex<HashMap<String, Effect>>,
     hub: Hub,
     entropy: AtomicU64,
 }
@@ -84,13 +93,9 @@ pub struct Executed {
     pub events: Vec<Event>,
     /// The head's version after the commit (as loaded, when nothing was written).
     pub version: u64,
-}
-
-impl Executed {
-    /// The session and version as this commit left them, to start the next step from.
-    pub(crate) fn known(self) -> Option<(Session, u64)> {
-        Some((self.session, self.version))
-    }
+    /// An effect this commit also claimed (see [`App::execute_claiming`]): the caller performs
+    /// it next, without a claim commit of its own.
+    pub claimed: Option<Effect>,
 }
 
 /// What a submitted client input did.
@@ -115,6 +120,8 @@ impl App {
             agents: parts.agents,
             defaults: parts.defaults,
             worker: parts.worker,
+            claim_ahead: parts.claim_ahead,
+            handoff: Mutex::new(HashMap::new()),
             hub: Hub::default(),
             entropy: AtomicU64::new(seed),
         })
@@ -196,8 +203,37 @@ impl App {
     pub(crate) async fn execute_from<F>(
         &self,
         session_id: &str,
+        known: Option<(Session, u64)>,
+        build: F,
+    ) -> Result<Executed>
+    where
+        F: FnMut(&Session) -> Result<Vec<Command>>,
+    {
+        self.execute_inner(session_id, known, build, false).await
+    }
+
+    /// [`App::execute_from`] that, in the same commit, also claims the model call or decision
+    /// delivery the new state makes due next (when no timer or routing comes first): the step
+    /// and the next effect's claim cost one write. The claimed effect is returned in
+    /// [`Executed::claimed`]; if nobody performs it, its deadline retries it.
+    pub(crate) async fn execute_claiming<F>(
+        &self,
+        session_id: &str,
+        known: Option<(Session, u64)>,
+        build: F,
+    ) -> Result<Executed>
+    where
+        F: FnMut(&Session) -> Result<Vec<Command>>,
+    {
+        self.execute_inner(session_id, known, build, true).await
+    }
+
+    async fn execute_inner<F>(
+        &self,
+        session_id: &str,
         mut known: Option<(Session, u64)>,
         mut build: F,
+        claim: bool,
     ) -> Result<Executed>
     where
         F: FnMut(&Session) -> Result<Vec<Command>>,
@@ -212,11 +248,19 @@ impl App {
             if hinted && !handled.as_ref().is_ok_and(|(_, events)| !events.is_empty()) {
                 continue;
             }
-            let (session, events) = handled?;
+            let (mut session, mut events) = handled?;
             if events.is_empty() {
-                return Ok(Executed { session, events, version });
+                return Ok(Executed { session, events, version, claimed: None });
             }
             let now = self.clock.now();
+            let mut claimed = None;
+            if claim && let Some(effect) = claimable(&session.plan(now)) {
+                if let Ok(t) = handle(&session, claim_command(&effect), &self.ctx()) {
+                    events.extend(t.events);
+                    session = t.session;
+                    claimed = Some(effect);
+                }
+            }
             let plan = session.plan(now);
             // Work due now is also recorded as due, so the sweep finds it if the wake-up is lost.
             let wake_at = if plan.effects.is_empty() { plan.wake_at } else { Some(now) };
@@ -224,7 +268,7 @@ impl App {
             match self.store.commit(session_id, version, commit).await {
                 Ok(version) => {
                     self.after_commit(session_id, &session, &events, wake_at, now).await;
-                    return Ok(Executed { session, events, version });
+                    return Ok(Executed { session, events, version, claimed });
                 }
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
@@ -294,19 +338,29 @@ impl App {
         owner: WorkerIdentity,
         origin: TurnOrigin,
     ) -> Result<Submitted> {
-        let executed = self
-            .execute(session_id, |session| {
-                let mut commands = Vec::new();
-                if !session.is_created() {
-                    let agent_id =
-                        input.agent_id().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
-                    let init = self.session_init(agent_id, owner.clone())?;
-                    commands.push(Command::Create { init: Box::new(init) });
-                }
-                commands.push(Command::Submit { input: input.clone(), queue, origin });
-                Ok(commands)
-            })
-            .await?;
+        let build = |session: &Session| {
+            let mut commands = Vec::new();
+            if !session.is_created() {
+                let agent_id =
+                    input.agent_id().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
+                let init = self.session_init(agent_id, owner.clone())?;
+                commands.push(Command::Create { init: Box::new(init) });
+            }
+            commands.push(Command::Submit { input: input.clone(), queue, origin });
+            Ok(commands)
+        };
+        let executed = if self.claim_ahead {
+            self.execute_claiming(session_id, None, build).await?
+        } else {
+            self.execute(session_id, build).await?
+        };
+        if let Some(effect) = executed.claimed.clone() {
+            // Claimed in the submit's commit: a queue worker of this process performs it.
+            self.handoff_lock().insert(session_id.to_owned(), effect);
+            if let Err(e) = self.wake(session_id, "handoff").await {
+                tracing::warn!(session_id, error = %e, "could not enqueue a hand-off; its deadline retries it");
+            }
+        }
         let session = &executed.session;
         let turn_id = match input.turn_id() {
             Some(id) => session.knows_turn(id).then(|| session.resolve_turn_id(id).to_owned()),
@@ -370,12 +424,62 @@ impl App {
         Ok(turnstone_engine::session::turn_from_log(turn_id, &events))
     }
 
+    /// Takes the effect a submit claimed for `session_id`, if one waits.
+    pub(crate) fn take_handoff(&self, session_id: &str) -> Option<Effect> {
+        self.handoff_lock().remove(session_id)
+    }
+
+    fn handoff_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Effect>> {
+        // A poisoned map is still a valid map: entries are only hints (claims time out).
+        self.handoff.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Loads an existing session.
     pub async fn session(&self, session_id: &str) -> Result<Session> {
         match self.store.load(session_id).await? {
             Some(loaded) if loaded.session.is_created() => Ok(loaded.session),
             _ => Err(Error::SessionNotFound(session_id.to_owned())),
         }
+    }
+}
+
+/// The effect a commit may claim ahead: the first model call or decision delivery, unless a
+/// timer or routing is due first (those run through the dispatcher's own order).
+fn claimable(plan: &Plan) -> Option<Effect> {
+    if plan.effects.iter().any(|e| matches!(e, Effect::Tick | Effect::Route { .. })) {
+        return None;
+    }
+    plan.effects
+        .iter()
+        .find(|e| matches!(e, Effect::RunLlmCall { .. } | Effect::DeliverDecision { .. }))
+        .cloned()
+}
+
+/// The command that claims `effect`.
+pub(crate) fn claim_command(effect: &Effect) -> Command {
+    match effect {
+        Effect::RunLlmCall { call_id, attempt } => {
+            Command::ClaimLlmCall { call_id: call_id.clone(), attempt: *attempt }
+        }
+        Effect::DeliverDecision { decision_id, attempt } => {
+            Command::ClaimDecision { decision_id: decision_id.clone(), attempt: *attempt }
+        }
+        // Not claimable; `claimable` never returns these.
+        Effect::Tick | Effect::Route { .. } => Command::Tick,
+    }
+}
+
+/// Whether `effect` is still claimed in `session` at its attempt (and so still to perform).
+pub(crate) fn still_claimed(session: &Session, effect: &Effect) -> bool {
+    match effect {
+        Effect::RunLlmCall { call_id, attempt } => {
+            session.call(call_id).is_some_and(|c| c.is_pending() && c.attempt == *attempt)
+        }
+        Effect::DeliverDecision { decision_id, attempt } => session
+            .decision
+            .as_ref()
+            .is_some_and(|d| &d.id == decision_id && d.in_flight && d.attempts == *attempt),
+        Effect::Tick | Effect::Route { .. } => false,
     }
 }
 

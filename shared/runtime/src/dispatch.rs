@@ -13,7 +13,7 @@ use turnstone_engine::session::{
     CallSpec, Command, Effect, OutboxItem, ParentLink, Rejection, Session, TurnOrigin,
 };
 
-use crate::app::{App, Executed, is_stale_claim};
+use crate::app::{App, Executed, claim_command, is_stale_claim, still_claimed};
 use crate::error::{Error, Result};
 use crate::hub::Notice;
 use crate::queue::QueueError;
@@ -28,6 +28,8 @@ impl App {
         // The state the last effect committed: the next plan starts from it instead of a load
         // (commits are version-checked, so a state that went stale only costs a reload).
         let mut known = None;
+        // An effect already claimed (by the last commit, or by a submit of this process).
+        let mut claimed = self.take_handoff(session_id);
         for _ in 0..MAX_EFFECTS_PER_RUN {
             let (session, version) = match known.take() {
                 Some(known) => known,
@@ -35,6 +37,15 @@ impl App {
             };
             if !session.is_created() {
                 return Ok(());
+            }
+            if let Some(effect) = claimed.take() {
+                if still_claimed(&session, &effect) {
+                    let after = self.perform_claimed(session_id, effect, (session, version)).await?;
+                    (known, claimed) = split(after);
+                } else {
+                    known = Some((session, version));
+                }
+                continue;
             }
             let plan = session.plan(self.now());
             // Timers first (they may void work), then routing, then I/O.
@@ -64,7 +75,7 @@ impl App {
                 return Ok(());
             };
             match self.perform(session_id, effect, (session, version)).await {
-                Ok(after) => known = after,
+                Ok(after) => (known, claimed) = split(after),
                 Err(e) if is_stale_claim(&e) => {}
                 Err(e) => return Err(e),
             }
@@ -72,31 +83,58 @@ impl App {
         self.wake(session_id, "budget").await
     }
 
-    async fn wake(&self, session_id: &str, reason: &str) -> Result<()> {
+    pub(crate) async fn wake(&self, session_id: &str, reason: &str) -> Result<()> {
         let wake = crate::queue::WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() };
         self.queue.send(wake, Duration::ZERO).await.map_err(Error::from)
     }
 
-    /// Performs `effect`, planned from `known`; returns the state it committed last, if it knows
-    /// it, for the next plan.
+    /// Performs `effect`, planned from `known`; returns what it committed last, if it knows it,
+    /// for the next plan (with the effect that commit claimed, if any).
     async fn perform(
         self: &Arc<Self>,
         session_id: &str,
         effect: Effect,
         known: (Session, u64),
-    ) -> Result<Option<(Session, u64)>> {
+    ) -> Result<Option<Executed>> {
         match effect {
-            Effect::Tick => {
-                self.command_from(session_id, Some(known), Command::Tick).await.map(Executed::known)
-            }
+            Effect::Tick => self.command_from(session_id, Some(known), Command::Tick).await.map(Some),
             Effect::Route { seq, item } => self.route(session_id, seq, item).await.map(|()| None),
-            Effect::DeliverDecision { decision_id, attempt } => {
-                self.deliver_decision(session_id, decision_id, attempt, known).await
-            }
-            Effect::RunLlmCall { call_id, attempt } => {
-                self.run_llm_call(session_id, call_id, attempt, known).await
+            Effect::DeliverDecision { .. } | Effect::RunLlmCall { .. } => {
+                let claim = self.command_from(session_id, Some(known), claim_command(&effect)).await?;
+                let state = (claim.session, claim.version);
+                self.perform_claimed(session_id, effect, state).await
             }
         }
+    }
+
+    /// Performs the I/O of a claimed effect and commits its outcome (claiming the next effect
+    /// in the same commit).
+    async fn perform_claimed(
+        self: &Arc<Self>,
+        session_id: &str,
+        effect: Effect,
+        claimed: (Session, u64),
+    ) -> Result<Option<Executed>> {
+        match effect {
+            Effect::DeliverDecision { decision_id, attempt } => {
+                self.deliver_decision(session_id, decision_id, attempt, claimed).await
+            }
+            Effect::RunLlmCall { call_id, attempt } => {
+                self.run_llm_call(session_id, call_id, attempt, claimed).await
+            }
+            Effect::Tick | Effect::Route { .. } => Ok(None),
+        }
+    }
+
+    /// Commits an effect's outcome, claiming the next due effect in the same write.
+    async fn outcome(&self, session_id: &str, known: (Session, u64), command: Command) -> Result<Executed> {
+        self.execute_claiming(session_id, Some(known), |session| {
+            if !session.is_created() {
+                return Err(Error::SessionNotFound(session_id.to_owned()));
+            }
+            Ok(vec![command.clone()])
+        })
+        .await
     }
 
     async fn deliver_decision(
@@ -104,12 +142,10 @@ impl App {
         session_id: &str,
         decision_id: String,
         attempt: u32,
-        known: (Session, u64),
-    ) -> Result<Option<(Session, u64)>> {
-        let command = Command::ClaimDecision { decision_id: decision_id.clone(), attempt };
-        let claimed = self.command_from(session_id, Some(known), command).await?;
-        let Some(request) = claimed.session.decision_request() else { return Ok(claimed.known()) };
-        let session = &claimed.session;
+        claimed: (Session, u64),
+    ) -> Result<Option<Executed>> {
+        let Some(request) = claimed.0.decision_request() else { return Ok(None) };
+        let session = &claimed.0;
         let agent = self.agent(session.agent_id());
         let Some(endpoint) = agent.and_then(|a| a.worker.clone()) else {
             let error = format!("agent {:?} has no worker configured", session.agent_id());
@@ -131,7 +167,7 @@ impl App {
         match self.worker.deliver(&endpoint, &request, timeout, now_unix, on_delta).await {
             Ok(response) => {
                 let command = Command::Answer { decision_id, attempt, response: Box::new(response) };
-                self.command_from(session_id, claimed.known(), command).await.map(Executed::known)
+                self.outcome(session_id, claimed, command).await.map(Some)
             }
             Err(e) => {
                 tracing::info!(session_id, attempt, code = e.code(), error = %e, "decision delivery failed");
@@ -161,12 +197,10 @@ impl App {
         session_id: &str,
         call_id: String,
         attempt: u32,
-        known: (Session, u64),
-    ) -> Result<Option<(Session, u64)>> {
-        let command = Command::ClaimLlmCall { call_id: call_id.clone(), attempt };
-        let claimed = self.command_from(session_id, Some(known), command).await?;
-        let session = &claimed.session;
-        let Some(call) = session.call(&call_id) else { return Ok(claimed.known()) };
+        claimed: (Session, u64),
+    ) -> Result<Option<Executed>> {
+        let session = &claimed.0;
+        let Some(call) = session.call(&call_id) else { return Ok(None) };
         let stream = matches!(call.spec, CallSpec::LlmCall { stream: true, .. });
         let timeout = call.policy.timeout_ms().map(Duration::from_millis);
         let request = session.llm_request(call);
@@ -190,10 +224,10 @@ impl App {
             ))),
         };
         let command = Command::LlmCallFinished { call_id, attempt, outcome };
-        match self.command_from(session_id, claimed.known(), command).await {
+        match self.outcome(session_id, claimed, command).await {
             // The attempt timed out or was voided meanwhile: its result is refused, rightly.
             Err(Error::Rejected(_)) => Ok(None),
-            other => other.map(Executed::known),
+            other => other.map(Some),
         }
     }
 
@@ -348,5 +382,13 @@ impl App {
             self.wake(session_id, "sweep").await?;
         }
         Ok(due.len())
+    }
+}
+
+/// The state a commit left and the effect it claimed, for the dispatcher's next step.
+fn split(after: Option<Executed>) -> (Option<(Session, u64)>, Option<Effect>) {
+    match after {
+        Some(e) => (Some((e.session, e.version)), e.claimed),
+        None => (None, None),
     }
 }

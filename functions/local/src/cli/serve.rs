@@ -32,6 +32,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         agents,
         defaults: config.defaults,
         worker: WorkerClient::new().context("building the worker HTTP client")?,
+        claim_ahead: true,
     });
     let http = HttpConfig {
         max_body_bytes: config.server.max_body_bytes,
