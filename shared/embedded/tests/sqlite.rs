@@ -179,7 +179,10 @@ async fn messages_from_a_position_return_only_the_new_ones() {
     let all = store.messages_from("s", 0).await.unwrap();
     assert_eq!(all.len(), 4);
     assert_eq!(all.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [0, 1, 2, 3]);
-    assert_eq!(all.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>(), d.session.tree.nodes());
+    assert_eq!(
+        all.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>(),
+        d.session.tree.nodes().cloned().collect::<Vec<_>>()
+    );
     let tail = store.messages_from("s", 2).await.unwrap();
     assert_eq!(tail.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [2, 3]);
     assert!(store.messages_from("s", 4).await.unwrap().is_empty());

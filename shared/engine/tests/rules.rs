@@ -240,7 +240,7 @@ fn the_system_prompt_is_prepended_at_call_time_and_never_stored() {
     let request = h.session.llm_request(&call).unwrap();
     assert_eq!(request.messages[0].role, Role::System);
     assert_eq!(request.messages[0].content_text(), "be brief");
-    assert!(h.session.tree.nodes().iter().all(|n| n.message.role != Role::System));
+    assert!(h.session.tree.nodes().all(|n| n.message.role != Role::System));
 }
 
 #[test]

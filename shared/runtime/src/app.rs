@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
+use turnstone_engine::protocol::{AgentConfig, ClientInput, TreeNode, WorkerIdentity};
 use turnstone_engine::session::{
     Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, TurnOrigin, TurnRecord,
     handle,
@@ -80,6 +80,9 @@ pub struct App {
     claim_ahead: bool,
     /// Effects claimed in a submit's commit, waiting for a queue worker of this process.
     handoff: Mutex<HashMap<String, Effect>>,
+    /// The message nodes this host last saw per session: messages are immutable and only
+    /// appended, so a load re-reads only the nodes after them (bounded; cleared when full).
+    messages: Mutex<HashMap<String, Vec<Arc<TreeNode>>>>,
     hub: Hub,
     entropy: AtomicU64,
 }
@@ -122,6 +125,7 @@ impl App {
             worker: parts.worker,
             claim_ahead: parts.claim_ahead,
             handoff: Mutex::new(HashMap::new()),
+            messages: Mutex::new(HashMap::new()),
             hub: Hub::default(),
             entropy: AtomicU64::new(seed),
         })
@@ -177,12 +181,46 @@ impl App {
         })
     }
 
-    /// Loads a session, or a fresh uncreated one with version 0.
+    /// Loads a session, or a fresh uncreated one with version 0. Only the messages this host
+    /// has not seen yet are read.
     pub async fn load(&self, session_id: &str) -> Result<(Session, u64)> {
+        let known = self.messages_lock().get(session_id).cloned();
+        if let Some(mut nodes) = known {
+            let Some((loaded, new)) = self.store.load_since(session_id, nodes.len() as u64).await? else {
+                return Ok((Session::new(session_id), 0));
+            };
+            let mut session = loaded.session;
+            nodes.extend(new.into_iter().map(Arc::new));
+            session.tree.restore_shared(nodes);
+            if session.tree.is_whole() {
+                self.remember_messages(&session);
+                return Ok((session, loaded.version));
+            }
+            // Not a prefix after all (cannot happen with append-only messages): read it all.
+        }
         Ok(match self.store.load(session_id).await? {
-            Some(loaded) => (loaded.session, loaded.version),
+            Some(loaded) => {
+                self.remember_messages(&loaded.session);
+                (loaded.session, loaded.version)
+            }
             None => (Session::new(session_id), 0),
         })
+    }
+
+    /// How many sessions' messages a host remembers before it starts over.
+    const MESSAGE_CACHE_SESSIONS: usize = 4096;
+
+    fn remember_messages(&self, session: &Session) {
+        let mut cache = self.messages_lock();
+        if cache.len() >= Self::MESSAGE_CACHE_SESSIONS && !cache.contains_key(&session.id) {
+            cache.clear();
+        }
+        cache.insert(session.id.clone(), session.tree.shared_nodes().to_vec());
+    }
+
+    fn messages_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<TreeNode>>>> {
+        // A poisoned cache is still a valid cache: entries are only prefixes of immutable data.
+        self.messages.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Loads `session_id`, asks `build` for the commands to run against it, handles them in
@@ -267,6 +305,7 @@ impl App {
             let commit = Commit { session: &session, events: &events, wake_at };
             match self.store.commit(session_id, version, commit).await {
                 Ok(version) => {
+                    self.remember_messages(&session);
                     self.after_commit(session_id, &session, &events, wake_at, now).await;
                     return Ok(Executed { session, events, version, claimed });
                 }

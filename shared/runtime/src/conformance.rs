@@ -221,6 +221,20 @@ pub async fn assert_stored(store: &dyn Store, driver: &Driver) {
     assert_eq!(loaded.version, driver.version, "version of {id}");
     assert_eq!(loaded.session.tree.len(), driver.session.tree.len(), "message count of {id}");
     assert_eq!(loaded.session, driver.session, "loaded session {id} differs from the committed one");
+    // A warm host's load: the head plus the nodes after a prefix it holds.
+    let all: Vec<_> = driver.session.tree.shared_nodes().to_vec();
+    for from in [0, all.len() / 2, all.len()] {
+        let (head, rest) = store.load_since(id, from as u64).await.unwrap().expect("the session exists");
+        assert_eq!(head.version, driver.version, "load_since version of {id}");
+        assert_eq!(head.session.tree.len(), 0, "load_since leaves the nodes out of the session");
+        let expected: Vec<_> = all[from..].iter().map(|n| (**n).clone()).collect();
+        assert_eq!(rest, expected, "load_since({id}, {from}) nodes");
+        let mut session = head.session;
+        let mut nodes = all[..from].to_vec();
+        nodes.extend(rest.into_iter().map(std::sync::Arc::new));
+        session.tree.restore_shared(nodes);
+        assert_eq!(session, driver.session, "head + prefix + load_since({from}) rebuild {id}");
+    }
 }
 
 /// Every logged event of a session, read in pages of `page`.
@@ -540,7 +554,7 @@ pub async fn store_large_session(store: &dyn Store) {
     assert_log(store, &d, 500).await;
     let loaded = store.load("conf-large").await.unwrap().unwrap();
     assert!(
-        loaded.session.tree.nodes().iter().any(|n| n.message.content_text() == big),
+        loaded.session.tree.nodes().any(|n| n.message.content_text() == big),
         "the 300 KB message comes back whole"
     );
 }

@@ -139,6 +139,21 @@ pub trait Store: Send + Sync + 'static {
     /// Loads a session with its messages, or None if it does not exist.
     async fn load(&self, session_id: &str) -> Result<Option<Loaded>, StoreError>;
 
+    /// Loads a session's head with only its message nodes from position `from` on (returned
+    /// apart, the session's tree left without nodes): a host that holds the first `from` nodes
+    /// re-reads only what is new. The default loads everything and slices.
+    async fn load_since(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Option<(Loaded, Vec<TreeNode>)>, StoreError> {
+        let Some(mut loaded) = self.load(session_id).await? else { return Ok(None) };
+        let skip = usize::try_from(from).unwrap_or(usize::MAX);
+        let nodes: Vec<TreeNode> = loaded.session.tree.nodes().skip(skip).cloned().collect();
+        loaded.session.tree.restore(Vec::new());
+        Ok(Some((loaded, nodes)))
+    }
+
     /// Writes a commit atomically if the head is still at `expected_version` (0: the session
     /// must not exist yet). Returns the new version.
     async fn commit(

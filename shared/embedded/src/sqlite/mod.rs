@@ -459,6 +459,17 @@ fn read_messages(conn: &Connection, session_id: &str, from: i64) -> Result<Vec<(
 }
 
 fn load_session(conn: &mut Connection, session_id: &str) -> Result<Option<Loaded>, StoreError> {
+    let Some((mut loaded, nodes)) = load_session_since(conn, session_id, 0)? else { return Ok(None) };
+    loaded.session.tree.restore(nodes);
+    Ok(Some(loaded))
+}
+
+/// The head and the message nodes from position `from` on, from one read snapshot.
+fn load_session_since(
+    conn: &mut Connection,
+    session_id: &str,
+    from: i64,
+) -> Result<Option<(Loaded, Vec<TreeNode>)>, StoreError> {
     // One read transaction: the head and the messages come from the same snapshot.
     let tx = conn.transaction().map_err(backend)?;
     let head = {
@@ -473,14 +484,14 @@ fn load_session(conn: &mut Connection, session_id: &str) -> Result<Option<Loaded
         .map_err(backend)?
     };
     let Some((version, session)) = head else { return Ok(None) };
-    let mut session = session?;
+    let session = session?;
     if session.id != session_id {
         return Err(corrupt(session_id, format!("the head holds session {:?}", session.id)));
     }
-    let nodes = read_messages(&tx, session_id, 0)?;
+    let nodes = read_messages(&tx, session_id, from)?;
     tx.finish().map_err(backend)?;
-    session.tree.restore(nodes.into_iter().map(|(_, node)| node).collect());
-    Ok(Some(Loaded { session, version: to_u64(version) }))
+    let nodes = nodes.into_iter().map(|(_, node)| node).collect();
+    Ok(Some((Loaded { session, version: to_u64(version) }, nodes)))
 }
 
 fn read_events(
@@ -589,6 +600,16 @@ impl Store for SqliteStore {
     async fn load(&self, session_id: &str) -> Result<Option<Loaded>, StoreError> {
         let id = session_id.to_owned();
         self.read(move |conn| load_session(conn, &id)).await
+    }
+
+    async fn load_since(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Option<(Loaded, Vec<TreeNode>)>, StoreError> {
+        let id = session_id.to_owned();
+        let from = to_i64(from);
+        self.read(move |conn| load_session_since(conn, &id, from)).await
     }
 
     async fn commit(

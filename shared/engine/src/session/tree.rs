@@ -7,6 +7,7 @@
 //! `tool_call_id`, no id) folds onto the recorded node instead of forking.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -17,10 +18,12 @@ use crate::protocol::{DraftMessage, Message, MessageTree, Role, TreeNode};
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(from = "TreeData", into = "TreeData")]
 pub struct Tree {
-    nodes: Vec<TreeNode>,
+    /// Shared, so cloning a session (every command works on a draft) costs a pointer per
+    /// message, never a copy of the transcript.
+    nodes: Vec<Arc<TreeNode>>,
     head: Option<String>,
     /// Node id -> index in `nodes`; derived, rebuilt on load.
-    index: HashMap<String, usize>,
+    index: HashMap<Arc<str>, usize>,
 }
 
 /// A tree serializes as its head only: messages are immutable and a store keeps them apart
@@ -71,8 +74,23 @@ impl Reconciled {
 impl Tree {
     /// Puts back the recorded nodes (parents first) after the session's snapshot was loaded.
     pub fn restore(&mut self, nodes: Vec<TreeNode>) {
-        self.index = nodes.iter().enumerate().map(|(i, n)| (n.message.id.clone(), i)).collect();
+        self.restore_shared(nodes.into_iter().map(Arc::new).collect());
+    }
+
+    /// [`Tree::restore`] from shared nodes (e.g. a host's cache of a session's messages).
+    pub fn restore_shared(&mut self, nodes: Vec<Arc<TreeNode>>) {
+        self.index = nodes.iter().enumerate().map(|(i, n)| (Arc::from(n.message.id.as_str()), i)).collect();
         self.nodes = nodes;
+    }
+
+    /// The recorded nodes, shared.
+    pub fn shared_nodes(&self) -> &[Arc<TreeNode>] {
+        &self.nodes
+    }
+
+    /// Whether the head is a recorded node (or the tree is empty): a restored tree is whole.
+    pub fn is_whole(&self) -> bool {
+        self.head.as_deref().is_none_or(|h| self.contains(h))
     }
 
     /// The head of the active branch.
@@ -82,7 +100,7 @@ impl Tree {
 
     /// A recorded node by id.
     pub fn get(&self, id: &str) -> Option<&TreeNode> {
-        self.index.get(id).map(|&i| &self.nodes[i])
+        self.index.get(id).map(|&i| &*self.nodes[i])
     }
 
     /// Whether `id` is a recorded node.
@@ -101,8 +119,8 @@ impl Tree {
     }
 
     /// Every node, parents before children.
-    pub fn nodes(&self) -> &[TreeNode] {
-        &self.nodes
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = &TreeNode> {
+        self.nodes.iter().map(|n| &**n)
     }
 
     /// The ids from the root to `node`, inclusive.
@@ -221,8 +239,8 @@ impl Tree {
     /// Records `message` under `parent` and makes it the head.
     pub(crate) fn record(&mut self, message: Message, parent: Option<String>) {
         let id = message.id.clone();
-        self.index.insert(id.clone(), self.nodes.len());
-        self.nodes.push(TreeNode { message, parent_id: parent });
+        self.index.insert(Arc::from(id.as_str()), self.nodes.len());
+        self.nodes.push(Arc::new(TreeNode { message, parent_id: parent }));
         self.head = Some(id);
     }
 
@@ -233,7 +251,7 @@ impl Tree {
 
     /// The tree in its wire shape.
     pub fn to_wire(&self) -> MessageTree {
-        MessageTree { nodes: self.nodes.clone(), head_id: self.head.clone() }
+        MessageTree { nodes: self.nodes().cloned().collect(), head_id: self.head.clone() }
     }
 
     /// Tool calls of assistant messages on the active path that no tool message on the path

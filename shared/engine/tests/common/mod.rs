@@ -206,7 +206,7 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
     // Snapshot round trip is lossless.
     let json = serde_json::to_string(session).expect("serialize");
     let mut back: Session = serde_json::from_str(&json).expect("deserialize");
-    back.tree.restore(session.tree.nodes().to_vec());
+    back.tree.restore(session.tree.nodes().cloned().collect());
     assert_eq!(&back, session, "snapshot round trip must be lossless");
     // A call settles at most once, at its current attempt.
     let mut settled = std::collections::HashSet::new();
