@@ -738,3 +738,19 @@ fn the_head_keeps_recent_turns_and_the_log_keeps_the_rest() {
     assert_eq!(turn_from_log("t0", &h.log), first);
     assert_eq!(turn_from_log("t0", &h.log).unwrap().data, Some(json!("r0")));
 }
+
+#[test]
+fn the_head_does_not_grow_with_the_number_of_turns() {
+    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    let mut sizes = Vec::new();
+    for i in 0..(PAST_TURN_IDS + RECENT_TURNS + 40) {
+        h.ok(msg_with_turn("demo", &format!("m{i}"), &format!("turn-{i:04}")));
+        h.run_llm(reply(&format!("r{i}")));
+        sizes.push(serde_json::to_string(&h.session).unwrap().len());
+    }
+    let full = sizes[PAST_TURN_IDS + RECENT_TURNS + 5];
+    let last = *sizes.last().unwrap();
+    assert!(last <= full + full / 20, "the head grew from {full} to {last} bytes");
+    assert_eq!(h.session.past_turns.len(), PAST_TURN_IDS);
+    assert!(h.session.closed_calls.len() <= RECENT_CLOSED_CALLS);
+}

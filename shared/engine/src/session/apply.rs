@@ -52,7 +52,10 @@ impl Session {
                 while self.ended_order.len() > super::RECENT_TURNS {
                     if let Some(old) = self.ended_order.pop_front() {
                         self.turns.remove(&old);
-                        self.past_turns.insert(old);
+                        self.past_turns.push_back(old);
+                        if self.past_turns.len() > super::PAST_TURN_IDS {
+                            self.past_turns.pop_front();
+                        }
                     }
                 }
             }
@@ -164,13 +167,10 @@ impl Session {
     }
 
     fn close_call(&mut self, call_id: &str, how: CallClosure) {
-        if self.closed_calls.insert(call_id.to_owned(), how).is_none() {
-            self.closed_order.push_back(call_id.to_owned());
-        }
-        while self.closed_order.len() > super::RECENT_CLOSED_CALLS {
-            if let Some(old) = self.closed_order.pop_front() {
-                self.closed_calls.remove(&old);
-            }
+        self.closed_calls.retain(|(c, _)| c != call_id);
+        self.closed_calls.push_back((call_id.to_owned(), how));
+        if self.closed_calls.len() > super::RECENT_CLOSED_CALLS {
+            self.closed_calls.pop_front();
         }
     }
 

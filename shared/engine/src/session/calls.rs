@@ -47,7 +47,7 @@ impl Tx {
     }
 
     pub(super) fn open_call(&self, id: &str) -> Result<&CallRecord, Rejection> {
-        self.session.call(id).ok_or_else(|| match self.session.closed_calls.get(id) {
+        self.session.call(id).ok_or_else(|| match self.session.closed_call(id) {
             Some(CallClosure::Reported) => Rejection::CallAlreadySettled(id.to_owned()),
             Some(CallClosure::Voided) => Rejection::CallVoided(id.to_owned()),
             None => Rejection::UnknownCall(id.to_owned()),

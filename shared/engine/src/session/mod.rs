@@ -34,11 +34,15 @@ use crate::protocol::{AgentConfig, AgentTool, WorkerIdentity};
 use crate::time::Timestamp;
 
 /// How many ended turns the head keeps whole; older ones are rebuilt from the log.
-pub const RECENT_TURNS: usize = 32;
+pub const RECENT_TURNS: usize = 16;
+
+/// How many ids of older ended turns the head remembers for idempotency: resubmitting a turn
+/// id older than these (hundreds of turns back) starts a new turn.
+pub const PAST_TURN_IDS: usize = 256;
 
 /// How many closed call ids the head remembers (to refuse late settles clearly and to make a
 /// reused id a no-op); older ids are forgotten, so a settle for one is an unknown call.
-pub const RECENT_CLOSED_CALLS: usize = 512;
+pub const RECENT_CLOSED_CALLS: usize = 64;
 
 /// Rebuilds a turn's record from the session's log (for turns the head no longer holds).
 pub fn turn_from_log<'a>(turn_id: &str, events: impl IntoIterator<Item = &'a Event>) -> Option<TurnRecord> {
@@ -116,11 +120,9 @@ pub struct Session {
     pub agents: Vec<Versioned<AgentConfig>>,
     /// Calls not yet reported, in creation order.
     pub calls: Vec<CallRecord>,
-    /// Ids of the most recent calls that left the open set, and how (at most
-    /// [`RECENT_CLOSED_CALLS`], oldest first out: the head holds open work, not history).
-    pub closed_calls: BTreeMap<String, CallClosure>,
-    /// The order `closed_calls` were closed in, for eviction.
-    pub closed_order: VecDeque<String>,
+    /// The most recent calls that left the open set, and how, oldest first (at most
+    /// [`RECENT_CLOSED_CALLS`]: the head holds open work, not history).
+    pub closed_calls: VecDeque<(String, CallClosure)>,
     /// The live decision.
     pub decision: Option<Decision>,
     /// News waiting for a decision, in arrival order.
@@ -130,8 +132,9 @@ pub struct Session {
     pub turns: BTreeMap<String, TurnRecord>,
     /// Ended turns in the order they ended, for eviction.
     pub ended_order: VecDeque<String>,
-    /// Ids of ended turns evicted from `turns`: still known, so resubmitting one is a no-op.
-    pub past_turns: BTreeSet<String>,
+    /// Ids of ended turns evicted from `turns`, oldest first (at most [`PAST_TURN_IDS`]):
+    /// still known, so resubmitting one is a no-op.
+    pub past_turns: VecDeque<String>,
     /// Extra idempotency ids naming existing turns.
     pub turn_aliases: BTreeMap<String, String>,
     /// The running turn.
@@ -229,7 +232,12 @@ impl Session {
 
     /// Whether a call id was ever used in this session.
     pub fn call_id_used(&self, id: &str) -> bool {
-        self.call(id).is_some() || self.closed_calls.contains_key(id)
+        self.call(id).is_some() || self.closed_call(id).is_some()
+    }
+
+    /// How a recently closed call left the open set.
+    pub fn closed_call(&self, id: &str) -> Option<CallClosure> {
+        self.closed_calls.iter().rev().find(|(c, _)| c == id).map(|(_, how)| *how)
     }
 
     /// Tool and sub-agent calls not yet reported (the protocol's `pending_calls`).
@@ -250,7 +258,7 @@ impl Session {
     /// Whether a turn id (or alias) was ever used in this session.
     pub fn knows_turn(&self, id: &str) -> bool {
         let id = self.resolve_turn_id(id);
-        self.turns.contains_key(id) || self.past_turns.contains(id)
+        self.turns.contains_key(id) || self.past_turns.iter().any(|t| t == id)
     }
 
     /// The open interrupts that pause the active branch.
