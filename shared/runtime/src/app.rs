@@ -8,10 +8,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use turnstone_engine::protocol::{AgentConfig, ClientInput, TreeNode, WorkerIdentity};
+use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
-    Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, TurnOrigin, TurnRecord,
-    handle,
+    Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree, TurnOrigin,
+    TurnRecord, handle,
 };
 use turnstone_engine::time::Timestamp;
 
@@ -82,7 +82,7 @@ pub struct App {
     handoff: Mutex<HashMap<String, Effect>>,
     /// The message nodes this host last saw per session: messages are immutable and only
     /// appended, so a load re-reads only the nodes after them (bounded; cleared when full).
-    messages: Mutex<HashMap<String, Vec<Arc<TreeNode>>>>,
+    messages: Mutex<HashMap<String, Tree>>,
     hub: Hub,
     entropy: AtomicU64,
 }
@@ -185,13 +185,12 @@ impl App {
     /// has not seen yet are read.
     pub async fn load(&self, session_id: &str) -> Result<(Session, u64)> {
         let known = self.messages_lock().get(session_id).cloned();
-        if let Some(mut nodes) = known {
-            let Some((loaded, new)) = self.store.load_since(session_id, nodes.len() as u64).await? else {
+        if let Some(known) = known {
+            let Some((loaded, new)) = self.store.load_since(session_id, known.len() as u64).await? else {
                 return Ok((Session::new(session_id), 0));
             };
             let mut session = loaded.session;
-            nodes.extend(new.into_iter().map(Arc::new));
-            session.tree.restore_shared(nodes);
+            session.tree.restore_onto(&known, new);
             if session.tree.is_whole() {
                 self.remember_messages(&session);
                 return Ok((session, loaded.version));
@@ -215,10 +214,10 @@ impl App {
         if cache.len() >= Self::MESSAGE_CACHE_SESSIONS && !cache.contains_key(&session.id) {
             cache.clear();
         }
-        cache.insert(session.id.clone(), session.tree.shared_nodes().to_vec());
+        cache.insert(session.id.clone(), session.tree.clone());
     }
 
-    fn messages_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<TreeNode>>>> {
+    fn messages_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tree>> {
         // A poisoned cache is still a valid cache: entries are only prefixes of immutable data.
         self.messages.lock().unwrap_or_else(|p| p.into_inner())
     }

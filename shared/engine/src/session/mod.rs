@@ -295,9 +295,7 @@ impl Session {
 }
 
 fn newest_on_path<'a, T>(tree: &Tree, versions: &'a [Versioned<T>]) -> Option<&'a T> {
-    if versions.is_empty() {
-        return None;
-    }
-    let on_path = tree.active_set();
-    versions.iter().rev().find(|v| v.anchor.as_ref().is_none_or(|a| on_path.contains(a))).map(|v| &v.value)
+    // Newest first; each check walks up from the head without allocating (versions are few,
+    // and the newest usually applies).
+    versions.iter().rev().find(|v| tree.is_on_active_path(v.anchor.as_deref())).map(|v| &v.value)
 }

@@ -83,6 +83,17 @@ impl Tree {
         self.nodes = nodes;
     }
 
+    /// [`Tree::restore`] from a tree this host already holds (`base`, a prefix of the
+    /// session's nodes) plus the nodes recorded after it: costs the new nodes, not the transcript.
+    pub fn restore_onto(&mut self, base: &Tree, new: Vec<TreeNode>) {
+        self.nodes = base.nodes.clone();
+        self.index = base.index.clone();
+        for node in new {
+            self.index.insert(Arc::from(node.message.id.as_str()), self.nodes.len());
+            self.nodes.push(Arc::new(node));
+        }
+    }
+
     /// The recorded nodes, shared.
     pub fn shared_nodes(&self) -> &[Arc<TreeNode>] {
         &self.nodes
