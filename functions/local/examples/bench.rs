@@ -307,6 +307,17 @@ impl Store for CountingStore {
         loaded
     }
 
+    async fn load_since(
+        &self,
+        session_id: &str,
+        from: u64,
+    ) -> Result<Option<(Loaded, Vec<turnstone_engine::protocol::TreeNode>)>, StoreError> {
+        let started = Instant::now();
+        let loaded = self.inner.load_since(session_id, from).await;
+        self.probe.loaded(session_id, started, started.elapsed());
+        loaded
+    }
+
     async fn commit(
         &self,
         session_id: &str,
