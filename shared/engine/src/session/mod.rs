@@ -18,7 +18,7 @@ mod respond;
 mod tool_input;
 mod tree;
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -286,11 +286,6 @@ impl Session {
     /// Whether `name` is a sub-agent of the current config.
     pub fn is_sub_agent(&self, name: &str) -> bool {
         self.current_agent().is_some_and(|a| a.sub_agents().iter().any(|s| s.id == name))
-    }
-
-    /// The ids of calls whose report is queued or running (settled, not yet reported).
-    pub fn unreported_settled_calls(&self) -> BTreeSet<&str> {
-        self.calls.iter().filter(|c| c.is_settled()).map(|c| c.id.as_str()).collect()
     }
 }
 

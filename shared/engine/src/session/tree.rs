@@ -174,11 +174,6 @@ impl Tree {
         false
     }
 
-    /// The ids on the active path, as a set.
-    pub fn active_set(&self) -> HashSet<String> {
-        self.path_ids_to(self.head()).into_iter().collect()
-    }
-
     /// Reads `drafts` as the conversation root to head and says what recording it writes.
     /// System messages are skipped (the system prompt belongs to the agent config).
     pub fn reconcile(&self, drafts: &[DraftMessage], ids: &mut IdMinter) -> Reconciled {
