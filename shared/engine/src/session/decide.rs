@@ -123,7 +123,7 @@ impl Tx {
             TriggerSource::ClientMessage { message } => {
                 // The view is the active path plus the message: kept by reference to the path.
                 let head = s.tree.head().map(str::to_owned);
-                let new_from = s.tree.path_ids_to(head.as_deref()).len();
+                let new_from = s.tree.path_len(head.as_deref());
                 let client = ClientContext::default();
                 let t = ClientMessagesTrigger { messages: vec![message.clone()], new_from, client };
                 (Trigger::ClientMessages(t), None, Some(PathRef { head }))

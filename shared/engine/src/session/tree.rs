@@ -24,6 +24,8 @@ pub struct Tree {
     head: Option<String>,
     /// Node id -> index in `nodes`; derived, rebuilt on load.
     index: HashMap<Arc<str>, usize>,
+    /// Depth of each node (a root is 0); derived, so ancestry checks stop at the right level.
+    depths: Vec<u32>,
 }
 
 /// A tree serializes as its head only: messages are immutable and a store keeps them apart
@@ -37,7 +39,7 @@ struct TreeData {
 
 impl From<TreeData> for Tree {
     fn from(data: TreeData) -> Self {
-        Tree { nodes: Vec::new(), head: data.head, index: HashMap::new() }
+        Tree { nodes: Vec::new(), head: data.head, index: HashMap::new(), depths: Vec::new() }
     }
 }
 
@@ -79,8 +81,29 @@ impl Tree {
 
     /// [`Tree::restore`] from shared nodes (e.g. a host's cache of a session's messages).
     pub fn restore_shared(&mut self, nodes: Vec<Arc<TreeNode>>) {
-        self.index = nodes.iter().enumerate().map(|(i, n)| (Arc::from(n.message.id.as_str()), i)).collect();
-        self.nodes = nodes;
+        self.nodes = Vec::with_capacity(nodes.len());
+        self.index = HashMap::with_capacity(nodes.len());
+        self.depths = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            self.push(node);
+        }
+    }
+
+    /// Appends a node (its parent is already in the tree, or it is a root).
+    fn push(&mut self, node: Arc<TreeNode>) {
+        let depth = node.parent_id.as_deref().and_then(|p| self.depth_of(p)).map_or(0, |d| d + 1);
+        self.index.insert(Arc::from(node.message.id.as_str()), self.nodes.len());
+        self.depths.push(depth);
+        self.nodes.push(node);
+    }
+
+    fn depth_of(&self, id: &str) -> Option<u32> {
+        self.index.get(id).map(|&i| self.depths[i])
+    }
+
+    /// How many messages the path from the root to `node` holds.
+    pub fn path_len(&self, node: Option<&str>) -> usize {
+        node.and_then(|n| self.depth_of(n)).map_or(0, |d| d as usize + 1)
     }
 
     /// [`Tree::restore`] from a tree this host already holds (`base`, a prefix of the
@@ -88,9 +111,9 @@ impl Tree {
     pub fn restore_onto(&mut self, base: &Tree, new: Vec<TreeNode>) {
         self.nodes = base.nodes.clone();
         self.index = base.index.clone();
+        self.depths = base.depths.clone();
         for node in new {
-            self.index.insert(Arc::from(node.message.id.as_str()), self.nodes.len());
-            self.nodes.push(Arc::new(node));
+            self.push(Arc::new(node));
         }
     }
 
@@ -164,12 +187,15 @@ impl Tree {
     /// Whether `ancestor` is `node` or one of its ancestors (`None` is everyone's).
     pub fn is_ancestor_or_self(&self, ancestor: Option<&str>, node: Option<&str>) -> bool {
         let Some(ancestor) = ancestor else { return true };
+        let Some(level) = self.depth_of(ancestor) else { return false };
+        // Walk up only to the ancestor's depth: the check costs the distance, not the path.
         let mut cursor = node;
         while let Some(id) = cursor {
-            if id == ancestor {
-                return true;
+            let Some(&i) = self.index.get(id) else { return false };
+            if self.depths[i] <= level {
+                return self.depths[i] == level && id == ancestor;
             }
-            cursor = self.get(id).and_then(|n| n.parent_id.as_deref());
+            cursor = self.nodes[i].parent_id.as_deref();
         }
         false
     }
@@ -245,8 +271,7 @@ impl Tree {
     /// Records `message` under `parent` and makes it the head.
     pub(crate) fn record(&mut self, message: Message, parent: Option<String>) {
         let id = message.id.clone();
-        self.index.insert(Arc::from(id.as_str()), self.nodes.len());
-        self.nodes.push(Arc::new(TreeNode { message, parent_id: parent }));
+        self.push(Arc::new(TreeNode { message, parent_id: parent }));
         self.head = Some(id);
     }
 
@@ -376,5 +401,32 @@ mod tests {
         assert_eq!(r.new_nodes.len(), 1);
         assert_eq!(r.new_nodes[0].0.id, "client-1");
         assert_eq!(r.new_from, 1);
+    }
+
+    #[test]
+    fn ancestry_and_path_length_across_branches() {
+        let mut tree = Tree::default();
+        let mut minter = IdMinter::new(1);
+        let view = [DraftMessage::user("a").with_id("a"), DraftMessage::user("b").with_id("b")];
+        let r = tree.reconcile(&view, &mut minter);
+        apply(&mut tree, &r);
+        let fork =
+            [view[0].clone(), DraftMessage::user("b2").with_id("b2"), DraftMessage::user("c2").with_id("c2")];
+        let r = tree.reconcile(&fork, &mut minter);
+        apply(&mut tree, &r);
+        assert_eq!(tree.path_len(tree.head()), 3);
+        assert_eq!(tree.path_len(None), 0);
+        assert!(tree.is_ancestor_or_self(Some("a"), Some("c2")));
+        assert!(tree.is_ancestor_or_self(Some("b2"), Some("c2")));
+        assert!(!tree.is_ancestor_or_self(Some("b"), Some("c2")), "a sibling branch is not an ancestor");
+        assert!(!tree.is_ancestor_or_self(Some("c2"), Some("a")), "a descendant is not an ancestor");
+        assert!(!tree.is_ancestor_or_self(Some("missing"), Some("c2")));
+        assert!(tree.is_on_active_path(Some("b2")) && !tree.is_on_active_path(Some("b")));
+        // A restored tree computes the same depths.
+        let mut restored = Tree::default();
+        restored.restore(tree.nodes().cloned().collect());
+        restored.move_head(tree.head().map(str::to_owned));
+        assert_eq!(restored.path_len(restored.head()), 3);
+        assert!(!restored.is_on_active_path(Some("b")));
     }
 }
