@@ -96,7 +96,7 @@ pub struct Executed {
     pub events: Vec<Event>,
     /// The head's version after the commit (as loaded, when nothing was written).
     pub version: u64,
-    /// An effect this commit also claimed (see [`App::execute_claiming`]): the caller performs
+    /// An effect this commit also claimed (see `App::execute_claiming`): the caller performs
     /// it next, without a claim commit of its own.
     pub claimed: Option<Effect>,
 }
@@ -291,14 +291,16 @@ impl App {
             }
             let now = self.clock.now();
             let mut claimed = None;
-            if claim && let Some(effect) = claimable(&session.plan(now)) {
-                if let Ok(t) = handle(&session, claim_command(&effect), &self.ctx()) {
-                    events.extend(t.events);
-                    session = t.session;
-                    claimed = Some(effect);
-                }
+            let mut plan = session.plan(now);
+            if claim
+                && let Some(effect) = claimable(&plan)
+                && let Ok(t) = handle(&session, claim_command(&effect), &self.ctx())
+            {
+                events.extend(t.events);
+                session = t.session;
+                claimed = Some(effect);
+                plan = session.plan(now);
             }
-            let plan = session.plan(now);
             // Work due now is also recorded as due, so the sweep finds it if the wake-up is lost.
             let wake_at = if plan.effects.is_empty() { plan.wake_at } else { Some(now) };
             let commit = Commit { session: &session, events: &events, wake_at };

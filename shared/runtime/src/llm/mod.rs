@@ -20,6 +20,7 @@ pub mod anthropic;
 pub mod error;
 mod http;
 pub mod openai;
+pub mod provider;
 pub mod scripted;
 
 use std::fmt;
@@ -34,6 +35,7 @@ use turnstone_engine::protocol::{LlmRequest, LlmResponse, StreamDelta};
 pub use anthropic::AnthropicProvider;
 pub use error::ProviderError;
 pub use openai::OpenAiProvider;
+pub use provider::HttpProvider;
 pub use scripted::ScriptedProvider;
 
 /// How long establishing a connection to a provider may take.
