@@ -10,20 +10,20 @@
 
 use std::ops::Deref;
 use std::path::Path;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use turnstone_embedded::{MemoryQueue, SqliteStore};
+use turnstone_runtime::api::{EventPage, LoggedEvent, SessionSummary, Submitted, Turn};
 use turnstone_runtime::app::{App, Parts};
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
 use turnstone_runtime::http::HttpConfig;
+use turnstone_runtime::net::{self, SseEvent, SseStream};
 use turnstone_runtime::worker::WorkerClient;
 
 /// How many queue workers the test host runs.
@@ -142,7 +142,7 @@ pub struct ApiClient {
 impl ApiClient {
     /// A client for the host at `base` (`http://host:port`, no trailing slash).
     pub fn new(base: impl Into<String>) -> Self {
-        let http = reqwest::Client::builder().tcp_nodelay(true).build().expect("an HTTP client");
+        let http = net::client().expect("an HTTP client");
         ApiClient { base: base.into().trim_end_matches('/').to_owned(), http }
     }
 
@@ -185,32 +185,37 @@ impl ApiClient {
         self.post(&format!("/v1/sessions/{session}/inputs"), input).await
     }
 
+    /// `GET <path>`, which must answer 200 with a `T`.
+    pub async fn get_ok<T: DeserializeOwned>(&self, path: &str) -> T {
+        let (status, body) = self.get(path).await;
+        assert_eq!(status, 200, "GET {path}: {body}");
+        serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
     /// Submits a `ClientInput` that must be accepted (202); returns its `turn_id`.
     pub async fn submit_ok(&self, session: &str, input: &Value) -> String {
         let (status, body) = self.submit(session, input).await;
         assert_eq!(status, 202, "submit {input} -> {body}");
-        body["turn_id"].as_str().map(str::to_owned).unwrap_or_default()
+        let submitted: Submitted = serde_json::from_value(body).expect("a submit answer");
+        submitted.turn_id.unwrap_or_default()
     }
 
     /// Waits (long-polling `GET .../turns/{turn_id}?wait=30`) until the turn has ended;
     /// returns the turn record.
-    pub async fn wait_turn(&self, session: &str, turn_id: &str) -> Value {
+    pub async fn wait_turn(&self, session: &str, turn_id: &str) -> Turn {
         let started = tokio::time::Instant::now();
         loop {
-            let (status, turn) = self.get(&format!("/v1/sessions/{session}/turns/{turn_id}?wait=30")).await;
-            assert_eq!(status, 200, "GET turn {turn_id}: {turn}");
-            if matches!(turn["status"].as_str(), Some("completed" | "failed" | "cancelled")) {
+            let turn: Turn = self.get_ok(&format!("/v1/sessions/{session}/turns/{turn_id}?wait=30")).await;
+            if turn.status.is_ended() {
                 return turn;
             }
-            assert!(started.elapsed() < Duration::from_secs(60), "turn {turn_id} never ended: {turn}");
+            assert!(started.elapsed() < Duration::from_secs(60), "turn {turn_id} never ended: {turn:?}");
         }
     }
 
     /// `GET /v1/sessions/{session}`: the summary.
-    pub async fn summary(&self, session: &str) -> Value {
-        let (status, body) = self.get(&format!("/v1/sessions/{session}")).await;
-        assert_eq!(status, 200, "GET session {session}: {body}");
-        body
+    pub async fn summary(&self, session: &str) -> SessionSummary {
+        self.get_ok(&format!("/v1/sessions/{session}")).await
     }
 
     /// Polls the summary until `ready` holds (panics after `timeout`).
@@ -218,15 +223,18 @@ impl ApiClient {
         &self,
         session: &str,
         timeout: Duration,
-        ready: impl Fn(&Value) -> bool,
-    ) -> Value {
+        ready: impl Fn(&SessionSummary) -> bool,
+    ) -> SessionSummary {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let (status, summary) = self.get(&format!("/v1/sessions/{session}")).await;
-            if status == 200 && ready(&summary) {
-                return summary;
+            let (status, body) = self.get(&format!("/v1/sessions/{session}")).await;
+            if status == 200 {
+                let summary: SessionSummary = serde_json::from_value(body.clone()).expect("a summary");
+                if ready(&summary) {
+                    return summary;
+                }
             }
-            assert!(tokio::time::Instant::now() < deadline, "session {session} never got there: {summary}");
+            assert!(tokio::time::Instant::now() < deadline, "session {session} never got there: {body}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -245,20 +253,19 @@ impl ApiClient {
         body
     }
 
-    /// Every durable event after `after`, paging through `GET .../events?after=`; each is
-    /// `{"seq": n, "event": {"type": ..}}`.
-    pub async fn events(&self, session: &str, after: u64) -> Vec<Value> {
+    /// Every durable event after `after`, paging through `GET .../events?after=`; the events
+    /// are read as JSON (`{"type": ..}`), as the wire has them.
+    pub async fn events(&self, session: &str, after: u64) -> Vec<LoggedEvent<Value>> {
         let mut all = Vec::new();
         let mut after = after;
         loop {
-            let (status, body) = self.get(&format!("/v1/sessions/{session}/events?after={after}")).await;
-            assert_eq!(status, 200, "GET events: {body}");
-            let page = body["events"].as_array().cloned().unwrap_or_default();
-            if page.is_empty() {
+            let page: EventPage<Value> =
+                self.get_ok(&format!("/v1/sessions/{session}/events?after={after}")).await;
+            if page.events.is_empty() {
                 return all;
             }
-            after = body["next_after"].as_u64().expect("next_after");
-            all.extend(page);
+            after = page.next_after;
+            all.extend(page.events);
         }
     }
 
@@ -273,7 +280,7 @@ impl ApiClient {
         }
         let response = request.send().await.expect("open the event stream");
         assert_eq!(response.status().as_u16(), 200, "event stream status");
-        EventStream { body: Box::pin(response.bytes_stream()), buffer: String::new() }
+        EventStream { events: SseStream::new(response, 32 << 20) }
     }
 }
 
@@ -283,53 +290,33 @@ async fn status_and_json(response: reqwest::Response) -> (u16, Value) {
     (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
-/// One Server-Sent Event.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SseFrame {
-    /// `id:`, if any (durable events carry their sequence number).
-    pub id: Option<String>,
-    /// `event:` (`message` when absent).
-    pub event: String,
-    /// `data:`, the lines joined by `\n`.
-    pub data: String,
+/// One Server-Sent Event of the log stream.
+pub type SseFrame = SseEvent;
+
+/// What tests read of a frame.
+pub trait FrameExt {
+    /// The data as JSON (`Null` when it is not JSON).
+    fn json(&self) -> Value;
 }
 
-impl SseFrame {
-    /// The id as a sequence number.
-    pub fn seq(&self) -> Option<u64> {
-        self.id.as_deref().and_then(|id| id.parse().ok())
-    }
-
-    /// The data as JSON.
-    pub fn json(&self) -> Value {
+impl FrameExt for SseEvent {
+    fn json(&self) -> Value {
         serde_json::from_str(&self.data).unwrap_or(Value::Null)
     }
 }
 
 /// An open event stream; dropping it closes the connection.
 pub struct EventStream {
-    body: Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>,
-    buffer: String,
+    events: SseStream,
 }
 
 impl EventStream {
     /// The next event (comments such as keep-alives are skipped); `None` when the stream
     /// ends or nothing arrives within `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<SseFrame> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            while let Some(end) = self.buffer.find("\n\n") {
-                let block: String = self.buffer.drain(..end + 2).collect();
-                if let Some(frame) = parse_frame(&block) {
-                    return Some(frame);
-                }
-            }
-            match tokio::time::timeout_at(deadline, self.body.next()).await {
-                Ok(Some(Ok(chunk))) => {
-                    self.buffer.push_str(&String::from_utf8_lossy(&chunk).replace("\r\n", "\n"));
-                }
-                Ok(Some(Err(_)) | None) | Err(_) => return None,
-            }
+        match tokio::time::timeout(timeout, self.events.next()).await {
+            Ok(Some(Ok(frame))) => Some(frame),
+            Ok(Some(Err(_)) | None) | Err(_) => None,
         }
     }
 
@@ -349,27 +336,4 @@ impl EventStream {
             }
         }
     }
-}
-
-fn parse_frame(block: &str) -> Option<SseFrame> {
-    let mut id = None;
-    let mut event = None;
-    let mut data: Vec<&str> = Vec::new();
-    for line in block.lines() {
-        if line.is_empty() || line.starts_with(':') {
-            continue;
-        }
-        let (field, value) = line.split_once(':').unwrap_or((line, ""));
-        let value = value.strip_prefix(' ').unwrap_or(value);
-        match field {
-            "id" => id = Some(value.to_owned()),
-            "event" => event = Some(value.to_owned()),
-            "data" => data.push(value),
-            _ => {}
-        }
-    }
-    if id.is_none() && event.is_none() && data.is_empty() {
-        return None;
-    }
-    Some(SseFrame { id, event: event.unwrap_or_else(|| "message".to_owned()), data: data.join("\n") })
 }

@@ -26,4 +26,4 @@ pub use fake::{FakeServer, FakeToolCall, Recorded, Reply};
 pub use fake_anthropic::FakeAnthropic;
 pub use fake_openai::FakeOpenAi;
 pub use fake_worker::{FakeAnswer, FakeWorker, Gate, WorkerRecord, tool_answer, tools_script};
-pub use host::{ApiClient, EventStream, SseFrame, TestHost};
+pub use host::{ApiClient, EventStream, FrameExt, SseFrame, TestHost};

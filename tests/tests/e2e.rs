@@ -15,8 +15,10 @@ use tempfile::TempDir;
 use turnstone_engine::protocol::{
     Action, DecisionResponse, InterruptAction, LlmResultAction, ToolInput, Trigger,
 };
+use turnstone_engine::session::TurnStatus;
+use turnstone_runtime::api::{LoggedEvent, SessionStatus, Turn};
 use turnstone_tests::{
-    FakeAnswer, FakeOpenAi, FakeToolCall, FakeWorker, Gate, Reply, SseFrame, TestHost, tools_script,
+    FakeAnswer, FakeOpenAi, FakeToolCall, FakeWorker, FrameExt, Gate, Reply, SseFrame, TestHost, tools_script,
 };
 
 /// Long enough for anything a test waits on; tests finish in well under a second each when
@@ -151,8 +153,8 @@ fn openai_transcript(body: &Value) -> Vec<String> {
         .collect()
 }
 
-fn event_types(events: &[Value]) -> Vec<String> {
-    events.iter().map(|e| e["event"]["type"].as_str().unwrap().to_owned()).collect()
+fn event_types(events: &[LoggedEvent<Value>]) -> Vec<String> {
+    events.iter().map(|e| e.event["type"].as_str().unwrap().to_owned()).collect()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -173,18 +175,18 @@ async fn plain_reply() {
     assert_eq!(body, json!({"session_id": "s-plain", "turn_id": "turn-1", "queued": false}));
 
     let turn = host.wait_turn("s-plain", "turn-1").await;
-    assert_eq!(turn["status"], "completed", "{turn}");
-    assert_eq!(turn["data"], "Hello there, friend.");
-    assert_eq!(turn["error"], Value::Null);
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
+    assert_eq!(turn.data, Some(json!("Hello there, friend.")));
+    assert_eq!(turn.error, None);
 
     let messages = host.messages("s-plain").await;
     assert_eq!(transcript(&messages), ["user: Hi!", "assistant: Hello there, friend."]);
     assert_eq!(messages[0]["content"], "Hi!");
     // The reply's id is its LLM call's.
     let events = host.events("s-plain", 0).await;
-    let call = events.iter().find(|e| e["event"]["type"] == "call_created").expect("a call.created event");
-    assert_eq!(call["event"]["call"]["spec"]["kind"], "llm_call");
-    assert_eq!(messages[1]["id"], call["event"]["call"]["id"]);
+    let call = events.iter().find(|e| e.event["type"] == "call_created").expect("a call.created event");
+    assert_eq!(call.event["call"]["spec"]["kind"], "llm_call");
+    assert_eq!(messages[1]["id"], call.event["call"]["id"]);
 
     assert_eq!(openai.request_count(), 1);
     let request = openai.last_request();
@@ -194,11 +196,11 @@ async fn plain_reply() {
     assert_eq!(openai_transcript(&request.body), ["system: Be brief.", "user: Hi!"]);
 
     let summary = host.summary("s-plain").await;
-    assert_eq!(summary["status"], "idle");
-    assert_eq!(summary["agent_id"], "plain");
-    assert_eq!(summary["active_turn"], Value::Null);
-    assert_eq!(summary["usage"]["llm_calls"], 1);
-    assert_eq!(summary["messages"], 2);
+    assert_eq!(summary.status, SessionStatus::Idle);
+    assert_eq!(summary.agent_id, "plain");
+    assert_eq!(summary.active_turn, None);
+    assert_eq!(summary.usage.llm_calls, 1);
+    assert_eq!(summary.messages, 2);
     host.stop().await;
 }
 
@@ -230,8 +232,8 @@ async fn streaming_reply_reaches_the_event_stream() {
     }
     assert_eq!(deltas, "The quick brown", "in order, nothing more yet");
     // The call is still running.
-    let (_, turn) = host.get(&format!("/v1/sessions/s-stream/turns/{turn_id}")).await;
-    assert_eq!(turn["status"], "active");
+    let turn: Turn = host.get_ok(&format!("/v1/sessions/s-stream/turns/{turn_id}")).await;
+    assert_eq!(turn.status, TurnStatus::Active);
     assert!(frames.iter().all(|f| f.event != "message.recorded" || f.json()["message"]["role"] == "user"));
 
     openai.release();
@@ -256,7 +258,7 @@ async fn streaming_reply_reaches_the_event_stream() {
     drop(stream);
 
     let turn = host.wait_turn("s-stream", &turn_id).await;
-    assert_eq!(turn["status"], "completed");
+    assert_eq!(turn.status, TurnStatus::Completed);
     assert_eq!(
         transcript(&host.messages("s-stream").await),
         ["user: Tell me.", format!("assistant: {text}").as_str()]
@@ -285,8 +287,8 @@ async fn tool_loop_with_two_parallel_worker_tools() {
 
     let turn_id = host.submit_ok("s-tools", &message("calc", "Add 2 and 3; shout hi.")).await;
     let turn = host.wait_turn("s-tools", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
-    assert_eq!(turn["data"], "2+3 is 5 and hi is HI.");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
+    assert_eq!(turn.data, Some(json!("2+3 is 5 and hi is HI.")));
 
     assert_eq!(
         transcript(&host.messages("s-tools").await),
@@ -374,7 +376,7 @@ async fn tool_with_invalid_arguments() {
 
     let turn_id = host.submit_ok("s-invalid", &message("calc", "Add two.")).await;
     let turn = host.wait_turn("s-invalid", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
     assert_eq!(executed.load(Ordering::SeqCst), 0, "the worker executed nothing");
 
     let execute = worker
@@ -431,17 +433,15 @@ input = { type = "object", properties = { question = { type = "string" } }, requ
     let (host, _dir) = host(&config(&openai, agents)).await;
 
     let turn_id = host.submit_ok("s-client", &message("asker", "Deploy it.")).await;
-    let summary = host
-        .wait_summary("s-client", PATIENCE, |s| !s["pending_client_calls"].as_array().unwrap().is_empty())
-        .await;
-    assert_eq!(summary["status"], "waiting");
-    assert_eq!(summary["active_turn"], turn_id.as_str());
+    let summary = host.wait_summary("s-client", PATIENCE, |s| !s.pending_client_calls.is_empty()).await;
+    assert_eq!(summary.status, SessionStatus::Waiting);
+    assert_eq!(summary.active_turn.as_deref(), Some(turn_id.as_str()));
     assert_eq!(
-        summary["pending_client_calls"],
+        serde_json::to_value(&summary.pending_client_calls).unwrap(),
         json!([{"id": "call_ask", "name": "confirm", "arguments": r#"{"question":"Deploy?"}"#, "attempt": 1}])
     );
-    let (_, turn) = host.get(&format!("/v1/sessions/s-client/turns/{turn_id}")).await;
-    assert_eq!(turn["status"], "active");
+    let turn: Turn = host.get_ok(&format!("/v1/sessions/s-client/turns/{turn_id}")).await;
+    assert_eq!(turn.status, TurnStatus::Active);
 
     let (status, body) =
         host.submit("s-client", &json!({"type": "tool.result", "id": "call_ask", "result": "yes"})).await;
@@ -449,7 +449,7 @@ input = { type = "object", properties = { question = { type = "string" } }, requ
     assert_eq!(body["turn_id"], Value::Null);
 
     let turn = host.wait_turn("s-client", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
     assert_eq!(
         transcript(&host.messages("s-client").await),
         [
@@ -460,8 +460,8 @@ input = { type = "object", properties = { question = { type = "string" } }, requ
         ]
     );
     let summary = host.summary("s-client").await;
-    assert_eq!(summary["pending_client_calls"], json!([]));
-    assert_eq!(summary["status"], "idle");
+    assert_eq!(serde_json::to_value(&summary.pending_client_calls).unwrap(), json!([]));
+    assert_eq!(summary.status, SessionStatus::Idle);
 
     let (status, body) =
         host.submit("s-client", &json!({"type": "tool.result", "id": "call_ask", "result": "again"})).await;
@@ -503,12 +503,11 @@ async fn interrupt_resumed_through_interrupt_resume() {
     let (host, _dir) = host(&config(&openai, &agents)).await;
 
     let turn_id = host.submit_ok("s-int", &message("ops", "Deploy v2.")).await;
-    let summary =
-        host.wait_summary("s-int", PATIENCE, |s| !s["open_interrupts"].as_array().unwrap().is_empty()).await;
-    assert_eq!(summary["status"], "waiting");
-    assert_eq!(summary["active_turn"], turn_id.as_str());
+    let summary = host.wait_summary("s-int", PATIENCE, |s| !s.open_interrupts.is_empty()).await;
+    assert_eq!(summary.status, SessionStatus::Waiting);
+    assert_eq!(summary.active_turn.as_deref(), Some(turn_id.as_str()));
     assert_eq!(
-        summary["open_interrupts"],
+        serde_json::to_value(&summary.open_interrupts).unwrap(),
         json!([{"id": "int_approve", "reason": "needs approval", "payload": {"plan": "deploy v2"}}])
     );
     assert_eq!(transcript(&host.messages("s-int").await), ["user: Deploy v2.", "assistant: Shall I deploy?"]);
@@ -529,8 +528,8 @@ async fn interrupt_resumed_through_interrupt_resume() {
     assert_eq!(status, 202, "{body}");
 
     let turn = host.wait_turn("s-int", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
-    assert_eq!(turn["data"], "Deployed.");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
+    assert_eq!(turn.data, Some(json!("Deployed.")));
     let resumed = worker
         .records()
         .into_iter()
@@ -544,8 +543,8 @@ async fn interrupt_resumed_through_interrupt_resume() {
         ["user: Deploy v2.", "assistant: Shall I deploy?", "assistant: Deployed."]
     );
     let summary = host.summary("s-int").await;
-    assert_eq!(summary["open_interrupts"], json!([]));
-    assert_eq!(summary["status"], "idle");
+    assert_eq!(serde_json::to_value(&summary.open_interrupts).unwrap(), json!([]));
+    assert_eq!(summary.status, SessionStatus::Idle);
     host.stop().await;
 }
 
@@ -598,8 +597,8 @@ worker = "{}"
 
     let turn_id = host.submit_ok("s-boss", &message("boss", "Ask the helper.")).await;
     let turn = host.wait_turn("s-boss", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
-    assert_eq!(turn["data"], "The helper says 42.");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
+    assert_eq!(turn.data, Some(json!("The helper says 42.")));
 
     assert_eq!(
         transcript(&host.messages("s-boss").await),
@@ -622,8 +621,8 @@ worker = "{}"
     let child = children[0]["session_id"].as_str().unwrap().to_owned();
     assert!(child.ends_with("-call_h"), "{child}");
     let summary = host.summary(&child).await;
-    assert_eq!(summary["agent_id"], "helper");
-    assert_eq!(summary["status"], "idle");
+    assert_eq!(summary.agent_id, "helper");
+    assert_eq!(summary.status, SessionStatus::Idle);
     assert_eq!(transcript(&host.messages(&child).await), ["user: What is six times seven?", "assistant: 42"]);
     assert_eq!(child_model.request_count(), 1);
     assert_eq!(child_model.last_request().body["model"], "gpt-helper");
@@ -636,7 +635,7 @@ worker = "{}"
         assert_eq!(record.request.agent_id, "helper");
         assert_eq!(record.request.ancestry, ["s-boss"]);
     }
-    let created = &host.events(&child, 0).await[0]["event"];
+    let created = &host.events(&child, 0).await[0].event;
     assert_eq!(created["type"], "session_created");
     assert_eq!(created["init"]["parent"], json!({"session_id": "s-boss", "tool_call_id": "call_h"}));
     assert_eq!(created["init"]["ancestry"], json!(["s-boss"]));
@@ -666,7 +665,7 @@ async fn worker_500_twice_then_success() {
 
     let turn_id = host.submit_ok("s-flaky", &message("flaky", "Hello?")).await;
     let turn = host.wait_turn("s-flaky", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
     assert_eq!(transcript(&host.messages("s-flaky").await), ["user: Hello?", "assistant: Fine."]);
 
     let first = worker.records().into_iter().find(|r| r.trigger_name() == "client.messages").unwrap();
@@ -684,7 +683,7 @@ async fn worker_500_twice_then_success() {
     }
     let events = host.events("s-flaky", 0).await;
     let retries: Vec<&Value> =
-        events.iter().map(|e| &e["event"]).filter(|e| e["type"] == "decision_retry_scheduled").collect();
+        events.iter().map(|e| &e.event).filter(|e| e["type"] == "decision_retry_scheduled").collect();
     assert_eq!(retries.len(), 2);
     for retry in retries {
         assert_eq!(retry["decision_id"], decision_id.as_str());
@@ -727,8 +726,8 @@ worker = "{}"
     let turn_id = host.submit_ok("s-slow", &message("slow", "Anyone?")).await;
     let turn = host.wait_turn("s-slow", &turn_id).await;
     let took = started.elapsed();
-    assert_eq!(turn["status"], "failed", "{turn}");
-    let error = turn["error"].as_str().unwrap();
+    assert_eq!(turn.status, TurnStatus::Failed, "{turn:?}");
+    let error = turn.error.as_deref().unwrap();
     assert!(error.contains("client.messages"), "{error}");
     assert!(error.contains("timeout") || error.contains("timed out"), "{error}");
     assert!(error.contains("after 2 attempts"), "{error}");
@@ -745,7 +744,7 @@ worker = "{}"
     assert_eq!(openai.request_count(), 0, "no model call without the worker's answer");
     assert_eq!(transcript(&host.messages("s-slow").await), Vec::<String>::new());
     let summary = host.summary("s-slow").await;
-    assert_eq!(summary["active_turn"], Value::Null);
+    assert_eq!(summary.active_turn, None);
     host.stop().await;
 }
 
@@ -766,9 +765,9 @@ async fn worker_answering_garbage_fails_the_turn_at_once() {
     let started = Instant::now();
     let turn_id = host.submit_ok("s-garbage", &message("broken", "Hi")).await;
     let turn = host.wait_turn("s-garbage", &turn_id).await;
-    assert_eq!(turn["status"], "failed", "{turn}");
+    assert_eq!(turn.status, TurnStatus::Failed, "{turn:?}");
     assert!(started.elapsed() < Duration::from_secs(2), "failed after {:?}", started.elapsed());
-    let error = turn["error"].as_str().unwrap();
+    let error = turn.error.as_deref().unwrap();
     assert!(error.contains("failed: invalid_response: invalid worker response: "), "{error}");
     assert!(error.contains("client.messages"), "{error}");
     assert!(!error.contains("SECRET-TOKEN"), "the error quotes the body: {error}");
@@ -817,7 +816,7 @@ async fn worker_verifies_the_hmac_signature() {
 
     let turn_id = host.submit_ok("s-signed", &message("signed", "Sign it.")).await;
     let turn = host.wait_turn("s-signed", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
     let records = signed.records();
     assert_eq!(records.len(), 3, "session.start, client.messages, llm.finished");
     for record in &records {
@@ -828,8 +827,8 @@ async fn worker_verifies_the_hmac_signature() {
 
     let turn_id = host.submit_ok("s-forged", &message("forged", "Sign it.")).await;
     let turn = host.wait_turn("s-forged", &turn_id).await;
-    assert_eq!(turn["status"], "failed", "{turn}");
-    let error = turn["error"].as_str().unwrap();
+    assert_eq!(turn.status, TurnStatus::Failed, "{turn:?}");
+    let error = turn.error.as_deref().unwrap();
     assert!(error.contains("HTTP 401"), "{error}");
     assert!(!error.contains(SECRET) && !error.contains("whsec-e2e-wrong"), "{error}");
     assert!(forged.records().iter().all(|r| r.verified == Some(false)));
@@ -864,7 +863,7 @@ async fn turn_already_active_and_idempotent_turn_id() {
         (202, &json!({"session_id": "s-busy", "turn_id": "turn-a", "queued": false}))
     );
     worker.wait_for(PATIENCE, |r| r.trigger_name() == "client.messages").await;
-    let before = host.summary("s-busy").await["last_seq"].as_u64().unwrap();
+    let before = host.summary("s-busy").await.last_seq;
 
     let (status, body) = host.submit("s-busy", &message_as("busy", "Second.", "turn-b")).await;
     assert_eq!(status, 409, "{body}");
@@ -880,21 +879,21 @@ async fn turn_already_active_and_idempotent_turn_id() {
         (202, &json!({"session_id": "s-busy", "turn_id": "turn-a", "queued": false}))
     );
     let summary = host.summary("s-busy").await;
-    assert_eq!(summary["last_seq"].as_u64().unwrap(), before, "a refused or known input wrote something");
-    assert_eq!(summary["active_turn"], "turn-a");
+    assert_eq!(summary.last_seq, before, "a refused or known input wrote something");
+    assert_eq!(summary.active_turn.as_deref(), Some("turn-a"));
     let (status, _) = host.get("/v1/sessions/s-busy/turns/turn-b").await;
     assert_eq!(status, 404);
 
     gate.open();
     let turn = host.wait_turn("s-busy", "turn-a").await;
-    assert_eq!(turn["status"], "completed", "{turn}");
-    let after = host.summary("s-busy").await["last_seq"].as_u64().unwrap();
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
+    let after = host.summary("s-busy").await.last_seq;
     let (status, body) = host.submit("s-busy", &first).await;
     assert_eq!(
         (status, &body),
         (202, &json!({"session_id": "s-busy", "turn_id": "turn-a", "queued": false}))
     );
-    assert_eq!(host.summary("s-busy").await["last_seq"].as_u64().unwrap(), after);
+    assert_eq!(host.summary("s-busy").await.last_seq, after);
     assert_eq!(transcript(&host.messages("s-busy").await), ["user: First.", "assistant: First answer."]);
     assert_eq!(worker.trigger_names().iter().filter(|n| **n == "client.messages").count(), 1);
     host.stop().await;
@@ -945,18 +944,18 @@ async fn sse_resumes_with_last_event_id() {
     drop(resumed);
 
     let turn = host.wait_turn("s-sse", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
     let ids: Vec<u64> = seen.iter().map(|f| f.seq().expect("an id")).collect();
     let expected: Vec<u64> = (1..=ids.len() as u64).collect();
     assert_eq!(ids, expected, "ids strictly consecutive from 1, none missed or repeated");
     let log = host.events("s-sse", 0).await;
     assert_eq!(log.len(), seen.len(), "turn.ended is the last event");
     for (frame, logged) in seen.iter().zip(&log) {
-        assert_eq!(frame.seq(), logged["seq"].as_u64());
-        assert_eq!(frame.json(), logged["event"], "seq {:?}", frame.id);
-        assert_eq!(frame.event.replace('.', "_"), logged["event"]["type"].as_str().unwrap());
+        assert_eq!(frame.seq(), Some(logged.seq));
+        assert_eq!(frame.json(), logged.event, "seq {:?}", frame.id);
+        assert_eq!(frame.event.replace('.', "_"), logged.event["type"].as_str().unwrap());
     }
-    assert_eq!(host.summary("s-sse").await["last_seq"].as_u64().unwrap(), ids.len() as u64);
+    assert_eq!(host.summary("s-sse").await.last_seq, ids.len() as u64);
     // Resuming at the end sends nothing old.
     let mut tail = host.stream("s-sse", Some(ids.len() as u64)).await;
     assert_eq!(tail.next(Duration::from_millis(300)).await, None);
@@ -1001,14 +1000,14 @@ async fn worker_streams_an_llm_execute_answer() {
     let execute = worker.records().into_iter().find(|r| r.trigger_name() == "llm.execute").unwrap();
     let Trigger::LlmExecute(t) = &execute.request.trigger else { unreachable!() };
     let deltas: Vec<Value> =
-        frames.iter().filter(|f| f.event == "llm.token.delta").map(SseFrame::json).collect();
+        frames.iter().filter(|f| f.event == "llm.token.delta").map(FrameExt::json).collect();
     assert!(!deltas.is_empty());
     assert!(deltas.iter().all(|d| d["call_id"] == t.id.as_str()), "{deltas:?}");
     let text: String = deltas.iter().map(|d| d["delta"]["text"].as_str().unwrap_or_default()).collect();
     assert_eq!(text, "Hello from the worker.");
 
     let turn = host.wait_turn("s-wstream", &turn_id).await;
-    assert_eq!(turn["status"], "completed", "{turn}");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
     assert_eq!(
         transcript(&host.messages("s-wstream").await),
         ["user: Hi worker.", "assistant: Hello from the worker."]
@@ -1096,14 +1095,14 @@ async fn old_turns_are_answered_from_the_log() {
     for i in 0..turns {
         let turn_id = format!("t{i}");
         host.submit_ok("s-old", &message_as("echo", &format!("m{i}"), &turn_id)).await;
-        assert_eq!(host.wait_turn("s-old", &turn_id).await["status"], "completed");
+        assert_eq!(host.wait_turn("s-old", &turn_id).await.status, TurnStatus::Completed);
     }
     let first = host.wait_turn("s-old", "t0").await;
-    assert_eq!(first["status"], "completed", "{first}");
-    assert_eq!(first["data"], "You said: m0");
-    let last_seq = host.summary("s-old").await["last_seq"].clone();
+    assert_eq!(first.status, TurnStatus::Completed, "{first:?}");
+    assert_eq!(first.data, Some(json!("You said: m0")));
+    let last_seq = host.summary("s-old").await.last_seq;
     let (status, body) = host.submit("s-old", &message_as("echo", "again", "t0")).await;
     assert_eq!((status, &body["turn_id"]), (202, &json!("t0")), "{body}");
-    assert_eq!(host.summary("s-old").await["last_seq"], last_seq);
+    assert_eq!(host.summary("s-old").await.last_seq, last_seq);
     host.stop().await;
 }

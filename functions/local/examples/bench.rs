@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
-use serde_json::Value;
 use tokio::sync::watch;
 use turnstone_embedded::{MemoryQueue, SqliteStore, StoreStats};
 use turnstone_engine::protocol::{
@@ -37,13 +36,14 @@ use turnstone_engine::protocol::{
 };
 use turnstone_engine::session::{Event, TurnStatus};
 use turnstone_engine::time::Timestamp;
+use turnstone_runtime::api::{ApiError, Submitted, Turn};
 use turnstone_runtime::app::{App, Parts};
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
 use turnstone_runtime::http::HttpConfig;
 use turnstone_runtime::llm::{ModelProvider, ProviderError};
 use turnstone_runtime::store::{
-    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionSummary, Store, StoreError,
+    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
 use turnstone_runtime::worker::WorkerClient;
 
@@ -351,7 +351,7 @@ impl Store for CountingStore {
         filter: &SessionFilter,
         cursor: Option<&str>,
         limit: usize,
-    ) -> Result<Page<SessionSummary>, StoreError> {
+    ) -> Result<Page<SessionListing>, StoreError> {
         self.inner.list_sessions(filter, cursor, limit).await
     }
 
@@ -492,15 +492,14 @@ async fn http_client(
             .await
             .with_context(|| format!("POST {inputs}"))?;
         let status = response.status();
-        let answer: Value = response.json().await.with_context(|| format!("POST {inputs}: answer"))?;
+        let answer = response.bytes().await.with_context(|| format!("POST {inputs}: answer"))?;
         let submit = started.elapsed();
         if status != reqwest::StatusCode::ACCEPTED {
-            bail!("POST {inputs}: HTTP {status}: {answer}");
+            bail!("POST {inputs}: {}", ApiError::from_answer(status, &answer));
         }
-        let turn_id = answer
-            .get("turn_id")
-            .and_then(Value::as_str)
-            .with_context(|| format!("POST {inputs}: no turn_id in {answer}"))?;
+        let submitted: Submitted =
+            serde_json::from_slice(&answer).with_context(|| format!("POST {inputs}"))?;
+        let turn_id = submitted.turn_id.with_context(|| format!("POST {inputs}: no turn_id"))?;
         let url = format!("{base}/v1/sessions/{session_id}/turns/{turn_id}?wait={TURN_WAIT_SECS}");
         loop {
             if started.elapsed() > TURN_DEADLINE {
@@ -508,13 +507,13 @@ async fn http_client(
             }
             let response = http.get(&url).send().await.with_context(|| format!("GET {url}"))?;
             let status = response.status();
-            let turn: Value = response.json().await.with_context(|| format!("GET {url}: answer"))?;
+            let answer = response.bytes().await.with_context(|| format!("GET {url}: answer"))?;
             if !status.is_success() {
-                bail!("GET {url}: HTTP {status}: {turn}");
+                bail!("GET {url}: {}", ApiError::from_answer(status, &answer));
             }
-            match turn.get("status").and_then(Value::as_str) {
-                Some("completed" | "failed" | "cancelled") => break,
-                _ => continue,
+            let turn: Turn = serde_json::from_slice(&answer).with_context(|| format!("GET {url}"))?;
+            if turn.status.is_ended() {
+                break;
             }
         }
         probe.turn(submit, started.elapsed());
@@ -593,8 +592,7 @@ async fn run(mode: Mode, sessions: usize, turns: usize, args: &Args) -> anyhow::
             server = Some((stop, serving));
         }
     }
-    let http = reqwest::Client::builder()
-        .tcp_nodelay(true)
+    let http = turnstone_runtime::net::client_builder()
         .pool_max_idle_per_host(usize::MAX)
         .timeout(Duration::from_secs(u64::from(TURN_WAIT_SECS) + 30))
         .build()?;

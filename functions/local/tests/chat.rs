@@ -27,6 +27,10 @@ use turnstone_engine::protocol::{
 };
 use turnstone_engine::session::{CallRecord, CallSpec, Event, Interrupt, OutboxItem, TurnStatus};
 use turnstone_engine::time::Timestamp;
+use turnstone_runtime::api::{
+    ApiError, EventPage, LoggedEvent, SessionListing, SessionPage, SessionStatus, SessionSummary, Submitted,
+    UsageSummary,
+};
 
 /// One step of a canned event-stream connection.
 #[derive(Clone)]
@@ -52,7 +56,7 @@ struct FakeState {
     /// The durable log `GET …/events` serves, two events a page.
     log: Vec<(u64, Value)>,
     /// The sessions `GET /v1/sessions` lists, two a page.
-    sessions: Vec<Value>,
+    sessions: Vec<SessionListing>,
     /// The query of each `GET /v1/sessions`.
     session_queries: Vec<HashMap<String, String>>,
 }
@@ -64,8 +68,7 @@ struct Fake {
 }
 
 fn not_found() -> Response {
-    let error = json!({"error": {"code": "session_not_found", "message": "no such session"}});
-    (StatusCode::NOT_FOUND, Json(error)).into_response()
+    ApiError::new(StatusCode::NOT_FOUND, "session_not_found", "no such session").into_response()
 }
 
 async fn summary(State(fake): State<Fake>, Path(id): Path<String>) -> Response {
@@ -73,8 +76,20 @@ async fn summary(State(fake): State<Fake>, Path(id): Path<String>) -> Response {
     if !state.created {
         return not_found();
     }
-    Json(json!({"session_id": id, "agent_id": "demo", "status": "idle", "active_turn": null,
-        "last_seq": state.last_seq, "open_interrupts": [], "pending_client_calls": [], "usage": {}}))
+    Json(SessionSummary {
+        session_id: id,
+        agent_id: "demo".into(),
+        owner: None,
+        status: SessionStatus::Idle,
+        active_turn: None,
+        queued_turns: Vec::new(),
+        open_interrupts: Vec::new(),
+        pending_client_calls: Vec::new(),
+        usage: UsageSummary { llm_calls: 0, tokens: Default::default(), cost: "0".into() },
+        last_seq: state.last_seq,
+        messages: 0,
+        created_at: Timestamp(0),
+    })
     .into_response()
 }
 
@@ -95,8 +110,7 @@ async fn inputs(
         fake.answered.notify_one();
         None
     };
-    (StatusCode::ACCEPTED, Json(json!({"session_id": id, "turn_id": turn_id, "queued": false})))
-        .into_response()
+    (StatusCode::ACCEPTED, Json(Submitted { session_id: id, turn_id, queued: false })).into_response()
 }
 
 async fn stream(
@@ -136,26 +150,31 @@ async fn events(State(fake): State<Fake>, Query(query): Query<HashMap<String, St
     let state = fake.state.lock().unwrap();
     let after: u64 = query["after"].parse().unwrap();
     let limit: usize = query["limit"].parse().unwrap();
-    let page: Vec<_> = state
+    let events: Vec<_> = state
         .log
         .iter()
         .filter(|(seq, _)| *seq > after)
         .take(limit.min(2))
-        .map(|(seq, event)| json!({"seq": seq, "event": event}))
+        .map(|(seq, event)| LoggedEvent { seq: *seq, event: event.clone() })
         .collect();
-    Json(json!({"events": page})).into_response()
+    let next_after = events.last().map_or(after, |e| e.seq);
+    Json(EventPage { events, next_after }).into_response()
 }
 
 async fn sessions(State(fake): State<Fake>, Query(query): Query<HashMap<String, String>>) -> Response {
     let mut state = fake.state.lock().unwrap();
     state.session_queries.push(query.clone());
-    let matching: Vec<_> =
-        state.sessions.iter().filter(|s| query.get("agent").is_none_or(|a| s["agent_id"] == **a)).collect();
+    let matching: Vec<_> = state
+        .sessions
+        .iter()
+        .filter(|s| query.get("agent").is_none_or(|a| s.agent_id == **a))
+        .cloned()
+        .collect();
     let start: usize = query.get("cursor").map_or(0, |c| c.parse().unwrap());
     let limit: usize = query["limit"].parse().unwrap();
     let end = (start + limit.min(2)).min(matching.len());
     let next = (end < matching.len()).then(|| end.to_string());
-    Json(json!({"sessions": matching[start..end], "next_cursor": next})).into_response()
+    Json(SessionPage { sessions: matching[start..end].to_vec(), next_cursor: next }).into_response()
 }
 
 /// Serves the fake; returns its base URL.
@@ -461,13 +480,19 @@ async fn sessions_follow_cursors_up_to_the_limit() {
     fake.state.lock().unwrap().sessions = (1..=6)
         .map(|i| {
             let agent = if i % 2 == 0 { "demo" } else { "other" };
-            json!({"session_id": format!("s{i}"), "agent_id": agent, "owner": null, "version": 1,
-                   "created_at": 0, "updated_at": 86_400_000 * i})
+            SessionListing {
+                session_id: format!("s{i}"),
+                agent_id: agent.into(),
+                owner: None,
+                version: 1,
+                created_at: Timestamp(0),
+                updated_at: Timestamp(86_400_000 * i),
+            }
         })
         .collect();
     let client = Client::new(&serve(fake.clone()).await, None).unwrap();
     let rows = turnstone::cli::sessions::collect(&client, None, 5).await.unwrap();
-    let ids: Vec<_> = rows.iter().map(|r| r["session_id"].as_str().unwrap()).collect();
+    let ids: Vec<_> = rows.iter().map(|r| r.session_id.as_str()).collect();
     assert_eq!(ids, ["s1", "s2", "s3", "s4", "s5"]);
     let rows = turnstone::cli::sessions::collect(&client, Some("demo"), 10).await.unwrap();
     assert_eq!(

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use turnstone_engine::protocol::Trigger;
+use turnstone_engine::session::TurnStatus;
 use turnstone_engine::time::Timestamp;
+use turnstone_runtime::api::SessionStatus;
 use turnstone_runtime::clock::{Clock, SystemClock};
 use turnstone_tests::{
     ApiClient, FakeAnswer, FakeOpenAi, FakeToolCall, FakeWorker, Gate, Reply, tool_answer,
@@ -317,8 +319,8 @@ async fn kill_9_during_a_tool_execution_then_restart() {
     timings.mark("restarted");
     let turn = second.api.wait_turn("s-crash", "turn-crash").await;
     timings.mark("turn completed");
-    assert_eq!(turn["status"], "completed", "{turn}\n{}", second.log());
-    assert_eq!(turn["data"], "42 and DONE.");
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}\n{}", second.log());
+    assert_eq!(turn.data, Some(json!("42 and DONE.")));
 
     let ledger = ledger.lock().unwrap().clone();
     assert_transcript_once(&second.api, "s-crash", &ledger).await;
@@ -328,8 +330,8 @@ async fn kill_9_during_a_tool_execution_then_restart() {
     assert!(ledger.executed.contains_key(&(t.id.clone(), t.attempt)));
     assert_eq!(openai.request_count(), 2, "one model call before the crash, one after the tools");
     let summary = second.api.summary("s-crash").await;
-    assert_eq!(summary["status"], "idle");
-    assert_eq!(summary["active_turn"], Value::Null);
+    assert_eq!(summary.status, SessionStatus::Idle);
+    assert_eq!(summary.active_turn, None);
     println!(
         "executions: {:?}; answered from the ledger: {:?}",
         ledger.executed.keys().collect::<Vec<_>>(),
@@ -375,7 +377,7 @@ async fn kill_9_during_a_model_call_then_restart() {
     timings.mark("restarted");
     let turn = second.api.wait_turn("s-crash", "turn-crash").await;
     timings.mark("turn completed");
-    assert_eq!(turn["status"], "completed", "{turn}\n{}", second.log());
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}\n{}", second.log());
 
     let ledger = ledger.lock().unwrap().clone();
     assert_transcript_once(&second.api, "s-crash", &ledger).await;

@@ -15,6 +15,7 @@ use turnstone_engine::session::{
 };
 use turnstone_engine::time::Timestamp;
 
+use crate::api::Submitted;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::hub::{Hub, Notice};
@@ -99,17 +100,6 @@ pub struct Executed {
     /// An effect this commit also claimed (see `App::execute_claiming`): the caller performs
     /// it next, without a claim commit of its own.
     pub claimed: Option<Effect>,
-}
-
-/// What a submitted client input did.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Submitted {
-    /// The session.
-    pub session_id: String,
-    /// The turn the input started, joined or named (none for settles and resumes).
-    pub turn_id: Option<String>,
-    /// Whether the turn waits behind the active one.
-    pub queued: bool,
 }
 
 impl App {

@@ -28,7 +28,7 @@ use turnstone_engine::session::{
 use turnstone_engine::time::Timestamp;
 
 use crate::queue::{Delivery, Queue, WakeUp};
-use crate::store::{Commit, LoggedEvent, SessionFilter, SessionSummary, Store, StoreError};
+use crate::store::{Commit, LoggedEvent, SessionFilter, SessionListing, Store, StoreError};
 
 /// When the suite's sessions live (2026-11-30).
 pub const T0: Timestamp = Timestamp(1_796_000_000_000);
@@ -399,8 +399,8 @@ pub async fn store_events_after_pages(store: &dyn Store) {
 }
 
 /// Pages through a listing with `limit`, checking order and that no session repeats.
-pub async fn list_all(store: &dyn Store, filter: &SessionFilter, limit: usize) -> Vec<SessionSummary> {
-    let mut out: Vec<SessionSummary> = Vec::new();
+pub async fn list_all(store: &dyn Store, filter: &SessionFilter, limit: usize) -> Vec<SessionListing> {
+    let mut out: Vec<SessionListing> = Vec::new();
     let mut cursor: Option<String> = None;
     for _ in 0..10_000 {
         let page = store.list_sessions(filter, cursor.as_deref(), limit).await.unwrap();

@@ -1,5 +1,6 @@
 //! Turnstone's runtime: everything between the pure engine and the outside world.
 
+pub mod api;
 pub mod app;
 pub mod assemble;
 pub mod clock;
@@ -13,7 +14,7 @@ pub mod http;
 pub mod hub;
 pub mod llm;
 pub mod locks;
+pub mod net;
 pub mod queue;
-pub mod sse;
 pub mod store;
 pub mod worker;

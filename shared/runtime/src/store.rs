@@ -55,27 +55,24 @@ impl Commit<'_> {
     }
 }
 
-/// A logged event with its sequence number (1-based, gapless per session).
+/// A logged event with its sequence number (1-based, gapless per session). Generic so a
+/// client may read the event leniently (as JSON); stores hold engine [`Event`]s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LoggedEvent {
+pub struct LoggedEvent<E = Event> {
     /// Position in the session's log.
     pub seq: u64,
-    /// The event.
-    pub event: Event,
+    pub event: E,
 }
 
 /// A session in a listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SessionSummary {
-    /// The session.
+pub struct SessionListing {
     pub session_id: String,
-    /// Its agent.
     pub agent_id: String,
-    /// Its owner, if known.
+    /// The identity that created it, if any.
     pub owner: Option<String>,
-    /// The head's version.
+    /// The head's version (one per commit).
     pub version: u64,
-    /// When it was created.
     pub created_at: Timestamp,
     /// When its head was last written.
     pub updated_at: Timestamp,
@@ -177,7 +174,7 @@ pub trait Store: Send + Sync + 'static {
         filter: &SessionFilter,
         cursor: Option<&str>,
         limit: usize,
-    ) -> Result<Page<SessionSummary>, StoreError>;
+    ) -> Result<Page<SessionListing>, StoreError>;
 
     /// Up to `limit` sessions whose wake time is at or before `now`.
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError>;

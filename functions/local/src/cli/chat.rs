@@ -18,8 +18,8 @@ use turnstone_engine::protocol::{
 use super::client::{ApiError, Client};
 use super::events::event_name;
 use super::render::{Renderer, Step};
-use super::sse::SseStream;
 use super::{ChatArgs, Global};
+use turnstone_runtime::net::SseStream;
 
 /// Reconnects tried in a row, without an event in between, before giving up on a stream.
 const MAX_RECONNECTS: u32 = 5;
@@ -134,7 +134,7 @@ impl Chat<'_, '_> {
                     continue;
                 }
             };
-            if let Some(seq) = event.id.as_deref().and_then(|id| id.trim().parse::<u64>().ok()) {
+            if let Some(seq) = event.seq() {
                 if seq <= last {
                     continue;
                 }
@@ -147,7 +147,7 @@ impl Chat<'_, '_> {
                     continue;
                 }
             };
-            let name = event.event.unwrap_or_else(|| event_name(&data));
+            let name = if event.event == "message" { event_name(&data) } else { event.event };
             match self.renderer.on_event(&name, &data)? {
                 Step::Continue => {}
                 Step::Ended { ok } => return Ok(ok),

@@ -1,55 +1,24 @@
-//! A client of the server's HTTP API (`/v1`).
-//!
-//! Answers are read leniently as `serde_json::Value`, so the CLI keeps working when the server
-//! adds fields; inputs are built with the engine's `ClientInput`. An error answer
-//! (`{"error": {"code", "message", "param"?}}`) becomes an [`ApiError`].
-
-use std::fmt;
-use std::time::Duration;
+//! A client of the server's HTTP API (`/v1`), reading the answers as the shared
+//! [`turnstone_runtime::api`] types (unknown fields are ignored, so a newer server is fine).
+//! Events are read as JSON values, to render kinds this CLI does not know yet. An error answer
+//! becomes an [`ApiError`].
 
 use anyhow::Context as _;
-use reqwest::{Method, RequestBuilder, Response, StatusCode, Url};
+use reqwest::{Method, RequestBuilder, Response, Url};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use turnstone_engine::protocol::ClientInput;
+use turnstone_runtime::api::{
+    EventPage, LoggedEvent, SessionListing, SessionPage, SessionSummary, Submitted,
+};
+use turnstone_runtime::net::{self, SseStream};
+
+pub use turnstone_runtime::api::ApiError;
 
 use super::Global;
-use super::sse::SseStream;
 
-/// An error answer from the server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    /// The HTTP status.
-    pub status: u16,
-    /// The error's code, e.g. `turn_already_active`.
-    pub code: String,
-    /// What went wrong.
-    pub message: String,
-    /// The offending parameter, if any.
-    pub param: Option<String>,
-}
-
-impl fmt::Display for ApiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.code, self.message)?;
-        if let Some(param) = &self.param {
-            write!(f, " (at `{param}`)")?;
-        }
-        write!(f, " [HTTP {}]", self.status)
-    }
-}
-
-impl std::error::Error for ApiError {}
-
-/// The answer to a submitted input.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Accepted {
-    /// The session.
-    pub session_id: String,
-    /// The turn the input started or joined, if any.
-    pub turn_id: Option<String>,
-    /// Whether the turn waits behind the active one.
-    pub queued: bool,
-}
+/// The largest event the CLI reads off the event stream.
+const MAX_EVENT_BYTES: usize = 32 << 20;
 
 /// A connection to one server.
 #[derive(Debug, Clone)]
@@ -66,8 +35,7 @@ impl Client {
         if base.cannot_be_a_base() {
             anyhow::bail!("bad server URL `{base}`: not an http(s) URL");
         }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
+        let http = net::client_builder()
             .user_agent(concat!("turnstone-cli/", env!("CARGO_PKG_VERSION")))
             .build()
             .context("cannot build the HTTP client")?;
@@ -105,17 +73,18 @@ impl Client {
         if status.is_success() {
             return Ok(response);
         }
-        let body = response.text().await.unwrap_or_default();
-        Err(api_error(status, &body).into())
+        let body = response.bytes().await.unwrap_or_default();
+        Err(ApiError::from_answer(status, &body).into())
     }
 
-    async fn json(request: RequestBuilder) -> anyhow::Result<Value> {
+    async fn json<T: DeserializeOwned>(request: RequestBuilder) -> anyhow::Result<T> {
         let response = Self::send(request).await?;
-        response.json().await.context("the server's answer is not JSON")
+        let body = response.bytes().await.context("cannot read the server's answer")?;
+        serde_json::from_slice(&body).context("the server's answer is not what the API says")
     }
 
     /// The session's summary; `None` when there is no such session.
-    pub async fn summary(&self, session: &str) -> anyhow::Result<Option<Value>> {
+    pub async fn summary(&self, session: &str) -> anyhow::Result<Option<SessionSummary>> {
         match Self::json(self.request(Method::GET, &["sessions", session])?).await {
             Ok(summary) => Ok(Some(summary)),
             Err(e) if e.downcast_ref::<ApiError>().is_some_and(|e| e.status == 404) => Ok(None),
@@ -125,7 +94,7 @@ impl Client {
 
     /// The sequence number of the session's last event; 0 for a session that does not exist yet.
     pub async fn last_seq(&self, session: &str) -> anyhow::Result<u64> {
-        Ok(self.summary(session).await?.and_then(|s| s.get("last_seq").and_then(Value::as_u64)).unwrap_or(0))
+        Ok(self.summary(session).await?.map_or(0, |s| s.last_seq))
     }
 
     /// Submits an input; with `queue`, a turn-starting input waits behind an active turn.
@@ -134,33 +103,26 @@ impl Client {
         session: &str,
         input: &ClientInput,
         queue: bool,
-    ) -> anyhow::Result<Accepted> {
+    ) -> anyhow::Result<Submitted> {
         let mut request = self.request(Method::POST, &["sessions", session, "inputs"])?.json(input);
         if queue {
             request = request.query(&[("queue", "true")]);
         }
-        let answer = Self::json(request).await?;
-        Ok(Accepted {
-            session_id: str_field(&answer, "session_id").unwrap_or(session).to_owned(),
-            turn_id: str_field(&answer, "turn_id").map(str::to_owned),
-            queued: answer.get("queued").and_then(Value::as_bool).unwrap_or(false),
-        })
+        Self::json(request).await
     }
 
-    /// Up to `limit` durable events after `after`, as `(seq, event)`.
-    pub async fn events(&self, session: &str, after: u64, limit: u32) -> anyhow::Result<Vec<(u64, Value)>> {
+    /// Up to `limit` durable events after `after`.
+    pub async fn events(
+        &self,
+        session: &str,
+        after: u64,
+        limit: u32,
+    ) -> anyhow::Result<Vec<LoggedEvent<Value>>> {
         let request = self
             .request(Method::GET, &["sessions", session, "events"])?
             .query(&[("after", after.to_string()), ("limit", limit.to_string())]);
-        let answer = Self::json(request).await?;
-        let events = answer.get("events").and_then(Value::as_array).cloned().unwrap_or_default();
-        events
-            .into_iter()
-            .map(|mut entry| {
-                let seq = entry.get("seq").and_then(Value::as_u64).context("an event without a seq")?;
-                Ok((seq, entry.get_mut("event").map(Value::take).unwrap_or(Value::Null)))
-            })
-            .collect()
+        let page: EventPage<Value> = Self::json(request).await?;
+        Ok(page.events)
     }
 
     /// One page of sessions: the entries and the cursor of the next page.
@@ -169,13 +131,12 @@ impl Client {
         agent: Option<&str>,
         limit: usize,
         cursor: Option<&str>,
-    ) -> anyhow::Result<(Vec<Value>, Option<String>)> {
+    ) -> anyhow::Result<(Vec<SessionListing>, Option<String>)> {
         let mut query = vec![("limit", limit.to_string())];
         query.extend(agent.map(|a| ("agent", a.to_owned())));
         query.extend(cursor.map(|c| ("cursor", c.to_owned())));
-        let answer = Self::json(self.request(Method::GET, &["sessions"])?.query(&query)).await?;
-        let sessions = answer.get("sessions").and_then(Value::as_array).cloned().unwrap_or_default();
-        Ok((sessions, str_field(&answer, "next_cursor").map(str::to_owned)))
+        let page: SessionPage = Self::json(self.request(Method::GET, &["sessions"])?.query(&query)).await?;
+        Ok((page.sessions, page.next_cursor))
     }
 
     /// The session's event stream from after `after`. `resume` also sends `Last-Event-ID`, as a
@@ -188,7 +149,7 @@ impl Client {
         if resume {
             request = request.header("Last-Event-ID", after.to_string());
         }
-        Ok(SseStream::new(Self::send(request).await?))
+        Ok(SseStream::new(Self::send(request).await?, MAX_EVENT_BYTES))
     }
 }
 
@@ -197,44 +158,10 @@ pub fn str_field<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
     value.get(key).and_then(Value::as_str)
 }
 
-/// The error a non-success answer stands for, from its error envelope when it has one.
-fn api_error(status: StatusCode, body: &str) -> ApiError {
-    let envelope: Option<Value> = serde_json::from_str(body).ok();
-    let error = envelope.as_ref().and_then(|e| e.get("error"));
-    let field = |key| error.and_then(|e| str_field(e, key)).map(str::to_owned);
-    let fallback = || {
-        let text = body.trim();
-        if text.is_empty() {
-            status.canonical_reason().unwrap_or("error").to_owned()
-        } else {
-            text.to_owned()
-        }
-    };
-    ApiError {
-        status: status.as_u16(),
-        code: field("code").unwrap_or_else(|| "http_error".to_owned()),
-        message: field("message").unwrap_or_else(fallback),
-        param: field("param"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use turnstone_engine::protocol::{ClientMessageInput, DraftMessage};
-
-    #[test]
-    fn error_envelopes_become_api_errors() {
-        let e = api_error(
-            StatusCode::CONFLICT,
-            r#"{"error":{"code":"turn_already_active","message":"a turn is running","param":"turn_id"}}"#,
-        );
-        assert_eq!(e.to_string(), "turn_already_active: a turn is running (at `turn_id`) [HTTP 409]");
-        let e = api_error(StatusCode::BAD_GATEWAY, "upstream down");
-        assert_eq!(e.to_string(), "http_error: upstream down [HTTP 502]");
-        let e = api_error(StatusCode::NOT_FOUND, "");
-        assert_eq!((e.status, e.message.as_str()), (404, "Not Found"));
-    }
 
     #[test]
     fn urls_encode_session_ids_and_keep_a_base_path() {

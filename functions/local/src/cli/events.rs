@@ -32,9 +32,9 @@ pub async fn list(client: &Client, session: &str, mut after: u64, out: &mut dyn 
     loop {
         let page = client.events(session, after, PAGE).await?;
         let before = after;
-        for (seq, event) in &page {
-            writeln!(out, "{}", event_line(*seq, event))?;
-            after = after.max(*seq);
+        for logged in &page {
+            writeln!(out, "{}", event_line(logged.seq, &logged.event))?;
+            after = after.max(logged.seq);
         }
         out.flush()?;
         if after == before {
@@ -55,7 +55,7 @@ pub async fn follow(
     loop {
         match stream.next().await {
             Some(Ok(event)) => {
-                let Some(seq) = event.id.as_deref().and_then(|id| id.trim().parse::<u64>().ok()) else {
+                let Some(seq) = event.seq() else {
                     continue;
                 };
                 if seq <= after {

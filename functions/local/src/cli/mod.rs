@@ -13,7 +13,6 @@ pub mod events;
 pub mod render;
 pub mod serve;
 pub mod sessions;
-pub mod sse;
 
 /// Turnstone, a durable AI agent engine.
 #[derive(Debug, Parser)]

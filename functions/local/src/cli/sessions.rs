@@ -3,10 +3,10 @@
 
 use std::io::Write;
 
-use serde_json::Value;
 use time::OffsetDateTime;
+use turnstone_runtime::api::SessionListing;
 
-use super::client::{Client, str_field};
+use super::client::Client;
 use super::{Global, SessionsArgs};
 
 /// Runs `turnstone sessions` on stdout.
@@ -19,8 +19,12 @@ pub async fn run(global: &Global, args: SessionsArgs) -> anyhow::Result<()> {
 }
 
 /// Up to `limit` sessions (of `agent`, when given), following the server's page cursors.
-pub async fn collect(client: &Client, agent: Option<&str>, limit: usize) -> anyhow::Result<Vec<Value>> {
-    let mut rows: Vec<Value> = Vec::new();
+pub async fn collect(
+    client: &Client,
+    agent: Option<&str>,
+    limit: usize,
+) -> anyhow::Result<Vec<SessionListing>> {
+    let mut rows: Vec<SessionListing> = Vec::new();
     let mut cursor: Option<String> = None;
     while rows.len() < limit {
         let want = limit - rows.len();
@@ -36,15 +40,13 @@ pub async fn collect(client: &Client, agent: Option<&str>, limit: usize) -> anyh
 }
 
 /// The sessions as an aligned table with a header, or a note that there are none.
-pub fn table(sessions: &[Value]) -> String {
+pub fn table(sessions: &[SessionListing]) -> String {
     if sessions.is_empty() {
         return "no sessions\n".to_owned();
     }
     let mut rows = vec![["ID".to_owned(), "AGENT".to_owned(), "UPDATED".to_owned()]];
     for s in sessions {
-        let updated = s.get("updated_at").and_then(Value::as_i64).map(format_ms).unwrap_or_default();
-        let field = |key| str_field(s, key).unwrap_or("?").to_owned();
-        rows.push([field("session_id"), field("agent_id"), updated]);
+        rows.push([s.session_id.clone(), s.agent_id.clone(), format_ms(s.updated_at.0)]);
     }
     let width = |col: usize| rows.iter().map(|r| r[col].chars().count()).max().unwrap_or(0);
     let (w0, w1) = (width(0), width(1));
@@ -70,15 +72,22 @@ fn format_ms(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use turnstone_engine::time::Timestamp;
+
+    fn listing(id: &str, agent: &str, updated_at: i64) -> SessionListing {
+        SessionListing {
+            session_id: id.into(),
+            agent_id: agent.into(),
+            owner: None,
+            version: 3,
+            created_at: Timestamp(0),
+            updated_at: Timestamp(updated_at),
+        }
+    }
 
     #[test]
     fn a_table_with_aligned_columns() {
-        let sessions = [
-            json!({"session_id": "chat-0011aabb", "agent_id": "demo", "owner": null, "version": 3,
-                   "created_at": 0, "updated_at": 1_700_000_000_123_i64}),
-            json!({"session_id": "s2", "agent_id": "researcher", "updated_at": 0}),
-        ];
+        let sessions = [listing("chat-0011aabb", "demo", 1_700_000_000_123), listing("s2", "researcher", 0)];
         assert_eq!(
             table(&sessions),
             "ID             AGENT       UPDATED\n\

@@ -48,7 +48,7 @@ use turnstone_engine::session::{Event, Session};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
 use turnstone_runtime::store::{
-    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionSummary, Store, StoreError,
+    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -539,7 +539,7 @@ fn list(
     filter: &SessionFilter,
     after: Option<&Cursor>,
     limit: usize,
-) -> Result<Page<SessionSummary>, StoreError> {
+) -> Result<Page<SessionListing>, StoreError> {
     let sql = list_sql(filter, after.is_some());
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;
     // One more than asked tells whether another page follows.
@@ -557,7 +557,7 @@ fn list(
     }
     let mut items = stmt
         .query_map(named.as_slice(), |row| {
-            Ok(SessionSummary {
+            Ok(SessionListing {
                 session_id: row.get(0)?,
                 agent_id: row.get(1)?,
                 owner: row.get(2)?,
@@ -653,7 +653,7 @@ impl Store for SqliteStore {
         filter: &SessionFilter,
         cursor: Option<&str>,
         limit: usize,
-    ) -> Result<Page<SessionSummary>, StoreError> {
+    ) -> Result<Page<SessionListing>, StoreError> {
         let after = match cursor {
             Some(text) => Some(Cursor::decode(text).ok_or(StoreError::InvalidCursor)?),
             None => None,

@@ -1,51 +1,17 @@
-//! One error shape for every route: `{"error": {"code", "message", "param"?}}` with its status.
+//! One error shape for every route ([`ApiError`], answered as `{"error": {"code", "message",
+//! "param"?}}` with its status), and the one conversion from the runtime's errors to it.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 use turnstone_engine::session::Rejection;
 
+use crate::api::ApiError;
 use crate::error::Error;
 use crate::store::StoreError;
 
-/// An error as the HTTP API reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    /// The HTTP status.
-    pub status: StatusCode,
-    /// A stable machine-readable code.
-    pub code: String,
-    /// What went wrong, for people.
-    pub message: String,
-    /// The offending field's path, for invalid requests.
-    pub param: Option<String>,
-}
-
-impl ApiError {
-    /// An error with no param.
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
-        ApiError { status, code: code.to_owned(), message: message.into(), param: None }
-    }
-
-    /// 422 for a request body that is not a valid message of its type.
-    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
-        let param = param.into();
-        ApiError {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
-            code: "invalid_request".to_owned(),
-            message: message.into(),
-            param: (!param.is_empty()).then_some(param),
-        }
-    }
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = json!({"code": self.code, "message": self.message});
-        if let Some(param) = self.param {
-            error["param"] = json!(param);
-        }
-        (self.status, axum::Json(json!({ "error": error }))).into_response()
+        (self.status, axum::Json(self.body())).into_response()
     }
 }
 
@@ -60,15 +26,12 @@ impl From<Error> for ApiError {
                 ApiError::new(StatusCode::NOT_FOUND, "turn_not_found", e.to_string())
             }
             Error::UnknownAgent(_) => {
-                let mut a = ApiError::new(StatusCode::NOT_FOUND, "unknown_agent", e.to_string());
-                a.param = Some("agent_id".to_owned());
-                a
+                ApiError::new(StatusCode::NOT_FOUND, "unknown_agent", e.to_string()).with_param("agent_id")
             }
             Error::Invalid(p) => ApiError::invalid(p.path, p.message),
             Error::Store(StoreError::InvalidCursor) => {
-                let mut a = ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "invalid cursor");
-                a.param = Some("cursor".to_owned());
-                a
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "invalid cursor")
+                    .with_param("cursor")
             }
             Error::Contended(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "contended", e.to_string()),
             Error::Store(_) | Error::Queue(_) => {
@@ -92,9 +55,6 @@ fn rejection(r: Rejection) -> ApiError {
         Rejection::AgentMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         _ => StatusCode::CONFLICT,
     };
-    let mut error = ApiError::new(status, r.code(), r.to_string());
-    if matches!(r, Rejection::AgentMismatch { .. }) {
-        error.param = Some("agent_id".to_owned());
-    }
-    error
+    let error = ApiError::new(status, r.code(), r.to_string());
+    if matches!(r, Rejection::AgentMismatch { .. }) { error.with_param("agent_id") } else { error }
 }

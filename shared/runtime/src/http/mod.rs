@@ -14,12 +14,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
-use serde_json::{Value, json};
 use turnstone_engine::protocol::{Action, ClientInput, WorkerIdentity, parse_slice};
-use turnstone_engine::session::{CallSpec, Command, Session};
+use turnstone_engine::session::{Command, Event};
 
-pub use error::ApiError;
+pub use crate::api::ApiError;
 
+use crate::api::{
+    ActivePath, CancelRequest, Cancelled, EventPage, SessionPage, SessionSummary, Settled, Submitted, Turn,
+};
 use crate::app::App;
 use crate::hub::Notice;
 use crate::store::SessionFilter;
@@ -131,7 +133,7 @@ async fn submit(
     let owner = authenticate(&state, &headers)?;
     check_id(&id)?;
     let input: ClientInput = body(&state, &bytes)?;
-    let submitted = state.app.submit(&id, input, query.queue, owner).await?;
+    let submitted: Submitted = state.app.submit(&id, input, query.queue, owner).await?;
     Ok((StatusCode::ACCEPTED, Json(submitted)).into_response())
 }
 
@@ -144,14 +146,7 @@ async fn settle(
     authenticate(&state, &headers)?;
     let action: Action = body(&state, &bytes)?;
     state.app.command(&id, Command::Settle { action }).await?;
-    Ok((StatusCode::ACCEPTED, Json(json!({"session_id": id}))).into_response())
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CancelBody {
-    #[serde(default)]
-    reason: Option<String>,
+    Ok((StatusCode::ACCEPTED, Json(Settled { session_id: id })).into_response())
 }
 
 async fn cancel(
@@ -162,62 +157,24 @@ async fn cancel(
 ) -> Result<Response, ApiError> {
     authenticate(&state, &headers)?;
     let empty = bytes.as_ref().is_ok_and(Bytes::is_empty);
-    let request: CancelBody = if empty { CancelBody::default() } else { body(&state, &bytes)? };
+    let request: CancelRequest = if empty { CancelRequest::default() } else { body(&state, &bytes)? };
     let reason = request.reason.unwrap_or_else(|| "cancelled by the client".to_owned());
     let executed = state.app.command(&id, Command::Cancel { reason }).await?;
     let turn_id = executed.events.iter().find_map(|e| match e {
-        turnstone_engine::session::Event::TurnEnded { turn_id, .. } => Some(turn_id.clone()),
+        Event::TurnEnded { turn_id, .. } => Some(turn_id.clone()),
         _ => None,
     });
-    Ok((StatusCode::ACCEPTED, Json(json!({"session_id": id, "turn_id": turn_id}))).into_response())
+    Ok((StatusCode::ACCEPTED, Json(Cancelled { session_id: id, turn_id })).into_response())
 }
 
 async fn session_summary(
     State(state): State<AppState>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionSummary>, ApiError> {
     authenticate(&state, &headers)?;
     let session = state.app.session(&id).await?;
-    Ok(Json(summary(&session)))
-}
-
-/// A session at a glance.
-pub fn summary(s: &Session) -> Value {
-    let pending_client_calls: Vec<Value> = s
-        .calls
-        .iter()
-        .filter(|c| c.is_client_tool() && c.is_pending())
-        .map(|c| match &c.spec {
-            CallSpec::ToolCall { name, arguments, .. } => {
-                json!({"id": c.id, "name": name, "arguments": arguments, "attempt": c.attempt})
-            }
-            _ => json!({"id": c.id}),
-        })
-        .collect();
-    let interrupts: Vec<Value> =
-        s.interrupts.iter().map(|i| json!({"id": i.id, "reason": i.reason, "payload": i.payload})).collect();
-    let status = if !interrupts.is_empty() || !pending_client_calls.is_empty() {
-        "waiting"
-    } else if s.active_turn.is_some() || s.decision.is_some() || !s.calls.is_empty() {
-        "running"
-    } else {
-        "idle"
-    };
-    json!({
-        "session_id": s.id,
-        "agent_id": s.agent_id(),
-        "owner": s.identity().id,
-        "status": status,
-        "active_turn": s.active_turn,
-        "queued_turns": s.queued_turns,
-        "open_interrupts": interrupts,
-        "pending_client_calls": pending_client_calls,
-        "usage": {"llm_calls": s.usage.llm_calls, "tokens": s.usage.tokens, "cost": s.usage.cost()},
-        "last_seq": s.events_applied,
-        "messages": s.tree.len(),
-        "created_at": s.created_at.0,
-    })
+    Ok(Json(SessionSummary::of(&session)))
 }
 
 #[derive(Deserialize)]
@@ -231,13 +188,14 @@ async fn messages(
     Path(id): Path<String>,
     Query(query): Query<MessagesQuery>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     authenticate(&state, &headers)?;
     let session = state.app.session(&id).await?;
     if matches!(query.tree.as_deref(), Some("1" | "true")) {
-        return Ok(Json(json!(session.tree.to_wire())));
+        return Ok(Json(session.tree.to_wire()).into_response());
     }
-    Ok(Json(json!({"messages": session.tree.active_path()})))
+    let messages = session.tree.active_path().into_iter().cloned().collect();
+    Ok(Json(ActivePath { messages }).into_response())
 }
 
 #[derive(Deserialize)]
@@ -254,7 +212,7 @@ async fn turn(
     Path((id, turn_id)): Path<(String, String)>,
     Query(query): Query<TurnQuery>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Turn>, ApiError> {
     authenticate(&state, &headers)?;
     let wait = Duration::from_secs_f64(query.wait.unwrap_or(0.0).clamp(0.0, MAX_WAIT_SECS));
     let deadline = tokio::time::Instant::now() + wait;
@@ -266,7 +224,7 @@ async fn turn(
             return Err(crate::error::Error::TurnNotFound { session_id: id, turn_id }.into());
         };
         if turn.status.is_ended() || tokio::time::Instant::now() >= deadline {
-            return Ok(Json(json!(turn)));
+            return Ok(Json(turn));
         }
         // Look again only when this turn ended (or notices were lost, or time is up).
         loop {
@@ -274,7 +232,7 @@ async fn turn(
                 Ok(Ok(Notice::Committed { ended_turns, .. })) if ended_turns.contains(&turn.id) => break,
                 Ok(Ok(_)) => continue,
                 Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) | Err(_) => break,
-                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return Ok(Json(json!(turn))),
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return Ok(Json(turn)),
             }
         }
     }
@@ -293,14 +251,14 @@ async fn events(
     Path(id): Path<String>,
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<EventPage>, ApiError> {
     authenticate(&state, &headers)?;
     state.app.session(&id).await?;
     let limit = query.limit.unwrap_or(500).clamp(1, 1000);
     let events =
         state.app.store().events_after(&id, query.after, limit).await.map_err(crate::error::Error::from)?;
     let next_after = events.last().map_or(query.after, |e| e.seq);
-    Ok(Json(json!({"events": events, "next_after": next_after})))
+    Ok(Json(EventPage { events, next_after }))
 }
 
 #[derive(Deserialize)]
@@ -319,7 +277,7 @@ async fn list_sessions(
     State(state): State<AppState>,
     Query(query): Query<ListQuery>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionPage>, ApiError> {
     let who = authenticate(&state, &headers)?;
     // With authentication on, a caller lists only its own sessions.
     let owner = who.id.or(query.owner);
@@ -331,7 +289,7 @@ async fn list_sessions(
         .list_sessions(&filter, query.cursor.as_deref(), limit)
         .await
         .map_err(crate::error::Error::from)?;
-    Ok(Json(json!({"sessions": page.items, "next_cursor": page.next_cursor})))
+    Ok(Json(SessionPage { sessions: page.items, next_cursor: page.next_cursor }))
 }
 
 /// Session ids travel in URLs and keys: keep them to a safe alphabet and length.

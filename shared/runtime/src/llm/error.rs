@@ -18,6 +18,8 @@ use turnstone_engine::llm_format::FormatError;
 use turnstone_engine::protocol::ErrorCode;
 use turnstone_engine::session::CallError;
 
+use crate::net::{error_chain, short_text};
+
 /// The longest provider-supplied error text kept in a message, in characters.
 pub const PROVIDER_MESSAGE_CHARS: usize = 300;
 
@@ -227,8 +229,7 @@ impl Classifier<'_> {
 
 /// Text made safe to keep in a message: one line, shortened.
 fn clean(text: &str) -> String {
-    let flat: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
-    short_text(flat.trim(), PROVIDER_MESSAGE_CHARS)
+    short_text(text, PROVIDER_MESSAGE_CHARS)
 }
 
 /// `error.message` (or a string `error`) and `error.type` (or `error.code`) of an error document.
@@ -249,60 +250,9 @@ fn error_fields(document: &Value) -> (Option<String>, Option<String>) {
     }
 }
 
-/// At most `max` characters of `text`, with an ellipsis when something was cut.
-pub(crate) fn short_text(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_owned(),
-        Some((cut, _)) => {
-            let mut out = text.get(..cut).unwrap_or(text).to_owned();
-            out.push('\u{2026}');
-            out
-        }
-    }
-}
-
 fn seconds(limit: std::time::Duration) -> String {
     let ms = limit.as_millis();
     if ms % 1000 == 0 { format!("{}s", ms / 1000) } else { format!("{:.3}s", limit.as_secs_f64()) }
-}
-
-/// A reqwest error and its causes on one line, without the URL (which may carry credentials).
-fn error_chain(err: &reqwest::Error) -> String {
-    let mut message = String::new();
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    let mut first = true;
-    while let Some(cause) = current {
-        let text = if first {
-            first = false;
-            // reqwest's own text names the URL; say what kind of failure it was instead.
-            kind_of(err).to_owned()
-        } else {
-            cause.to_string()
-        };
-        // Some errors repeat their source in their own text; say each thing once.
-        if !text.is_empty() && !message.contains(&text) {
-            if !message.is_empty() {
-                message.push_str(": ");
-            }
-            message.push_str(&text);
-        }
-        current = cause.source();
-    }
-    short_text(&message, 500)
-}
-
-fn kind_of(err: &reqwest::Error) -> &'static str {
-    if err.is_connect() {
-        "connection failed"
-    } else if err.is_timeout() {
-        "timed out"
-    } else if err.is_body() || err.is_decode() {
-        "reading the response failed"
-    } else if err.is_request() {
-        "sending the request failed"
-    } else {
-        "request failed"
-    }
 }
 
 #[cfg(test)]
@@ -366,11 +316,5 @@ mod tests {
         assert_eq!(c.detail, Some(json!({"a": 1})));
         assert!(c.retryable);
         assert_eq!(CallError::from(e), c);
-    }
-
-    #[test]
-    fn short_text_cuts_on_characters() {
-        assert_eq!(short_text("h\u{e9}llo", 2), "h\u{e9}\u{2026}");
-        assert_eq!(short_text("hi", 2), "hi");
     }
 }

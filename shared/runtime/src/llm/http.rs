@@ -9,8 +9,6 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
 use reqwest::Response;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
@@ -18,7 +16,7 @@ use turnstone_engine::llm_format::{self, LlmFormat, StreamAccumulator};
 use turnstone_engine::protocol::{LlmResponse, StreamDelta, ToolCallDelta};
 
 use super::error::{Classifier, ProviderError};
-use crate::sse::{SseEvent, SseParser};
+use crate::net::{self, SseStream, SseStreamError};
 
 /// The largest JSON body or single stream event read from a provider (32 MiB).
 pub(crate) const MAX_BODY_BYTES: usize = 32 << 20;
@@ -86,7 +84,7 @@ async fn exchange(
     tracing::debug!(provider = c.provider, status = status.as_u16(), "model provider responded");
     if !status.is_success() {
         let retry_after = retry_after_secs(response.headers());
-        let body = read_limited(response, ERROR_BODY_BYTES).await.unwrap_or_default();
+        let body = net::read_limited(response, ERROR_BODY_BYTES).await.unwrap_or_default();
         return Err(c.status(status.as_u16(), &body, retry_after));
     }
     if is_event_stream(&response) {
@@ -95,7 +93,7 @@ async fn exchange(
     if response.content_length().is_some_and(|length| length > MAX_BODY_BYTES as u64) {
         return Err(c.invalid_body(&format!("the body is larger than {MAX_BODY_BYTES} bytes")));
     }
-    let body = read_limited(response, MAX_BODY_BYTES).await.map_err(|e| body_error(c, &e))?;
+    let body = net::read_limited(response, MAX_BODY_BYTES).await.map_err(|e| body_error(c, &e))?;
     if body.len() > MAX_BODY_BYTES {
         return Err(c.invalid_body(&format!("the body is larger than {MAX_BODY_BYTES} bytes")));
     }
@@ -121,60 +119,46 @@ async fn read_stream(
     on_delta: &mut (dyn FnMut(StreamDelta) + Send),
 ) -> Result<LlmResponse, ProviderError> {
     let c = endpoint.classifier;
-    let mut parser = SseParser::new(MAX_BODY_BYTES);
     let mut accumulator = StreamAccumulator::new(endpoint.format);
-    let mut events: Vec<SseEvent> = Vec::new();
-    let mut body = response.bytes_stream();
+    let mut stream = SseStream::new(response, MAX_BODY_BYTES);
     let mut ended = false;
     let mut seen = 0_usize;
-    'read: while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| body_error(c, &e))?;
-        parser.feed(&chunk, &mut events).map_err(|e| c.invalid_body(&e.to_string()))?;
-        for event in events.drain(..) {
-            seen += 1;
-            if endpoint.format == LlmFormat::Openai && event.data.trim() == "[DONE]" {
-                ended = true;
-                break 'read;
-            }
-            let data: Value = serde_json::from_str(&event.data)
-                .map_err(|e| c.invalid_body(&format!("stream event {seen} is not JSON: {e}")))?;
-            if has_error(&data) {
-                return Err(c.reported(&data));
-            }
-            let name = if event.event == "message" { "" } else { event.event.as_str() };
-            if let Some(delta) = accumulator.push(name, &data).map_err(|e| c.invalid(&e))? {
-                on_delta(delta);
-            }
-            let kind =
-                if name.is_empty() { data.get("type").and_then(Value::as_str).unwrap_or("") } else { name };
-            if endpoint.format == LlmFormat::Anthropic && kind == "message_stop" {
-                ended = true;
-                break 'read;
-            }
+    while let Some(event) = stream.next().await {
+        let event = event.map_err(|e| match e {
+            SseStreamError::Body(e) => body_error(c, &e),
+            SseStreamError::Sse(e) => c.invalid_body(&e.to_string()),
+        })?;
+        seen += 1;
+        if endpoint.format == LlmFormat::Openai && event.data.trim() == "[DONE]" {
+            ended = true;
+            break;
+        }
+        let data: Value = serde_json::from_str(&event.data)
+            .map_err(|e| c.invalid_body(&format!("stream event {seen} is not JSON: {e}")))?;
+        if has_error(&data) {
+            return Err(c.reported(&data));
+        }
+        let name = if event.event == "message" { "" } else { event.event.as_str() };
+        if let Some(delta) = accumulator.push(name, &data).map_err(|e| c.invalid(&e))? {
+            on_delta(delta);
+        }
+        let kind =
+            if name.is_empty() { data.get("type").and_then(Value::as_str).unwrap_or("") } else { name };
+        if endpoint.format == LlmFormat::Anthropic && kind == "message_stop" {
+            ended = true;
+            break;
         }
     }
     if ended {
-        drain(&mut body).await;
+        // Read whatever follows the end marker for a moment, so a finished body frees its
+        // connection for reuse.
+        let _ = tokio::time::timeout(DRAIN_AFTER_END, stream.drain(ERROR_BODY_BYTES)).await;
     }
     match accumulator.finish() {
         Ok(answer) => Ok(answer),
         Err(err) if !ended => Err(c.broken(&err.message)),
         Err(err) => Err(c.invalid(&err)),
     }
-}
-
-/// Reads whatever follows an end marker for a moment, so a finished body frees its connection.
-async fn drain(body: &mut (impl Stream<Item = reqwest::Result<Bytes>> + Unpin)) {
-    let rest = async {
-        let mut left = ERROR_BODY_BYTES;
-        while let Some(Ok(chunk)) = body.next().await {
-            left = left.saturating_sub(chunk.len());
-            if left == 0 {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DRAIN_AFTER_END, rest).await;
 }
 
 /// A complete answer as the one delta a streaming caller gets when the server did not stream.
@@ -214,33 +198,5 @@ fn retry_after_secs(headers: &HeaderMap) -> Option<u64> {
 }
 
 fn body_error(c: Classifier<'_>, err: &reqwest::Error) -> ProviderError {
-    if err.is_timeout() { c.timeout(None) } else { c.broken(&format!("{}", ErrorSources(err))) }
-}
-
-/// An error's causes (not its own text, which names the URL), joined on one line.
-struct ErrorSources<'a>(&'a reqwest::Error);
-
-impl std::fmt::Display for ErrorSources<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("reading the body failed")?;
-        let mut current = std::error::Error::source(self.0);
-        while let Some(cause) = current {
-            write!(f, ": {cause}")?;
-            current = cause.source();
-        }
-        Ok(())
-    }
-}
-
-/// Reads a body, stopping once more than `limit` bytes arrived (the rest is not read).
-async fn read_limited(response: Response, limit: usize) -> Result<Vec<u8>, reqwest::Error> {
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        body.extend_from_slice(&chunk?);
-        if body.len() > limit {
-            break;
-        }
-    }
-    Ok(body)
+    if err.is_timeout() { c.timeout(None) } else { c.broken(&net::error_chain(err)) }
 }

@@ -11,10 +11,10 @@
 //! - [`ScriptedProvider`]: a deterministic built-in model for demos and tests, no network.
 //!
 //! [`provider_for`] builds one from a config `[llm.<id>]` block's `type`, `base_url` and key.
-//! The HTTP providers share one `reqwest` client ([`http_client`]) with `TCP_NODELAY` on, a
-//! 10 s connect timeout, no redirects and no overall timeout (the caller's per-attempt
-//! timeout bounds each call, stream included). Wire formats come from
-//! [`turnstone_engine::llm_format`]; event streams are parsed with [`crate::sse`].
+//! The HTTP providers share one `reqwest` client ([`http_client`]) with the settings of
+//! [`crate::net::client_builder`] (no overall timeout: the caller's per-attempt timeout bounds
+//! each call, stream included). Wire formats come from [`turnstone_engine::llm_format`]; event
+//! streams are parsed with [`crate::net::SseStream`].
 
 pub mod anthropic;
 pub mod error;
@@ -37,9 +37,6 @@ pub use error::ProviderError;
 pub use openai::OpenAiProvider;
 pub use provider::HttpProvider;
 pub use scripted::ScriptedProvider;
-
-/// How long establishing a connection to a provider may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A model the engine can call.
 #[async_trait]
@@ -91,7 +88,7 @@ impl FromStr for ProviderKind {
             "openai" => Ok(ProviderKind::Openai),
             "anthropic" => Ok(ProviderKind::Anthropic),
             "scripted" => Ok(ProviderKind::Scripted),
-            other => Err(ProviderSetupError::UnknownKind(error::short_text(other, 60))),
+            other => Err(ProviderSetupError::UnknownKind(crate::net::short_text(other, 60))),
         }
     }
 }
@@ -144,21 +141,8 @@ pub fn http_client() -> Result<reqwest::Client, ProviderSetupError> {
     if let Some(client) = CLIENT.get() {
         return Ok(client.clone());
     }
-    let client = build_http_client()?;
+    let client = crate::net::client().map_err(|e| ProviderSetupError::HttpClient(e.to_string()))?;
     Ok(CLIENT.get_or_init(|| client).clone())
-}
-
-/// A new client with the providers' settings: `TCP_NODELAY`, 10 s connect timeout, no redirects.
-pub fn build_http_client() -> Result<reqwest::Client, ProviderSetupError> {
-    reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .connect_timeout(CONNECT_TIMEOUT)
-        .tcp_keepalive(Duration::from_secs(60))
-        .pool_idle_timeout(Duration::from_secs(60))
-        .redirect(reqwest::redirect::Policy::none())
-        .user_agent(concat!("turnstone/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| ProviderSetupError::HttpClient(e.to_string()))
 }
 
 /// `base` (an http(s) URL, trailing slashes ignored) with `path` appended.
@@ -181,8 +165,9 @@ fn set_header(
     value: &str,
     sensitive: bool,
 ) -> Result<(), ProviderSetupError> {
-    let header = HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| ProviderSetupError::InvalidHeader(format!("name {:?}", error::short_text(name, 60))))?;
+    let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+        ProviderSetupError::InvalidHeader(format!("name {:?}", crate::net::short_text(name, 60)))
+    })?;
     let mut value = HeaderValue::from_str(value).map_err(|_| {
         ProviderSetupError::InvalidHeader(format!("{header}: the value is not a valid header value"))
     })?;

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use turnstone_engine::protocol::ProtocolError;
 
+use crate::net::short_text;
+
 /// The longest hint kept from an error status body, in characters.
 pub(crate) const HINT_CHARS: usize = 200;
 /// The longest `decision.error` message kept, in characters.
@@ -170,19 +172,6 @@ impl fmt::Display for At<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.0.is_empty() { Ok(()) } else { write!(f, " at {}", self.0) }
     }
-}
-
-/// `text` on one line, without control characters, cut to `max_chars` (marked with `…`).
-pub(crate) fn short_text(text: &str, max_chars: usize) -> String {
-    let mut out = String::with_capacity(text.len().min(max_chars * 4));
-    for (count, c) in text.trim().chars().enumerate() {
-        if count == max_chars {
-            out.push('…');
-            break;
-        }
-        out.push(if c.is_control() { ' ' } else { c });
-    }
-    out
 }
 
 /// The hint worth showing from an error status body: a JSON `error.message`, `error` string or

@@ -5,10 +5,16 @@
 //! CRLF pair); complete events come out in order. Lines end with LF, CRLF or CR; a line
 //! starting with `:` is a comment; `event:` names the event; `data:` lines are joined with
 //! `\n`; `id:` sets the last event id, which later events keep until another `id:` changes it
-//! (an id containing NUL is ignored, as the format says); `retry:` and unknown fields are
-//! ignored; a blank line dispatches the event (an event without any `data` line is dropped);
+//! (an id containing NUL is ignored, as the format says), and is also reported as the event's
+//! own id when the event carried it itself (Turnstone's durable events carry their sequence
+//! number as id, live token deltas none); `retry:` and unknown fields are ignored; a blank line dispatches the event (an event without any `data` line is dropped);
 //! a leading byte order mark is skipped. Whatever is pending when the stream ends is
 //! discarded: an event is complete only once its blank line arrived.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+
+use futures_util::{Stream, StreamExt};
 
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,8 +23,18 @@ pub struct SseEvent {
     pub event: String,
     /// The `data:` lines joined with `\n`.
     pub data: String,
-    /// The last event id set by an `id:` line so far in the stream, if any.
+    /// The id this event carried itself (an `id:` line inside it), if any.
     pub id: Option<String>,
+    /// The last event id set by an `id:` line so far in the stream, if any (what a browser's
+    /// `EventSource` reports and sends back as `Last-Event-ID`).
+    pub last_event_id: Option<String>,
+}
+
+impl SseEvent {
+    /// The event's own id as a number (Turnstone's durable events: their sequence number).
+    pub fn seq(&self) -> Option<u64> {
+        self.id.as_deref().and_then(|id| id.trim().parse().ok())
+    }
 }
 
 /// Why a stream cannot be parsed.
@@ -52,6 +68,8 @@ pub struct SseParser {
     has_data: bool,
     /// The last event id.
     id: Option<String>,
+    /// Whether the event being built carried an `id:` line itself.
+    own_id: bool,
     /// The longest line and the largest event data accepted, in bytes.
     limit: usize,
 }
@@ -69,6 +87,7 @@ impl SseParser {
             data: String::new(),
             has_data: false,
             id: None,
+            own_id: false,
             limit,
         }
     }
@@ -156,6 +175,7 @@ impl SseParser {
                 let value = std::str::from_utf8(value).map_err(|_| SseError::NotUtf8)?;
                 if !value.contains('\0') {
                     self.id = Some(value.to_owned());
+                    self.own_id = true;
                 }
             }
             // `retry` and fields the format does not know are ignored.
@@ -165,13 +185,82 @@ impl SseParser {
     }
 
     fn dispatch(&mut self, out: &mut Vec<SseEvent>) {
+        let own_id = std::mem::take(&mut self.own_id);
         if !std::mem::take(&mut self.has_data) {
             self.event.clear();
             return;
         }
         let event =
             if self.event.is_empty() { "message".to_owned() } else { std::mem::take(&mut self.event) };
-        out.push(SseEvent { event, data: std::mem::take(&mut self.data), id: self.id.clone() });
+        out.push(SseEvent {
+            event,
+            data: std::mem::take(&mut self.data),
+            id: self.id.clone().filter(|_| own_id),
+            last_event_id: self.id.clone(),
+        });
+    }
+}
+
+/// Why reading an event stream off a response stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SseStreamError {
+    /// The body broke off or timed out.
+    #[error("{}", super::error_chain(.0))]
+    Body(#[source] reqwest::Error),
+    /// The bytes are not a valid event stream.
+    #[error(transparent)]
+    Sse(#[from] SseError),
+}
+
+type Body = Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+
+/// The events of an HTTP response body, parsed as they arrive.
+pub struct SseStream {
+    body: Body,
+    parser: SseParser,
+    ready: VecDeque<SseEvent>,
+    parsed: Vec<SseEvent>,
+}
+
+impl SseStream {
+    /// Reads `response`'s body as an event stream whose lines and events are at most `limit`
+    /// bytes.
+    pub fn new(response: reqwest::Response, limit: usize) -> Self {
+        SseStream {
+            body: Box::pin(response.bytes_stream()),
+            parser: SseParser::new(limit),
+            ready: VecDeque::new(),
+            parsed: Vec::new(),
+        }
+    }
+
+    /// The next event; `None` once the body ended (an unfinished last event is dropped).
+    pub async fn next(&mut self) -> Option<Result<SseEvent, SseStreamError>> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Some(Ok(event));
+            }
+            let chunk = match self.body.next().await? {
+                Ok(chunk) => chunk,
+                Err(e) => return Some(Err(SseStreamError::Body(e))),
+            };
+            if let Err(e) = self.parser.feed(&chunk, &mut self.parsed) {
+                return Some(Err(e.into()));
+            }
+            self.ready.extend(self.parsed.drain(..));
+        }
+    }
+
+    /// Reads and drops the rest of the body, up to about `max_bytes`, so its connection can be
+    /// reused; bound it with a timeout.
+    pub async fn drain(mut self, max_bytes: usize) {
+        let mut left = max_bytes;
+        while let Some(Ok(chunk)) = self.body.next().await {
+            left = left.saturating_sub(chunk.len());
+            if left == 0 {
+                break;
+            }
+        }
     }
 }
 
@@ -180,7 +269,7 @@ mod tests {
     use super::*;
 
     fn ev(event: &str, data: &str) -> SseEvent {
-        SseEvent { event: event.to_owned(), data: data.to_owned(), id: None }
+        SseEvent { event: event.to_owned(), data: data.to_owned(), id: None, last_event_id: None }
     }
 
     fn parse_chunks(chunks: &[&[u8]]) -> Result<Vec<SseEvent>, SseError> {
@@ -242,8 +331,13 @@ mod tests {
     fn ids_persist_until_changed() {
         let input = b"id: 7\ndata: a\n\ndata: b\n\nid: 8\ndata: c\n\nid: bad\0id\ndata: d\n\nid\ndata: e\n\n";
         let got = parse_every_way(input);
-        let ids: Vec<Option<&str>> = got.iter().map(|e| e.id.as_deref()).collect();
+        let ids: Vec<Option<&str>> = got.iter().map(|e| e.last_event_id.as_deref()).collect();
         assert_eq!(ids, vec![Some("7"), Some("7"), Some("8"), Some("8"), Some("")]);
+        // Only the events that carried an id themselves report it as their own.
+        let own: Vec<Option<&str>> = got.iter().map(|e| e.id.as_deref()).collect();
+        assert_eq!(own, vec![Some("7"), None, Some("8"), None, Some("")]);
+        assert_eq!(got[2].seq(), Some(8));
+        assert_eq!(got[1].seq(), None);
     }
 
     #[test]

@@ -14,7 +14,6 @@ mod signature;
 use std::fmt;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use reqwest::{Response, StatusCode};
 use turnstone_engine::protocol::{DecisionRequest, DecisionResponse, StreamDelta, parse_slice, parse_str};
@@ -22,8 +21,8 @@ use turnstone_engine::protocol::{DecisionRequest, DecisionResponse, StreamDelta,
 pub use error::DeliveryError;
 pub use signature::{DEFAULT_TOLERANCE_SECS, SIGNATURE_HEADER, SignatureError, sign, verify};
 
-use crate::sse::{SseError, SseEvent, SseParser};
-use error::{WORKER_MESSAGE_CHARS, short_text, status_hint};
+use crate::net::{self, SseError, SseEvent, SseStream, SseStreamError, error_chain, short_text};
+use error::{WORKER_MESSAGE_CHARS, status_hint};
 
 /// The `Accept` header of every delivery.
 pub const ACCEPT_VALUE: &str = "text/event-stream, application/json";
@@ -38,9 +37,6 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 32 << 20;
 
 /// How much of an error status body is read to look for a hint.
 const HINT_BODY_BYTES: usize = 16 << 10;
-/// How long establishing a connection may take with [`WorkerClient::new`].
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Event names of a worker's event stream.
 const DELTA_EVENT: &str = "llm.token.delta";
 const RESULT_EVENT: &str = "decision.result";
@@ -79,16 +75,9 @@ pub struct WorkerClient {
 }
 
 impl WorkerClient {
-    /// A client with its own connection pool: `TCP_NODELAY`, a 10 s connect timeout, no redirects.
+    /// A client with its own connection pool and the settings of [`net::client_builder`].
     pub fn new() -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .tcp_nodelay(true)
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_keepalive(Duration::from_secs(60))
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("turnstone/", env!("CARGO_PKG_VERSION")))
-            .build()?;
-        Ok(WorkerClient::from_client(http))
+        Ok(WorkerClient::from_client(net::client()?))
     }
 
     /// A client over an existing `reqwest::Client` (which should set `tcp_nodelay(true)` and
@@ -170,7 +159,7 @@ impl WorkerClient {
             let signature = sign(secret.as_bytes(), now_unix, &body);
             builder = builder.header(SIGNATURE_HEADER, header("signature", signature)?);
         }
-        builder.body(body).build().map_err(|e| invalid(error_chain(e)))
+        builder.body(body).build().map_err(|e| invalid(error_chain(&e)))
     }
 
     async fn exchange(
@@ -182,9 +171,9 @@ impl WorkerClient {
             if e.is_timeout() {
                 DeliveryError::Timeout { after: None }
             } else if e.is_builder() {
-                DeliveryError::InvalidRequest { message: error_chain(e) }
+                DeliveryError::InvalidRequest { message: error_chain(&e) }
             } else {
-                DeliveryError::Connection { message: error_chain(e) }
+                DeliveryError::Connection { message: error_chain(&e) }
             }
         })?;
         let status = response.status();
@@ -194,7 +183,8 @@ impl WorkerClient {
         }
         let code = status.as_u16();
         if status.is_client_error() || status.is_server_error() {
-            let hint = read_limited(response, HINT_BODY_BYTES).await.ok().and_then(|body| status_hint(&body));
+            let hint =
+                net::read_limited(response, HINT_BODY_BYTES).await.ok().and_then(|body| status_hint(&body));
             return Err(if status.is_client_error() {
                 DeliveryError::Status4xx { status: code, hint }
             } else {
@@ -221,7 +211,7 @@ impl WorkerClient {
         if response.content_length().is_some_and(|length| length > self.max_body_bytes as u64) {
             return Err(too_large(self.max_body_bytes));
         }
-        let body = read_limited(response, self.max_body_bytes).await?;
+        let body = net::read_limited(response, self.max_body_bytes).await.map_err(body_error)?;
         if body.len() > self.max_body_bytes {
             return Err(too_large(self.max_body_bytes));
         }
@@ -243,25 +233,23 @@ impl WorkerClient {
         response: Response,
         on_delta: &mut impl FnMut(StreamDelta),
     ) -> Result<DecisionResponse, DeliveryError> {
-        let mut parser = SseParser::new(self.max_body_bytes);
-        let mut events = Vec::new();
-        let mut stream = response.bytes_stream();
+        let mut stream = SseStream::new(response, self.max_body_bytes);
         let mut deltas = 0_usize;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(body_error)?;
-            parser.feed(&chunk, &mut events).map_err(|e| match e {
-                SseError::NotUtf8 => DeliveryError::invalid_body("event stream is not UTF-8"),
-                SseError::TooLarge { limit } => DeliveryError::invalid_body(format!(
+        while let Some(event) = stream.next().await {
+            let event = event.map_err(|e| match e {
+                SseStreamError::Body(e) => body_error(e),
+                SseStreamError::Sse(SseError::NotUtf8) => {
+                    DeliveryError::invalid_body("event stream is not UTF-8")
+                }
+                SseStreamError::Sse(SseError::TooLarge { limit }) => DeliveryError::invalid_body(format!(
                     "event stream line or event is larger than {limit} bytes"
                 )),
             })?;
-            for event in events.drain(..) {
-                if let Some(response) = handle_event(&event, on_delta)? {
-                    tracing::debug!(deltas, "event stream answered");
-                    return Ok(response);
-                }
-                deltas += 1;
+            if let Some(response) = handle_event(&event, on_delta)? {
+                tracing::debug!(deltas, "event stream answered");
+                return Ok(response);
             }
+            deltas += 1;
         }
         Err(DeliveryError::BrokenStream {
             message: format!(
@@ -341,44 +329,10 @@ fn too_large(limit: usize) -> DeliveryError {
     DeliveryError::invalid_body(format!("response body is larger than {limit} bytes"))
 }
 
-/// Reads a body, stopping once more than `limit` bytes arrived (the result is then longer than
-/// `limit`, and the rest is not read).
-async fn read_limited(response: Response, limit: usize) -> Result<Vec<u8>, DeliveryError> {
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(body_error)?;
-        body.extend_from_slice(&chunk);
-        if body.len() > limit {
-            break;
-        }
-    }
-    Ok(body)
-}
-
 fn body_error(err: reqwest::Error) -> DeliveryError {
     if err.is_timeout() {
         DeliveryError::Timeout { after: None }
     } else {
-        DeliveryError::BrokenStream { message: error_chain(err) }
+        DeliveryError::BrokenStream { message: error_chain(&err) }
     }
-}
-
-/// A reqwest error and its causes on one line, without the URL (which may carry credentials).
-fn error_chain(err: reqwest::Error) -> String {
-    let err = err.without_url();
-    let mut message = String::new();
-    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(&err);
-    while let Some(cause) = current {
-        let text = cause.to_string();
-        // Some errors repeat their source in their own text; say each thing once.
-        if !text.is_empty() && !message.contains(&text) {
-            if !message.is_empty() {
-                message.push_str(": ");
-            }
-            message.push_str(&text);
-        }
-        current = cause.source();
-    }
-    short_text(&message, 500)
 }
