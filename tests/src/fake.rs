@@ -33,7 +33,6 @@ use tokio::task::JoinHandle;
 pub struct FakeToolCall {
     /// The call id (`call_...` for OpenAI, `toolu_...` for Anthropic, by convention).
     pub id: String,
-    /// The tool's name.
     pub name: String,
     /// The argument string (a JSON object for Anthropic, which sends it parsed as `input`).
     pub arguments: String,
@@ -233,15 +232,12 @@ pub(crate) fn words(text: &str) -> Vec<String> {
 /// A request the fake received.
 #[derive(Debug, Clone)]
 pub struct Recorded {
-    /// The HTTP method.
     pub method: Method,
-    /// The request path.
     pub path: String,
     /// Every header.
     pub headers: HeaderMap,
     /// The body parsed as JSON (`Null` when it is not JSON).
     pub body: Value,
-    /// The body's bytes.
     pub raw: Bytes,
 }
 

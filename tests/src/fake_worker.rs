@@ -92,14 +92,7 @@ pub enum FakeAnswer {
     Garbage(Vec<u8>),
     /// 200 `text/event-stream`: one `llm.token.delta` event per delta, each flushed on its own
     /// (with `pause` between them), then `decision.result` with the response.
-    Sse {
-        /// The deltas.
-        deltas: Vec<StreamDelta>,
-        /// The final answer.
-        result: DecisionResponse,
-        /// The pause between events.
-        pause: Duration,
-    },
+    Sse { deltas: Vec<StreamDelta>, result: DecisionResponse, pause: Duration },
 }
 
 impl FakeAnswer {

@@ -11,7 +11,6 @@ pub enum SqliteError {
     /// The database's directory could not be created.
     #[error("cannot create the store directory {path}: {source}")]
     CreateDir {
-        /// The directory.
         path: PathBuf,
         /// Why.
         #[source]
@@ -26,31 +25,20 @@ pub enum SqliteError {
          run a newer Turnstone or point it at another file"
     )]
     SchemaTooNew {
-        /// The database file.
         path: PathBuf,
-        /// Its schema version.
         found: i64,
         /// The newest this build knows.
         supported: i64,
     },
     /// The file has a schema version no Turnstone writes.
     #[error("store {path} has unknown schema version {found}; is it a Turnstone store?")]
-    SchemaUnknown {
-        /// The database file.
-        path: PathBuf,
-        /// Its schema version.
-        found: i64,
-    },
+    SchemaUnknown { path: PathBuf, found: i64 },
     /// The file system refused write-ahead logging (e.g. a network file system).
     #[error("the store needs WAL journaling, but SQLite chose journal mode {mode:?}")]
-    NoWal {
-        /// The mode SQLite reported.
-        mode: String,
-    },
+    NoWal { mode: String },
     /// The caller handed over a commit that contradicts itself.
     #[error("invalid commit for session {session_id}: {message}")]
     InvalidCommit {
-        /// The session.
         session_id: String,
         /// What does not add up.
         message: String,
@@ -58,7 +46,6 @@ pub enum SqliteError {
     /// A session could not be serialized.
     #[error("cannot serialize session {session_id}: {source}")]
     Serialize {
-        /// The session.
         session_id: String,
         /// Why.
         #[source]

@@ -30,7 +30,6 @@ const MAX_CONFLICT_RETRIES: usize = 16;
 /// What the runtime knows about one agent: its declared config and how its work is run.
 #[derive(Clone)]
 pub struct AgentRuntime {
-    /// The agent's id.
     pub id: String,
     /// Its declared config, proposed at `session.start`.
     pub declared: AgentConfig,
@@ -56,13 +55,11 @@ pub struct Parts {
     pub store: Arc<dyn Store>,
     /// Where wake-ups go.
     pub queue: Arc<dyn Queue>,
-    /// The time.
     pub clock: Arc<dyn Clock>,
     /// The agents, by id.
     pub agents: BTreeMap<String, AgentRuntime>,
     /// Engine default policies.
     pub defaults: Defaults,
-    /// The worker webhook client.
     pub worker: WorkerClient,
     /// Claim a submitted turn's first model call or delivery in the submit's own commit and
     /// hand it to this process's queue workers (one commit less per turn). Only for hosts

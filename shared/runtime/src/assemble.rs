@@ -13,7 +13,6 @@ use crate::worker::WorkerEndpoint;
 #[derive(Debug, thiserror::Error)]
 #[error("{file}: llm.{llm}: {source}")]
 pub struct SetupError {
-    /// The config file.
     pub file: String,
     /// The `[llm.X]` block.
     pub llm: String,

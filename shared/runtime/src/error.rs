@@ -17,12 +17,7 @@ pub enum Error {
     SessionNotFound(String),
     /// No such turn in the session.
     #[error("session {session_id:?} has no turn {turn_id:?}")]
-    TurnNotFound {
-        /// The session.
-        session_id: String,
-        /// The turn.
-        turn_id: String,
-    },
+    TurnNotFound { session_id: String, turn_id: String },
     /// The input names an agent the configuration does not define.
     #[error("unknown agent {0:?}")]
     UnknownAgent(String),

@@ -23,18 +23,12 @@ const SWEEP_FLOOR: usize = 64;
 pub enum Notice {
     /// Events up to `last_seq` are committed.
     Committed {
-        /// The newest sequence number.
         last_seq: u64,
         /// The turns this commit ended (long-polls of other turns need not look).
         ended_turns: Vec<String>,
     },
     /// A model produced more output for a call.
-    Delta {
-        /// The LLM call.
-        call_id: String,
-        /// The output.
-        delta: StreamDelta,
-    },
+    Delta { call_id: String, delta: StreamDelta },
 }
 
 /// Per-session broadcast channels, created when someone listens.

@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 /// "Look at this session": a queue message carries no state, only the session and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WakeUp {
-    /// The session.
     pub session_id: String,
     /// Why (for logs): `input`, `timer`, `child`, `sweep`, ...
     pub reason: String,

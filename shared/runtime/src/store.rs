@@ -13,7 +13,6 @@ use turnstone_engine::time::Timestamp;
 /// A session as loaded: its state (messages restored) and the version to commit against.
 #[derive(Debug, Clone)]
 pub struct Loaded {
-    /// The session.
     pub session: Session,
     /// The head's version; the next commit must name it.
     pub version: u64,
@@ -90,7 +89,6 @@ pub struct SessionFilter {
 /// A page of a listing.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Page<T> {
-    /// The items.
     pub items: Vec<T>,
     /// Pass back to get the next page; None at the end.
     pub next_cursor: Option<String>,
@@ -102,7 +100,6 @@ pub enum StoreError {
     /// The head moved on since it was loaded: reload, re-handle, re-commit.
     #[error("session {session_id} changed concurrently (expected version {expected})")]
     Conflict {
-        /// The session.
         session_id: String,
         /// The version the commit named.
         expected: u64,
@@ -113,7 +110,6 @@ pub enum StoreError {
     /// Stored data could not be read back.
     #[error("stored data for session {session_id} is corrupt: {message}")]
     Corrupt {
-        /// The session.
         session_id: String,
         /// What is wrong.
         message: String,

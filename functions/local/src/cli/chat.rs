@@ -26,9 +26,7 @@ const MAX_RECONNECTS: u32 = 5;
 
 /// Where the conversation reads lines from and writes to.
 pub struct Io<'a> {
-    /// The user's lines.
     pub input: &'a mut dyn BufRead,
-    /// The rendered conversation.
     pub out: &'a mut dyn Write,
     /// Write back what the user typed (for input that is not a terminal, which would echo it).
     pub echo: bool,

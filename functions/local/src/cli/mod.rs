@@ -95,7 +95,6 @@ pub struct SessionsArgs {
 /// `turnstone events`.
 #[derive(Debug, Clone, Args)]
 pub struct EventsArgs {
-    /// The session.
     pub session: String,
     /// Only events after this sequence number.
     #[arg(long, default_value_t = 0)]

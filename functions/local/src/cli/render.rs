@@ -23,19 +23,9 @@ pub enum Step {
     /// Nothing: read on.
     Continue,
     /// An interrupt opened: ask the user for a resume payload.
-    Interrupt {
-        /// The interrupt.
-        id: String,
-    },
+    Interrupt { id: String },
     /// A client tool call waits: ask the user for its result.
-    ClientCall {
-        /// The call.
-        id: String,
-        /// The tool.
-        name: String,
-        /// The raw argument string.
-        arguments: String,
-    },
+    ClientCall { id: String, name: String, arguments: String },
     /// The watched turn ended.
     Ended {
         /// Whether it completed (rather than failed or was cancelled).

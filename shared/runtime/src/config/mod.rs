@@ -194,9 +194,7 @@ pub struct AuthConfig {
 /// Where in the file a problem is, 1-based; the column counts characters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Position {
-    /// The line.
     pub line: usize,
-    /// The column.
     pub column: usize,
 }
 

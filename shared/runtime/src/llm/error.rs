@@ -29,7 +29,6 @@ pub const PROVIDER_MESSAGE_CHARS: usize = 300;
 pub struct ProviderError {
     /// What went wrong, for people; never holds the API key.
     pub message: String,
-    /// Its class.
     pub code: ErrorCode,
     /// Whether another attempt may succeed.
     pub retryable: bool,

@@ -29,9 +29,7 @@ const DRAIN_AFTER_END: Duration = Duration::from_millis(100);
 pub(crate) struct Endpoint<'a> {
     /// Names the provider in errors and builds them.
     pub classifier: Classifier<'a>,
-    /// The wire format.
     pub format: LlmFormat,
-    /// The full endpoint URL.
     pub url: &'a reqwest::Url,
     /// Authentication and extra headers.
     pub headers: &'a HeaderMap,

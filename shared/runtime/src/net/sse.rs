@@ -66,7 +66,6 @@ pub struct SseParser {
     data: String,
     /// Whether the event being built has seen a `data` field.
     has_data: bool,
-    /// The last event id.
     id: Option<String>,
     /// Whether the event being built carried an `id:` line itself.
     own_id: bool,

@@ -26,7 +26,6 @@ pub enum DeliveryError {
     /// The worker refused the request with a 4xx status: final.
     #[error("worker answered HTTP {status}{}", Hint(.hint))]
     Status4xx {
-        /// The status code.
         status: u16,
         /// A short, sanitized message from the worker's JSON error body, if it had one.
         hint: Option<String>,
@@ -34,7 +33,6 @@ pub enum DeliveryError {
     /// The worker failed with a 5xx status: retried.
     #[error("worker answered HTTP {status}{}", Hint(.hint))]
     Status5xx {
-        /// The status code.
         status: u16,
         /// A short, sanitized message from the worker's JSON error body, if it had one.
         hint: Option<String>,
@@ -42,10 +40,7 @@ pub enum DeliveryError {
     /// The worker answered a status that is neither success nor error (1xx, 3xx; redirects are
     /// not followed): final.
     #[error("worker answered unexpected HTTP {status}")]
-    UnexpectedStatus {
-        /// The status code.
-        status: u16,
-    },
+    UnexpectedStatus { status: u16 },
     /// The attempt (request and whole response, stream included) outlived its timeout: retried.
     #[error("worker did not answer within {}", Limit(.after))]
     Timeout {
