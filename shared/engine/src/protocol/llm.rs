@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::message::{DraftMessage, ToolCall};
+use crate::ids::CallId;
 
 /// A model call, provider-neutral.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,8 +144,8 @@ pub struct StreamDelta {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct ToolCallDelta {
-    /// The tool call's id.
-    pub id: String,
+    /// The tool call's id; every fragment of one call carries it.
+    pub id: CallId,
     /// The tool's name, on the first fragment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,

@@ -3,6 +3,8 @@
 use serde::de::{self, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::ids::{CallId, MessageId};
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -189,8 +191,9 @@ super::parse::tagged_deserialize! {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct ToolCall {
-    /// The call's id; the answering tool message carries it as `tool_call_id`.
-    pub id: String,
+    /// The answering tool message carries it as `tool_call_id`; a `tool.call` or delegation
+    /// made for it takes it as its call id.
+    pub id: CallId,
     /// Always `function` today.
     #[serde(rename = "type")]
     pub kind: String,
@@ -200,7 +203,7 @@ pub struct ToolCall {
 
 impl ToolCall {
     /// A `function` tool call.
-    pub fn function(id: impl Into<String>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
+    pub fn function(id: impl Into<CallId>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
         ToolCall {
             id: id.into(),
             kind: "function".to_owned(),
@@ -225,7 +228,7 @@ pub struct FunctionCall {
 pub struct DraftMessage {
     /// The recorded node this message is, if it is one; absent for news.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub id: Option<MessageId>,
     /// Who wrote it.
     pub role: Role,
     /// Its body.
@@ -236,7 +239,7 @@ pub struct DraftMessage {
     pub tool_calls: Option<Vec<ToolCall>>,
     /// For a tool message: the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<CallId>,
     /// For a tool message: the tool's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -262,7 +265,7 @@ impl DraftMessage {
 
     /// A tool message answering `tool_call_id`.
     pub fn tool_result(
-        tool_call_id: impl Into<String>,
+        tool_call_id: impl Into<CallId>,
         name: impl Into<String>,
         text: impl Into<String>,
     ) -> Self {
@@ -274,13 +277,13 @@ impl DraftMessage {
     }
 
     /// The same message with `id` set.
-    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+    pub fn with_id(mut self, id: impl Into<MessageId>) -> Self {
         self.id = Some(id.into());
         self
     }
 
     /// This draft recorded as node `id`.
-    pub fn into_message(self, id: String) -> Message {
+    pub fn into_message(self, id: MessageId) -> Message {
         Message {
             id,
             role: self.role,
@@ -301,8 +304,7 @@ impl DraftMessage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct Message {
-    /// The node id.
-    pub id: String,
+    pub id: MessageId,
     /// Who wrote it.
     pub role: Role,
     /// Its body.
@@ -313,7 +315,7 @@ pub struct Message {
     pub tool_calls: Option<Vec<ToolCall>>,
     /// For a tool message: the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<CallId>,
     /// For a tool message: the tool's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -351,7 +353,7 @@ pub struct MessageTree {
     pub nodes: Vec<TreeNode>,
     /// The head of the active branch; absent while the tree is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub head_id: Option<String>,
+    pub head_id: Option<MessageId>,
 }
 
 /// One node of a [`MessageTree`].
@@ -360,9 +362,9 @@ pub struct MessageTree {
 pub struct TreeNode {
     /// The message.
     pub message: Message,
-    /// Its parent; absent for a root.
+    /// Absent for a root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_id: Option<String>,
+    pub parent_id: Option<MessageId>,
 }
 
 super::parse::objects_only!(
