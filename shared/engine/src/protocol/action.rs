@@ -101,13 +101,10 @@ pub struct LlmCallAction {
         serialize_with = "super::number::compact_opt_f64"
     )]
     pub temperature: Option<f64>,
-    /// The cap on generated tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u64>,
-    /// Reasoning settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningConfig>,
-    /// Whether to stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     /// Retry policy for this call.
@@ -146,7 +143,6 @@ pub struct ToolResultAction {
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
-    /// The result.
     pub result: Value,
 }
 
@@ -160,15 +156,12 @@ pub struct CallErrorAction {
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
-    /// What went wrong.
     pub error: String,
     /// Whether another attempt may follow (default false: terminal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retryable: Option<bool>,
-    /// The error class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<ErrorCode>,
-    /// Detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<Value>,
 }

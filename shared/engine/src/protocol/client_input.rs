@@ -85,7 +85,6 @@ pub struct ClientMessageInput {
     /// Idempotency key of the turn; omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<TurnId>,
-    /// The message.
     pub message: DraftMessage,
     /// Whether the client wants token streaming.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -120,9 +119,7 @@ pub struct ClientActionInput {
     /// Idempotency key of the turn; omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<TurnId>,
-    /// The action's name.
     pub name: String,
-    /// Its arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Value>,
 }
@@ -146,7 +143,6 @@ pub struct ToolResultInput {
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
-    /// The result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
 }
@@ -157,9 +153,7 @@ pub struct ToolResultInput {
 pub struct ToolErrorInput {
     /// The client tool call.
     pub id: CallId,
-    /// What went wrong.
     pub error: String,
-    /// Whether another attempt may follow.
     pub retryable: bool,
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -22,7 +22,6 @@ pub struct DecisionRequest {
     pub agent_id: String,
     /// The session owner.
     pub identity: WorkerIdentity,
-    /// The news.
     pub trigger: Trigger,
     /// What the engine would do; empty when it has no default.
     pub proposed: DecisionResponse,
@@ -67,11 +66,8 @@ pub struct WorkerIdentity {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallKind {
-    /// A tool call.
     ToolCall,
-    /// A model call.
     LlmCall,
-    /// A sub-agent delegation.
     SubAgent,
 }
 
@@ -112,7 +108,6 @@ pub struct Call {
     /// The raw argument string (tool calls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
-    /// Who runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler: Option<Handler>,
     /// Whether it streams (LLM calls).

@@ -101,9 +101,7 @@ impl From<String> for Content {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
-    /// Text.
     Text {
-        /// The text.
         text: String,
     },
     /// An image by URL (or data URL).
@@ -113,12 +111,10 @@ pub enum ContentPart {
     },
     /// An attached file, base64 encoded.
     File {
-        /// The file.
         file: FileData,
     },
     /// Audio input, base64 encoded.
     InputAudio {
-        /// The audio.
         input_audio: AudioData,
     },
     /// A video by URL.
@@ -132,7 +128,6 @@ pub enum ContentPart {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct UrlRef {
-    /// The URL.
     pub url: String,
 }
 
@@ -216,7 +211,6 @@ impl ToolCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct FunctionCall {
-    /// The tool's name.
     pub name: String,
     /// The raw argument string, usually JSON.
     pub arguments: String,
@@ -229,9 +223,7 @@ pub struct DraftMessage {
     /// The recorded node this message is, if it is one; absent for news.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<MessageId>,
-    /// Who wrote it.
     pub role: Role,
-    /// Its body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
     /// Tool calls the assistant made.
@@ -305,9 +297,7 @@ impl DraftMessage {
 #[serde(remote = "Self")]
 pub struct Message {
     pub id: MessageId,
-    /// Who wrote it.
     pub role: Role,
-    /// Its body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
     /// Tool calls the assistant made.
@@ -360,7 +350,6 @@ pub struct MessageTree {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct TreeNode {
-    /// The message.
     pub message: Message,
     /// Absent for a root.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -91,9 +91,7 @@ pub struct ClientMessagesTrigger {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientActionTrigger {
-    /// The action's name.
     pub name: String,
-    /// Its arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Value>,
 }
@@ -140,7 +138,6 @@ pub struct LlmExecuteTrigger {
     /// The provider format of `request`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<LlmFormat>,
-    /// Whether to stream tokens back.
     pub stream: bool,
     /// The attempt being run (1-based).
     pub attempt: u32,
@@ -160,7 +157,6 @@ pub struct LlmFinishedTrigger {
     pub message: Option<DraftMessage>,
     /// Whether the model ran out of tokens.
     pub truncated: bool,
-    /// Token usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Value>,
     /// Cost in dollars, a decimal string.
@@ -220,14 +216,10 @@ pub enum ToolInput {
     Invalid {
         /// The parsed arguments.
         value: Value,
-        /// What is wrong.
         error: String,
     },
     /// Not a JSON object.
-    Malformed {
-        /// What is wrong.
-        error: String,
-    },
+    Malformed { error: String },
 }
 
 #[derive(Deserialize)]

@@ -44,7 +44,6 @@ pub enum Command {
         attempt: u32,
         /// What went wrong (never the worker's body).
         error: String,
-        /// Whether another delivery may follow.
         retryable: bool,
     },
     /// The runtime starts an attempt of a server LLM call (claims the effect).

@@ -23,7 +23,6 @@ pub enum Event {
         init: SessionInit,
         at: Timestamp,
     },
-    /// A turn started.
     TurnStarted {
         /// Status active.
         turn: TurnRecord,
@@ -42,7 +41,6 @@ pub enum Event {
         /// The turn it names.
         turn_id: TurnId,
     },
-    /// A turn ended.
     TurnEnded {
         turn_id: TurnId,
         status: TurnStatus,

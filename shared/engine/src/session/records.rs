@@ -67,7 +67,6 @@ pub struct ParentLink {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CallSpec {
-    /// A tool call.
     ToolCall {
         name: String,
         /// The raw argument string, as the model wrote it (or the action's JSON serialized).
@@ -87,7 +86,6 @@ pub enum CallSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         system: Option<String>,
     },
-    /// A sub-agent delegation.
     SubAgent {
         /// The child's agent.
         agent_id: String,
@@ -370,7 +368,6 @@ impl TurnStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnOrigin {
-    /// A client.
     #[default]
     Client,
     /// The parent session, through `message.send`.
