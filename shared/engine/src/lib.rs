@@ -8,3 +8,6 @@ pub mod llm_format;
 pub mod protocol;
 pub mod session;
 pub mod time;
+
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -10,12 +10,12 @@ use turnstone_engine::session::*;
 
 #[test]
 fn plain_reply_engine_hosted() {
-    let mut h = Harness::new("s1", init("demo", Some(agent("m")), false));
+    let mut h = harness("s1", init("demo", Some(agent("m")), false));
     assert_eq!(
         names(&h.log),
         ["session.created", "trigger.queued", "decision.opened", "decision.resolved", "agent.written"]
     );
-    let events = h.ok(message("demo", "hello"));
+    let events = h.exec(message("demo", "hello"));
     assert_eq!(
         names(&events),
         [
@@ -46,7 +46,7 @@ fn plain_reply_engine_hosted() {
     assert_eq!(turn.status, TurnStatus::Completed);
     assert_eq!(turn.data, Some(serde_json::json!("hi there")));
     assert_eq!(turn.usage.tokens.get("prompt_tokens"), Some(&10));
-    assert_eq!(h.session.usage.cost(), "0.001");
+    assert_eq!(h.session.usage().cost(), "0.001");
     assert!(h.session.plan(h.now).effects.is_empty());
 }
 
@@ -69,11 +69,11 @@ fn worker_agent_with_tools() -> AgentConfig {
 
 #[test]
 fn tool_loop_with_two_parallel_worker_tools() {
-    let mut h = Harness::new("s2", init("w", Some(worker_agent_with_tools()), true));
+    let mut h = harness("s2", init("w", Some(worker_agent_with_tools()), true));
     let (start, _) = h.accept();
     assert_eq!(start.trigger, Trigger::SessionStart);
     assert!(start.proposed.agent.is_some());
-    h.ok(message("w", "weather and time?"));
+    h.exec(message("w", "weather and time?"));
     let (req, events) = h.accept();
     assert!(matches!(req.trigger, Trigger::ClientMessages(ref t) if t.new_from == 0));
     assert_eq!(names(&events), ["decision.resolved", "message.recorded", "call.created"]);
@@ -106,7 +106,7 @@ fn tool_loop_with_two_parallel_worker_tools() {
     assert_eq!(req.pending_calls, 2);
     let result =
         Action::ToolResult(ToolResultAction { id: None, attempt: None, result: serde_json::json!("sunny") });
-    h.ok(Command::Answer {
+    h.exec(Command::Answer {
         decision_id: req.decision_id.clone(),
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
@@ -117,7 +117,7 @@ fn tool_loop_with_two_parallel_worker_tools() {
     assert_eq!(t.id, "c2");
     let result =
         Action::ToolResult(ToolResultAction { id: None, attempt: None, result: serde_json::json!("12:00") });
-    h.ok(Command::Answer {
+    h.exec(Command::Answer {
         decision_id: req.decision_id.clone(),
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
@@ -141,7 +141,7 @@ fn tool_loop_with_two_parallel_worker_tools() {
         ["User:weather and time?", "Assistant:", "Tool:sunny", "Tool:12:00", "Assistant:Sunny, 12:00"]
     );
     assert_eq!(h.last_turn().status, TurnStatus::Completed);
-    assert!(h.session.decision.is_none() && h.session.calls.is_empty());
+    assert!(h.session.decision().is_none() && h.session.calls().is_empty());
 }
 
 fn client_view(agent_id: &str, messages: Vec<DraftMessage>, tools: Option<Vec<AgentTool>>) -> Command {
@@ -169,21 +169,21 @@ fn client_tool(name: &str) -> AgentTool {
 }
 
 fn drafts(h: &Harness) -> Vec<DraftMessage> {
-    h.session.tree.active_path().iter().map(|m| m.to_draft()).collect()
+    h.session.tree().active_path().iter().map(|m| m.to_draft()).collect()
 }
 
 #[test]
 fn client_tool_fast_path() {
-    let mut h = Harness::new("s3", init("demo", Some(agent("m")), false));
-    h.ok(client_view("demo", vec![DraftMessage::user("pick a color")], Some(vec![client_tool("pick")])));
+    let mut h = harness("s3", init("demo", Some(agent("m")), false));
+    h.exec(client_view("demo", vec![DraftMessage::user("pick a color")], Some(vec![client_tool("pick")])));
     let events = h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
     assert!(names(&events).ends_with(&["message.recorded", "call.created", "call.dispatched"]));
-    let call = h.session.call("c1").expect("open client call");
+    let call = h.session.call(&"c1".into()).expect("open client call");
     assert_eq!((call.status, call.attempt), (CallStatus::Pending, 1));
     // The client answers with its whole view; the only news is the one answer: fast path.
     let mut view = drafts(&h);
     view.push(DraftMessage::tool_result("c1", "pick", "blue"));
-    let events = h.ok(client_view("demo", view, None));
+    let events = h.exec(client_view("demo", view, None));
     assert_eq!(
         names(&events),
         [
@@ -203,9 +203,9 @@ fn client_tool_fast_path() {
 
 #[test]
 fn client_tool_answers_in_a_view_settle_silently_and_deliver_the_view() {
-    let mut h = Harness::new("s4", init("w", Some(agent("m")), true));
+    let mut h = harness("s4", init("w", Some(agent("m")), true));
     h.accept();
-    h.ok(client_view("w", vec![DraftMessage::user("two picks")], Some(vec![client_tool("pick")])));
+    h.exec(client_view("w", vec![DraftMessage::user("two picks")], Some(vec![client_tool("pick")])));
     h.accept();
     h.run_llm(tool_calls(&[("c1", "pick", "{}"), ("c2", "pick", "{}")]));
     h.accept();
@@ -213,7 +213,7 @@ fn client_tool_answers_in_a_view_settle_silently_and_deliver_the_view() {
     let mut view = drafts(&h);
     view.push(DraftMessage::tool_result("c1", "pick", "red"));
     view.push(DraftMessage::tool_result("c2", "pick", "green"));
-    let events = h.ok(client_view("w", view, None));
+    let events = h.exec(client_view("w", view, None));
     assert_eq!(
         names(&events),
         [
@@ -242,15 +242,15 @@ fn client_tool_answers_in_a_view_settle_silently_and_deliver_the_view() {
         queue: false,
         origin: TurnOrigin::Client,
     };
-    h.ok(settle("blue"));
-    assert_eq!(h.exec(settle("blue")).unwrap_err().code(), "call_already_settled");
+    h.exec(settle("blue"));
+    assert_eq!(h.try_exec(settle("blue")).unwrap_err().code(), "call_already_settled");
 }
 
 #[test]
 fn interrupt_and_resume() {
-    let mut h = Harness::new("s5", init("w", Some(agent("m")), true));
+    let mut h = harness("s5", init("w", Some(agent("m")), true));
     h.accept();
-    h.ok(message("w", "delete everything"));
+    h.exec(message("w", "delete everything"));
     h.accept();
     h.run_llm(reply("Are you sure?"));
     let interrupt = Action::Interrupt(InterruptAction {
@@ -262,9 +262,9 @@ fn interrupt_and_resume() {
     assert!(matches!(req.trigger, Trigger::LlmFinished(_)));
     assert_eq!(names(&events), ["decision.resolved", "interrupt.opened"]);
     assert!(h.session.is_paused());
-    assert!(h.turn().is_some(), "the turn stays open while interrupted");
+    assert!(h.session.active_turn().is_some(), "the turn stays open while interrupted");
     // A new message is refused while the turn runs; an unknown interrupt id is refused clearly.
-    assert_eq!(h.exec(message("w", "hello?")).unwrap_err().code(), "turn_already_active");
+    assert_eq!(h.try_exec(message("w", "hello?")).unwrap_err().code(), "turn_already_active");
     let resume = |id: &str| Command::Submit {
         input: ClientInput::InterruptResume(InterruptResumeInput {
             interrupt_id: id.into(),
@@ -273,10 +273,10 @@ fn interrupt_and_resume() {
         queue: false,
         origin: TurnOrigin::Client,
     };
-    let err = h.exec(resume("nope")).unwrap_err();
+    let err = h.try_exec(resume("nope")).unwrap_err();
     assert_eq!(err.code(), "unknown_interrupt");
     assert!(err.to_string().contains("i1"), "{err}");
-    let events = h.ok(resume("i1"));
+    let events = h.exec(resume("i1"));
     assert_eq!(names(&events), ["interrupt.resumed", "trigger.queued", "decision.opened"]);
     let (req, _) = h.accept();
     let Trigger::InterruptResumed(r) = &req.trigger else { panic!("{:?}", req.trigger) };
@@ -289,9 +289,9 @@ fn interrupt_and_resume() {
 
 #[test]
 fn results_queue_while_interrupted() {
-    let mut h = Harness::new("s6", init("w", Some(worker_agent_with_tools()), true));
+    let mut h = harness("s6", init("w", Some(worker_agent_with_tools()), true));
     h.accept();
-    h.ok(message("w", "time"));
+    h.exec(message("w", "time"));
     h.accept();
     h.run_llm(tool_calls(&[("c1", "time", "{}")]));
     let interrupt = Action::Interrupt(InterruptAction {
@@ -308,9 +308,9 @@ fn results_queue_while_interrupted() {
     });
     h.answer(DecisionResponse { actions: Some(vec![tool, interrupt]), ..Default::default() });
     // The branch is paused: the tool.execute waits; nothing is delivered.
-    assert!(h.session.decision.is_none());
+    assert!(h.session.decision().is_none());
     assert!(h.session.plan(h.now).effects.is_empty());
-    h.ok(Command::Submit {
+    h.exec(Command::Submit {
         input: ClientInput::InterruptResume(InterruptResumeInput {
             interrupt_id: "i1".into(),
             payload: None,
@@ -323,7 +323,7 @@ fn results_queue_while_interrupted() {
     assert!(matches!(req.trigger, Trigger::ToolExecute(_)), "{:?}", req.trigger);
     let result =
         Action::ToolResult(ToolResultAction { id: None, attempt: None, result: serde_json::json!("noon") });
-    h.ok(Command::Answer {
+    h.exec(Command::Answer {
         decision_id: req.decision_id,
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
@@ -349,9 +349,9 @@ fn with_sub_agent() -> AgentConfig {
 #[test]
 fn sub_agent_delegation() {
     let mut world = World::default();
-    world.sessions.insert("p".into(), Harness::new("p", init("boss", Some(with_sub_agent()), false)));
+    world.sessions.insert("p".into(), harness("p", init("boss", Some(with_sub_agent()), false)));
     let p = world.sessions.get_mut("p").unwrap();
-    p.ok(message("boss", "find out X"));
+    p.exec(message("boss", "find out X"));
     let events = p.run_llm(tool_calls(&[("t1", "researcher", r#"{"message":"look up X"}"#)]));
     assert!(names(&events).ends_with(&[
         "message.recorded",
@@ -373,7 +373,7 @@ fn sub_agent_delegation() {
         .unwrap();
     let child_id = format!("{decision_id}-t1");
     assert_eq!(world.route(), ["p:spawn_child", "p:send_message"]);
-    let child = world.sessions.get_mut(&child_id).expect("child session");
+    let child = world.sessions.get_mut(child_id.as_str()).expect("child session");
     assert_eq!(child.session.ancestry(), ["p"]);
     assert_eq!(child.path_texts(), ["User:look up X"]);
     child.run_llm(reply("X is 42"));
@@ -399,25 +399,25 @@ fn cancel_voids_open_work_and_answers_dangling_tool_calls() {
     let mut world = World::default();
     let mut a = with_sub_agent();
     a.tools = worker_agent_with_tools().tools;
-    world.sessions.insert("p".into(), Harness::new("p", init("boss", Some(a), true)));
+    world.sessions.insert("p".into(), harness("p", init("boss", Some(a), true)));
     let p = world.sessions.get_mut("p").unwrap();
     p.accept();
-    p.ok(message("boss", "do two things"));
+    p.exec(message("boss", "do two things"));
     p.accept();
     p.run_llm(tool_calls(&[("t1", "researcher", r#"{"message":"dig"}"#), ("t2", "time", "{}")]));
     p.accept();
     world.route();
     let child_id = world.sessions.keys().find(|k| k.as_str() != "p").cloned().unwrap();
-    assert!(world.sessions[&child_id].turn().is_some());
+    assert!(world.sessions[&child_id].session.active_turn().is_some());
     let p = world.sessions.get_mut("p").unwrap();
-    let events = p.ok(Command::Cancel { reason: "user pressed stop".into() });
+    let events = p.exec(Command::Cancel { reason: "user pressed stop".into() });
     let n = names(&events);
     assert_eq!(n.first(), Some(&"decision.voided"));
     assert_eq!(n.iter().filter(|e| **e == "call.voided").count(), 2);
     assert_eq!(n.iter().filter(|e| **e == "message.recorded").count(), 2, "{n:?}");
     assert!(n.contains(&"turn.ended"));
     assert_eq!(p.last_turn().status, TurnStatus::Cancelled);
-    assert!(p.session.tree.unanswered_tool_calls().is_empty());
+    assert!(p.session.tree().unanswered_tool_calls().is_empty());
     let texts = p.path_texts();
     assert!(texts[2].contains("cancelled") && texts[2].contains("user pressed stop"), "{texts:?}");
     // A late result for a voided call is refused clearly.
@@ -426,21 +426,21 @@ fn cancel_voids_open_work_and_answers_dangling_tool_calls() {
         attempt: None,
         result: serde_json::json!("x"),
     });
-    assert_eq!(p.exec(Command::Settle { action: late }).unwrap_err().code(), "call_voided");
+    assert_eq!(p.try_exec(Command::Settle { action: late }).unwrap_err().code(), "call_voided");
     // The child is cancelled in turn.
     let routed = world.route();
     assert!(routed.contains(&"p:cancel_child".to_owned()), "{routed:?}");
     assert_eq!(world.sessions[&child_id].last_turn().status, TurnStatus::Cancelled);
     // Cancel with nothing running is refused.
     let p = world.sessions.get_mut("p").unwrap();
-    assert_eq!(p.exec(Command::Cancel { reason: "again".into() }).unwrap_err().code(), "no_active_turn");
+    assert_eq!(p.try_exec(Command::Cancel { reason: "again".into() }).unwrap_err().code(), "no_active_turn");
 }
 
 #[test]
 fn fork_mid_flight_voids_work_below_the_fork_point() {
-    let mut h = Harness::new("s7", init("w", Some(worker_agent_with_tools()), true));
+    let mut h = harness("s7", init("w", Some(worker_agent_with_tools()), true));
     h.accept();
-    h.ok(client_view("w", vec![DraftMessage::user("what time is it").with_id("u1")], None));
+    h.exec(client_view("w", vec![DraftMessage::user("what time is it").with_id("u1")], None));
     h.accept();
     h.run_llm(tool_calls(&[("c1", "time", "{}")]));
     // The worker starts the tool and ends the turn at once (rule 28); the tool is deferred.
@@ -460,29 +460,29 @@ fn fork_mid_flight_voids_work_below_the_fork_point() {
     let _ = f;
     let (req, _) = h.answer(DecisionResponse::default()); // tool.execute answered later via settle
     assert!(matches!(req.trigger, Trigger::ToolExecute(_)));
-    assert_eq!(h.session.call("c1").map(|c| c.status), Some(CallStatus::Pending));
-    assert_eq!(h.session.call("c1").and_then(|c| c.anchor.clone()), Some("u1".to_owned()));
+    assert_eq!(h.session.call(&"c1".into()).map(|c| c.status), Some(CallStatus::Pending));
+    assert_eq!(h.session.call(&"c1".into()).and_then(|c| c.anchor.clone()), Some("u1".into()));
     // The client edits its first message: a fork at the root, below which c1 was anchored.
-    let events = h.ok(client_view("w", vec![DraftMessage::user("what day is it")], None));
+    let events = h.exec(client_view("w", vec![DraftMessage::user("what day is it")], None));
     assert!(names(&events).contains(&"turn.started"));
     let (req, events) = h.accept();
     let Trigger::ClientMessages(t) = &req.trigger else { panic!() };
     assert_eq!(t.new_from, 0);
     assert_eq!(names(&events), ["decision.resolved", "message.recorded", "call.voided", "call.created"]);
-    assert_eq!(h.session.tree.len(), 2, "the edit is a new node; the original stays in the tree");
+    assert_eq!(h.session.tree().len(), 2, "the edit is a new node; the original stays in the tree");
     let late = Action::ToolResult(ToolResultAction {
         id: Some("c1".into()),
         attempt: Some(1),
         result: serde_json::json!("noon"),
     });
-    let err = h.exec(Command::Settle { action: late }).unwrap_err();
+    let err = h.try_exec(Command::Settle { action: late }).unwrap_err();
     assert_eq!(err.code(), "call_voided");
 }
 
 #[test]
 fn server_llm_retries_to_exhaustion_then_the_turn_fails() {
-    let mut h = Harness::new("s8", init("demo", Some(agent("m")), false));
-    h.ok(message("demo", "hi"));
+    let mut h = harness("s8", init("demo", Some(agent("m")), false));
+    h.exec(message("demo", "hi"));
     let transient = CallError {
         error: "upstream 503".into(),
         code: Some(ErrorCode::ProviderError),
@@ -504,7 +504,7 @@ fn server_llm_retries_to_exhaustion_then_the_turn_fails() {
             assert!(wait >= base && wait <= base + base / 10, "wait {wait} for attempt {attempt}");
             h.advance(wait);
             assert_eq!(h.session.plan(h.now).effects, [Effect::Tick]);
-            trace.extend(names(&h.ok(Command::Tick)));
+            trace.extend(names(&h.exec(Command::Tick)));
         }
     }
     assert_eq!(
@@ -534,13 +534,13 @@ fn server_llm_retries_to_exhaustion_then_the_turn_fails() {
 
 #[test]
 fn worker_delivery_retries_to_exhaustion_then_the_turn_fails() {
-    let mut h = Harness::new("s9", init("w", Some(agent("m")), true));
+    let mut h = harness("s9", init("w", Some(agent("m")), true));
     h.accept();
-    h.ok(message("w", "hi"));
+    h.exec(message("w", "hi"));
     for attempt in 1..=4u32 {
         let req = h.deliver();
         assert_eq!(req.attempts, attempt);
-        h.ok(Command::DeliveryFailed {
+        h.exec(Command::DeliveryFailed {
             decision_id: req.decision_id.clone(),
             attempt,
             error: "worker answered 502".into(),
@@ -554,18 +554,18 @@ fn worker_delivery_retries_to_exhaustion_then_the_turn_fails() {
     let turn = h.last_turn();
     assert_eq!(turn.status, TurnStatus::Failed);
     assert!(turn.error.as_deref().unwrap().contains("after 4 attempts"), "{:?}", turn.error);
-    assert!(h.session.decision.is_none());
+    assert!(h.session.decision().is_none());
 }
 
 #[test]
 fn a_timed_out_delivery_is_retried_with_the_same_decision() {
-    let mut h = Harness::new("s10", init("w", Some(agent("m")), true));
+    let mut h = harness("s10", init("w", Some(agent("m")), true));
     h.accept();
-    h.ok(message("w", "hi"));
+    h.exec(message("w", "hi"));
     let first = h.deliver();
     h.advance(31_000);
     assert_eq!(h.session.plan(h.now).effects, [Effect::Tick]);
-    let events = h.ok(Command::Tick);
+    let events = h.exec(Command::Tick);
     assert_eq!(names(&events), ["decision.retry_scheduled"]);
     h.advance(5_000);
     let second = h.deliver();
@@ -578,6 +578,6 @@ fn a_timed_out_delivery_is_retried_with_the_same_decision() {
         attempt: 1,
         response: Box::new(first.proposed.clone()),
     };
-    assert!(!h.ok(answer.clone()).is_empty());
-    assert!(h.ok(answer).is_empty());
+    assert!(!h.exec(answer.clone()).is_empty());
+    assert!(h.exec(answer).is_empty());
 }

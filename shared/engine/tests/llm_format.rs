@@ -25,7 +25,7 @@ fn finish_delta(reason: &str) -> StreamDelta {
 fn call_delta(id: &str, name: Option<&str>, arguments: Option<&str>) -> StreamDelta {
     StreamDelta {
         tool_calls: Some(vec![ToolCallDelta {
-            id: id.to_owned(),
+            id: id.into(),
             name: name.map(str::to_owned),
             arguments: arguments.map(str::to_owned),
         }]),

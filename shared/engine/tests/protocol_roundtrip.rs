@@ -361,7 +361,10 @@ fn decision_request_full() {
         ]
     );
     assert_eq!(req.calls[0].arguments.as_deref(), Some("{\"city\":\"Lisbon\"}"));
-    assert_eq!(req.calls[1].session_id.as_deref(), Some("0193a1b2-c3d4-7e5f-8a9b-000000000009"));
+    assert_eq!(
+        req.calls[1].session_id.as_ref().map(|i| i.as_str()),
+        Some("0193a1b2-c3d4-7e5f-8a9b-000000000009")
+    );
     assert_eq!(req.calls[2].stream, Some(false));
     assert_eq!(req.pending_calls, 1);
     assert_eq!(req.messages.len(), 2);
@@ -371,12 +374,12 @@ fn decision_request_full() {
     );
     assert_eq!(req.message_tree.nodes.len(), 3);
     assert_eq!(req.message_tree.nodes[0].parent_id, None);
-    assert_eq!(req.message_tree.nodes[2].parent_id.as_deref(), Some("m1"));
-    assert_eq!(req.message_tree.head_id.as_deref(), Some("m2"));
+    assert_eq!(req.message_tree.nodes[2].parent_id.as_ref().map(|i| i.as_str()), Some("m1"));
+    assert_eq!(req.message_tree.head_id.as_ref().map(|i| i.as_str()), Some("m2"));
     assert_eq!(req.ancestry, ["0193a1b2-c3d4-7e5f-8a9b-0000000000a0"]);
     assert_eq!(req.attempts, 2);
     assert_eq!(req.deadline.as_deref(), Some("2026-08-05T18:04:00Z"));
-    assert_eq!(req.turn_id.as_deref(), Some("turn-7"));
+    assert_eq!(req.turn_id.as_ref().map(|i| i.as_str()), Some("turn-7"));
 }
 
 #[test]
@@ -590,7 +593,7 @@ fn triggers_full_variants() {
     let t = |name: &str| load::<Trigger>("trigger.json", "Trigger", name);
     let Trigger::ClientMessages(cm) = t("client_messages_full") else { panic!("client.messages") };
     assert_eq!(cm.new_from, 2);
-    assert_eq!(cm.messages[0].id.as_deref(), Some("u1"));
+    assert_eq!(cm.messages[0].id.as_ref().map(|i| i.as_str()), Some("u1"));
     assert_eq!(cm.messages[2].id, None);
     assert_eq!(
         cm.messages[2].content,
@@ -848,7 +851,7 @@ fn actions_full_variants() {
         })
     );
     let Action::LlmResult(result) = a("llm_result_full") else { panic!("llm.result") };
-    assert_eq!((result.id.as_deref(), result.attempt), (Some("llm_1"), Some(1)));
+    assert_eq!((result.id.as_ref().map(|i| i.as_str()), result.attempt), (Some("llm_1"), Some(1)));
     let response: LlmResponse = parse(result.response).expect("an LlmResponse");
     assert_eq!(response.tool_calls, Some(vec![ToolCall::function("call_1", "lookup", "{\"q\":\"hours\"}")]));
     assert_eq!(
@@ -873,7 +876,7 @@ fn actions_full_variants() {
         })
     );
     let Action::MessageSend(send) = a("message_send_full") else { panic!("message.send") };
-    assert_eq!(send.message.id.as_deref(), Some("seed-1"));
+    assert_eq!(send.message.id.as_ref().map(|i| i.as_str()), Some("seed-1"));
     assert_eq!(send.message.name.as_deref(), Some("parent"));
     assert_eq!(send.message.content_text(), "Write a haiku about fog.");
     assert_eq!(
@@ -1097,7 +1100,10 @@ fn messages() {
             .into_message("m4".into())
     );
     let every = m("every_field");
-    assert_eq!((every.tool_call_id.as_deref(), every.name.as_deref()), (Some("unused"), Some("helper")));
+    assert_eq!(
+        (every.tool_call_id.as_ref().map(|i| i.as_str()), every.name.as_deref()),
+        (Some("unused"), Some("helper"))
+    );
     assert_eq!(
         m("minimal"),
         Message {
@@ -1133,11 +1139,15 @@ fn message_trees() {
         MessageTree { nodes: vec![], head_id: None }
     );
     let tree: MessageTree = load("message.json", "MessageTree", "branched");
-    let shape: Vec<_> = tree.nodes.iter().map(|n| (n.message.id.as_str(), n.parent_id.as_deref())).collect();
+    let shape: Vec<_> = tree
+        .nodes
+        .iter()
+        .map(|n| (n.message.id.as_str(), n.parent_id.as_ref().map(|i| i.as_str())))
+        .collect();
     assert_eq!(shape, [("u1", None), ("a1", Some("u1")), ("u2", Some("a1")), ("e1", Some("u1"))]);
-    assert_eq!(tree.head_id.as_deref(), Some("e1"));
+    assert_eq!(tree.head_id.as_ref().map(|i| i.as_str()), Some("e1"));
     assert_eq!(
-        load::<MessageTree>("message.json", "MessageTree", "head_only").head_id.as_deref(),
+        load::<MessageTree>("message.json", "MessageTree", "head_only").head_id.as_ref().map(|i| i.as_str()),
         Some("m2")
     );
 }
@@ -1336,14 +1346,17 @@ fn client_inputs_full_variants() {
     let c = |name: &str| load::<ClientInput>("client_input.json", "ClientInput", name);
     let full = c("client_message_full");
     assert_eq!(
-        (full.name(), full.agent_id(), full.turn_id()),
+        (full.name(), full.agent_id(), full.turn_id().map(|t| t.as_str())),
         ("client.message", Some("assistant"), Some("turn-0193"))
     );
     let ClientInput::Message(message) = full else { panic!("client.message") };
     assert_eq!(message.stream, Some(true));
-    assert_eq!(message.message.id.as_deref(), Some("u9"));
+    assert_eq!(message.message.id.as_ref().map(|i| i.as_str()), Some("u9"));
     let ClientInput::Messages(view) = c("client_messages_full") else { panic!("client.messages") };
-    assert_eq!((view.turn_id.as_deref(), view.stream, view.messages.len()), (Some("turn-2"), Some(false), 2));
+    assert_eq!(
+        (view.turn_id.as_ref().map(|i| i.as_str()), view.stream, view.messages.len()),
+        (Some("turn-2"), Some(false), 2)
+    );
     let client = view.client.expect("client context");
     assert_eq!(client.context, Some(vec![]));
     assert_eq!(client.state, Some(json!({ "draft": "hi" })));
@@ -1448,11 +1461,11 @@ fn docs_decision_request_tool_execute() {
     assert_eq!(req.agent.as_ref().map(|a| a.tools()[0].name.as_str()), Some("get_weather"));
     assert_eq!(req.calls[0].handler, None);
     assert_eq!(req.message_tree.nodes.len(), 0);
-    assert_eq!(req.turn_id.as_deref(), Some("0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a60"));
+    assert_eq!(req.turn_id.as_ref().map(|i| i.as_str()), Some("0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a60"));
 
     let start: DecisionRequest =
         load("docs_examples.json", "DecisionRequest", "session_start_with_file_config");
-    assert_eq!((start.agent.as_ref(), start.turn_id.as_deref()), (None, None));
+    assert_eq!((start.agent.as_ref(), start.turn_id.as_ref()), (None, None));
     assert_eq!(start.proposed.agent.map(|a| a.model), Some("claude-haiku-4-5".to_string()));
 }
 

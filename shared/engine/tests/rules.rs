@@ -41,9 +41,9 @@ fn with_tools(tools: Vec<AgentTool>) -> AgentConfig {
 
 /// A worker session with a turn running whose live decision is an llm.finished with `calls`.
 fn worker_at_tool_calls(config: AgentConfig, calls: &[(&str, &str, &str)]) -> Harness {
-    let mut h = Harness::new("s", init("w", Some(config), true));
+    let mut h = harness("s", init("w", Some(config), true));
     h.accept();
-    h.ok(message("w", "go"));
+    h.exec(message("w", "go"));
     h.accept();
     h.run_llm(tool_calls(calls));
     h
@@ -53,34 +53,34 @@ fn worker_at_tool_calls(config: AgentConfig, calls: &[(&str, &str, &str)]) -> Ha
 
 #[test]
 fn a_submit_during_a_turn_is_refused_naming_the_turn_unless_it_queues() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
-    h.ok(msg_with_turn("demo", "one", "t1"));
-    let err = h.exec(msg_with_turn("demo", "two", "t2")).unwrap_err();
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(msg_with_turn("demo", "one", "t1"));
+    let err = h.try_exec(msg_with_turn("demo", "two", "t2")).unwrap_err();
     assert_eq!(err, Rejection::TurnAlreadyActive { turn_id: "t1".into() });
     assert!(err.to_string().contains("t1"));
     let mut queued = msg_with_turn("demo", "two", "t2");
     if let Command::Submit { queue, .. } = &mut queued {
         *queue = true;
     }
-    assert_eq!(names(&h.ok(queued)), ["turn.queued"]);
+    assert_eq!(names(&h.exec(queued)), ["turn.queued"]);
 }
 
 #[test]
 fn queued_inputs_start_in_arrival_order() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
-    h.ok(msg_with_turn("demo", "one", "t1"));
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(msg_with_turn("demo", "one", "t1"));
     for (text, id) in [("two", "t2"), ("three", "t3")] {
         let mut c = msg_with_turn("demo", text, id);
         if let Command::Submit { queue, .. } = &mut c {
             *queue = true;
         }
-        h.ok(c);
+        h.exec(c);
     }
-    assert_eq!(h.session.queued_turns, ["t2", "t3"]);
+    assert_eq!(h.session.queued_turn_ids(), ["t2", "t3"]);
     h.run_llm(reply("r1"));
-    assert_eq!(h.session.active_turn.as_deref(), Some("t2"));
+    assert_eq!(h.session.active_turn_id().as_ref().map(|t| t.as_str()), Some("t2"));
     h.run_llm(reply("r2"));
-    assert_eq!(h.session.active_turn.as_deref(), Some("t3"));
+    assert_eq!(h.session.active_turn_id().as_ref().map(|t| t.as_str()), Some("t3"));
     h.run_llm(reply("r3"));
     assert_eq!(
         h.path_texts(),
@@ -90,23 +90,23 @@ fn queued_inputs_start_in_arrival_order() {
 
 #[test]
 fn a_known_turn_id_returns_that_turn_and_writes_nothing() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
-    h.ok(msg_with_turn("demo", "one", "t1"));
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(msg_with_turn("demo", "one", "t1"));
     h.run_llm(reply("r1"));
-    assert!(h.ok(msg_with_turn("demo", "one again", "t1")).is_empty());
-    assert_eq!(h.session.turn("t1").map(|t| t.status), Some(TurnStatus::Completed));
+    assert!(h.exec(msg_with_turn("demo", "one again", "t1")).is_empty());
+    assert_eq!(h.session.turn(&"t1".into()).map(|t| t.status), Some(TurnStatus::Completed));
 }
 
 #[test]
 fn an_input_for_another_agent_is_refused() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
-    assert_eq!(h.exec(message("other", "hi")).unwrap_err().code(), "agent_mismatch");
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    assert_eq!(h.try_exec(message("other", "hi")).unwrap_err().code(), "agent_mismatch");
 }
 
 #[test]
 fn a_truncated_model_call_ends_the_turn_with_the_error() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
-    h.ok(message("demo", "hi"));
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(message("demo", "hi"));
     let mut r = reply("cut");
     r.finish_reason = Some("length".into());
     h.run_llm(r);
@@ -118,8 +118,8 @@ fn a_truncated_model_call_ends_the_turn_with_the_error() {
 
 #[test]
 fn a_terminal_model_error_ends_the_turn_without_retry() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
-    h.ok(message("demo", "hi"));
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(message("demo", "hi"));
     h.fail_llm(CallError {
         error: "bad request".into(),
         code: Some(ErrorCode::ProviderError),
@@ -134,9 +134,9 @@ fn a_terminal_model_error_ends_the_turn_without_retry() {
 
 #[test]
 fn a_decision_has_an_id_attempts_and_a_deadline() {
-    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let mut h = harness("s", init("w", Some(agent("m")), true));
     let req = h.deliver();
-    assert!(req.decision_id.starts_with("dec_"));
+    assert!(req.decision_id.as_str().starts_with("dec_"));
     assert_eq!(req.attempts, 1);
     let deadline =
         turnstone_engine::time::Timestamp::parse_rfc3339(req.deadline.as_deref().unwrap()).unwrap();
@@ -151,24 +151,24 @@ fn triggers_wait_behind_the_live_decision() {
     h.accept();
     // Two tool.execute triggers; only one decision is live.
     assert!(
-        matches!(h.session.decision.as_ref().unwrap().trigger, Trigger::ToolExecute(ref t) if t.id == "c1")
+        matches!(h.session.decision().as_ref().unwrap().trigger, Trigger::ToolExecute(ref t) if t.id == "c1")
     );
-    assert_eq!(h.session.triggers.len(), 1);
+    assert_eq!(h.session.triggers().len(), 1);
 }
 
 #[test]
 fn a_response_to_a_decision_that_is_not_live_is_a_no_op() {
-    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let mut h = harness("s", init("w", Some(agent("m")), true));
     let events =
-        h.ok(Command::Answer { decision_id: "dec_unknown".into(), attempt: 1, response: Box::default() });
+        h.exec(Command::Answer { decision_id: "dec_unknown".into(), attempt: 1, response: Box::default() });
     assert!(events.is_empty());
 }
 
 #[test]
 fn an_invalid_response_fails_the_decision_naming_the_field_and_writes_nothing() {
-    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let mut h = harness("s", init("w", Some(agent("m")), true));
     h.accept();
-    h.ok(message("w", "hi"));
+    h.exec(message("w", "hi"));
     let bad = Action::MessageSend(MessageSendAction {
         session_id: "stranger".into(),
         message: DraftMessage::user("x"),
@@ -179,18 +179,18 @@ fn an_invalid_response_fails_the_decision_naming_the_field_and_writes_nothing() 
     assert_eq!(names(&events), ["decision.failed", "turn.ended"]);
     let error = h.last_turn().error.clone().unwrap();
     assert!(error.contains("invalid_response: actions[1].session_id"), "{error}");
-    assert!(h.session.tree.is_empty());
+    assert!(h.session.tree().is_empty());
 }
 
 #[test]
 fn an_engine_hosted_agent_fails_a_trigger_only_a_worker_can_answer() {
-    let mut h = Harness::new("s", init("demo", Some(with_tools(vec![tool("a")])), false));
-    h.ok(message("demo", "hi"));
+    let mut h = harness("s", init("demo", Some(with_tools(vec![tool("a")])), false));
+    h.exec(message("demo", "hi"));
     h.run_llm(tool_calls(&[("c1", "a", "{}")]));
     let turn = h.last_turn();
     assert_eq!(turn.status, TurnStatus::Failed);
     assert!(turn.error.as_deref().unwrap().contains("has no worker"), "{:?}", turn.error);
-    assert!(h.session.tree.unanswered_tool_calls().is_empty());
+    assert!(h.session.tree().unanswered_tool_calls().is_empty());
 }
 
 // ----- proposals -------------------------------------------------------------------------
@@ -224,7 +224,7 @@ fn tool_execute_with_invalid_input_or_an_unknown_tool_proposes_a_terminal_tool_e
 
 #[test]
 fn session_start_proposes_the_declared_config() {
-    let mut h = Harness::new("s", init("w", Some(agent("declared-model")), true));
+    let mut h = harness("s", init("w", Some(agent("declared-model")), true));
     let req = h.deliver();
     assert_eq!(req.proposed.agent.as_ref().map(|a| a.model.as_str()), Some("declared-model"));
     assert_eq!(req.agent, None);
@@ -234,28 +234,28 @@ fn session_start_proposes_the_declared_config() {
 fn the_system_prompt_is_prepended_at_call_time_and_never_stored() {
     let mut a = agent("m");
     a.system = Some("be brief".into());
-    let mut h = Harness::new("s", init("demo", Some(a), false));
-    h.ok(message("demo", "hi"));
-    let call = h.session.calls[0].clone();
+    let mut h = harness("s", init("demo", Some(a), false));
+    h.exec(message("demo", "hi"));
+    let call = h.session.calls()[0].clone();
     let request = h.session.llm_request(&call).unwrap();
     assert_eq!(request.messages[0].role, Role::System);
     assert_eq!(request.messages[0].content_text(), "be brief");
-    assert!(h.session.tree.nodes().all(|n| n.message.role != Role::System));
+    assert!(h.session.tree().nodes().all(|n| n.message.role != Role::System));
 }
 
 #[test]
 fn explicit_messages_on_llm_call_suppress_the_system_prompt() {
     let mut a = agent("m");
     a.system = Some("be brief".into());
-    let mut h = Harness::new("s", init("w", Some(a), true));
+    let mut h = harness("s", init("w", Some(a), true));
     h.accept();
-    h.ok(message("w", "hi"));
+    h.exec(message("w", "hi"));
     let call = Action::LlmCall(LlmCallAction {
         messages: Some(vec![DraftMessage::user("only this")]),
         ..Default::default()
     });
     h.answer(respond(vec![call]));
-    let request = h.session.llm_request(&h.session.calls[0]).unwrap();
+    let request = h.session.llm_request(&h.session.calls()[0]).unwrap();
     assert_eq!(request.messages, vec![DraftMessage::user("only this")]);
 }
 
@@ -263,11 +263,11 @@ fn explicit_messages_on_llm_call_suppress_the_system_prompt() {
 
 #[test]
 fn new_from_is_computed_at_delivery_and_redeliveries_see_the_same() {
-    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let mut h = harness("s", init("w", Some(agent("m")), true));
     h.accept();
-    h.ok(message("w", "hi"));
+    h.exec(message("w", "hi"));
     let first = h.deliver();
-    h.ok(Command::DeliveryFailed {
+    h.exec(Command::DeliveryFailed {
         decision_id: first.decision_id.clone(),
         attempt: 1,
         error: "503".into(),
@@ -284,26 +284,21 @@ fn new_from_is_computed_at_delivery_and_redeliveries_see_the_same() {
 
 #[test]
 fn an_echo_of_known_ids_writes_nothing_and_the_request_carries_path_and_tree() {
-    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let mut h = harness("s", init("w", Some(agent("m")), true));
     h.accept();
-    h.ok(message("w", "hi"));
+    h.exec(message("w", "hi"));
     h.accept();
     h.run_llm(reply("hello"));
-    let (req, _) = h.deliver_and_inspect();
+    let req = h.deliver();
     assert_eq!(req.messages.len(), 1);
     assert_eq!(req.message_tree.nodes.len(), 1);
     let echo = DecisionResponse {
         messages: Some(req.messages.iter().map(Message::to_draft).collect()),
         ..Default::default()
     };
-    let events = h.ok(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::new(echo) });
+    let events =
+        h.exec(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::new(echo) });
     assert_eq!(names(&events), ["decision.resolved"], "the worker vetoed the reply by not echoing it");
-}
-
-impl Harness {
-    fn deliver_and_inspect(&mut self) -> (DecisionRequest, ()) {
-        (self.deliver(), ())
-    }
 }
 
 // ----- calls -----------------------------------------------------------------------------
@@ -324,9 +319,9 @@ fn retry_policy_layers_action_over_agent_over_engine_default() {
     };
     let mut a = with_tools(vec![tool("a")]);
     a.retry = Some(agent_policy);
-    let mut h = Harness::new("s", init("w", Some(a), true));
+    let mut h = harness("s", init("w", Some(a), true));
     h.accept();
-    h.ok(message("w", "go"));
+    h.exec(message("w", "go"));
     let call = |id: &str, retry| {
         Action::ToolCall(ToolCallAction {
             id: Some(id.into()),
@@ -338,15 +333,15 @@ fn retry_policy_layers_action_over_agent_over_engine_default() {
     };
     let llm = Action::LlmCall(LlmCallAction { id: Some("l1".into()), ..Default::default() });
     h.answer(respond(vec![call("c1", None), call("c2", Some(action_policy)), llm]));
-    assert_eq!(h.session.call("c1").unwrap().policy, agent_policy);
-    assert_eq!(h.session.call("c2").unwrap().policy, action_policy);
-    assert_eq!(h.session.call("l1").unwrap().policy, agent_policy);
+    assert_eq!(h.session.call(&"c1".into()).unwrap().policy, agent_policy);
+    assert_eq!(h.session.call(&"c2".into()).unwrap().policy, action_policy);
+    assert_eq!(h.session.call(&"l1".into()).unwrap().policy, agent_policy);
     // Without an agent policy, the engine default for the kind applies.
-    let mut h = Harness::new("s", init("w", Some(with_tools(vec![tool("a")])), true));
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("a")])), true));
     h.accept();
-    h.ok(message("w", "go"));
+    h.exec(message("w", "go"));
     h.answer(respond(vec![call("c1", None)]));
-    assert_eq!(h.session.call("c1").unwrap().policy, Defaults::default().tool);
+    assert_eq!(h.session.call(&"c1".into()).unwrap().policy, Defaults::default().tool);
 }
 
 #[test]
@@ -363,9 +358,9 @@ fn a_timeout_is_a_retryable_deadline_exceeded_until_retries_run_out() {
         backoff_base_secs: 1.0,
         backoff_max_secs: 1.0,
     };
-    let mut h = Harness::new("s", init("w", Some(with_tools(vec![tool("slow")])), true));
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("slow")])), true));
     h.accept();
-    h.ok(message("w", "go"));
+    h.exec(message("w", "go"));
     let c = Action::ToolCall(ToolCallAction {
         id: Some("c1".into()),
         name: "slow".into(),
@@ -376,25 +371,25 @@ fn a_timeout_is_a_retryable_deadline_exceeded_until_retries_run_out() {
     h.answer(respond(vec![c]));
     h.answer(DecisionResponse::default()); // tool.execute attempt 1: deferred
     h.advance(10_001);
-    let events = h.ok(Command::Tick);
+    let events = h.exec(Command::Tick);
     assert_eq!(names(&events), ["call.retry_scheduled"]);
     let Event::CallRetryScheduled { error, .. } = &events[0] else { panic!() };
     assert_eq!(error.code, Some(ErrorCode::DeadlineExceeded));
     h.advance(1_100);
-    h.ok(Command::Tick);
+    h.exec(Command::Tick);
     let req = h.deliver();
     assert!(matches!(req.trigger, Trigger::ToolExecute(ref t) if t.attempt == 2));
-    h.ok(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::default() });
+    h.exec(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::default() });
     // A late result for attempt 1 is refused by the fence.
     let late = Action::ToolResult(ToolResultAction {
         id: Some("c1".into()),
         attempt: Some(1),
         result: json!("late"),
     });
-    let err = h.exec(Command::Settle { action: late }).unwrap_err();
+    let err = h.try_exec(Command::Settle { action: late }).unwrap_err();
     assert_eq!(err, Rejection::StaleAttempt { id: "c1".into(), attempt: 1, current: 2 });
     h.advance(10_001);
-    h.ok(Command::Tick);
+    h.exec(Command::Tick);
     let (req, _) = h.accept();
     let Trigger::ToolFinished(f) = &req.trigger else { panic!("{:?}", req.trigger) };
     assert!(!f.ok && f.error.as_deref().unwrap().contains("deadline"));
@@ -402,9 +397,9 @@ fn a_timeout_is_a_retryable_deadline_exceeded_until_retries_run_out() {
 
 #[test]
 fn reusing_a_call_id_is_a_no_op() {
-    let mut h = Harness::new("s", init("w", Some(with_tools(vec![tool("a")])), true));
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("a")])), true));
     h.accept();
-    h.ok(message("w", "go"));
+    h.exec(message("w", "go"));
     let c = || {
         Action::ToolCall(ToolCallAction {
             id: Some("c1".into()),
@@ -430,9 +425,9 @@ fn reusing_a_call_id_is_a_no_op() {
 
 #[test]
 fn pending_calls_counts_tool_and_sub_agent_calls_only() {
-    let mut h = Harness::new("s", init("w", Some(with_tools(vec![tool("a")])), true));
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("a")])), true));
     h.accept();
-    h.ok(message("w", "go"));
+    h.exec(message("w", "go"));
     let c = Action::ToolCall(ToolCallAction {
         id: Some("c1".into()),
         name: "a".into(),
@@ -441,7 +436,7 @@ fn pending_calls_counts_tool_and_sub_agent_calls_only() {
         retry: None,
     });
     h.answer(respond(vec![c, Action::LlmCall(LlmCallAction::default())]));
-    assert_eq!(h.session.calls.len(), 2);
+    assert_eq!(h.session.calls().len(), 2);
     assert_eq!(h.session.pending_calls(), 1);
 }
 
@@ -453,7 +448,7 @@ fn a_result_violating_the_output_schema_settles_as_a_terminal_error() {
     let req = h.deliver();
     let result =
         Action::ToolResult(ToolResultAction { id: None, attempt: None, result: json!("not a number") });
-    h.ok(Command::Answer {
+    h.exec(Command::Answer {
         decision_id: req.decision_id,
         attempt: 1,
         response: Box::new(respond(vec![result])),
@@ -468,9 +463,9 @@ fn a_worker_llm_call_in_openai_format_goes_out_and_comes_back_native() {
     let mut a = agent("gpt");
     a.handler = Some(LlmHandler::Worker);
     a.format = Some(LlmFormat::Openai);
-    let mut h = Harness::new("s", init("w", Some(a), true));
+    let mut h = harness("s", init("w", Some(a), true));
     h.accept();
-    h.ok(message("w", "hi"));
+    h.exec(message("w", "hi"));
     h.accept();
     let req = h.deliver();
     let Trigger::LlmExecute(t) = &req.trigger else { panic!("{:?}", req.trigger) };
@@ -478,7 +473,7 @@ fn a_worker_llm_call_in_openai_format_goes_out_and_comes_back_native() {
     assert_eq!(t.request["messages"][0]["content"], json!("hi"));
     let native = json!({"id": "x", "object": "chat.completion", "model": "gpt", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hey"}, "finish_reason": "stop"}]});
     let result = Action::LlmResult(LlmResultAction { id: None, attempt: None, response: native });
-    h.ok(Command::Answer {
+    h.exec(Command::Answer {
         decision_id: req.decision_id,
         attempt: 1,
         response: Box::new(respond(vec![result])),
@@ -491,7 +486,7 @@ fn a_worker_llm_call_in_openai_format_goes_out_and_comes_back_native() {
 
 #[test]
 fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
-    let mut h = Harness::new(
+    let mut h = harness(
         "s",
         init(
             "w",
@@ -500,7 +495,7 @@ fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
         ),
     );
     h.accept();
-    h.ok(message("w", "go"));
+    h.exec(message("w", "go"));
     let c = Action::ToolCall(ToolCallAction {
         id: Some("c1".into()),
         name: "pick".into(),
@@ -514,8 +509,8 @@ fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
         payload: None,
     });
     h.answer(respond(vec![c, i, Action::Done(DoneAction::default())]));
-    assert!(h.session.active_turn.is_none() && h.session.is_paused());
-    let err = h.exec(message("w", "next")).unwrap_err();
+    assert!(h.session.active_turn_id().is_none() && h.session.is_paused());
+    let err = h.try_exec(message("w", "next")).unwrap_err();
     assert_eq!(err, Rejection::BranchPaused { interrupt_ids: vec!["i1".into()] });
     let settle = submit(
         ClientInput::ToolResult(ToolResultInput {
@@ -525,7 +520,7 @@ fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
         }),
         false,
     );
-    assert_eq!(names(&h.ok(settle)), ["call.settled", "trigger.queued"]);
+    assert_eq!(names(&h.exec(settle)), ["call.settled", "trigger.queued"]);
 }
 
 // ----- sub-agents ------------------------------------------------------------------------
@@ -538,8 +533,8 @@ fn a_voided_delegation_cancels_the_child_and_its_children() {
     mid.sub_agents = Some(vec![SubAgent { id: "leaf".into(), description: None }]);
     let mut world = World::default();
     world.configs.insert("mid".into(), mid);
-    world.sessions.insert("p".into(), Harness::new("p", init("boss", Some(boss), false)));
-    world.sessions.get_mut("p").unwrap().ok(message("boss", "go"));
+    world.sessions.insert("p".into(), harness("p", init("boss", Some(boss), false)));
+    world.sessions.get_mut("p").unwrap().exec(message("boss", "go"));
     world.sessions.get_mut("p").unwrap().run_llm(tool_calls(&[("t1", "mid", r#"{"message":"m"}"#)]));
     world.route();
     let mid_id = world.sessions.keys().find(|k| k.as_str() != "p").cloned().unwrap();
@@ -547,10 +542,10 @@ fn a_voided_delegation_cancels_the_child_and_its_children() {
     world.sessions.get_mut(&mid_id).unwrap().run_llm(tool_calls(&[("t2", "leaf", r#"{"message":"l"}"#)]));
     world.route();
     let leaf_id = world.sessions.keys().find(|k| k.as_str() != "p" && **k != mid_id).cloned().unwrap();
-    assert_eq!(world.sessions[&leaf_id].session.ancestry(), ["p".to_owned(), mid_id.clone()]);
-    assert!(world.sessions[&leaf_id].turn().is_some());
+    assert_eq!(world.sessions[&leaf_id].session.ancestry(), ["p".into(), mid_id.clone()]);
+    assert!(world.sessions[&leaf_id].session.active_turn().is_some());
     // Cancelling the parent cancels the child, whose cancel cancels the grandchild.
-    world.sessions.get_mut("p").unwrap().ok(Command::Cancel { reason: "stop".into() });
+    world.sessions.get_mut("p").unwrap().exec(Command::Cancel { reason: "stop".into() });
     let routed = world.route();
     assert!(routed.contains(&"p:cancel_child".to_owned()), "{routed:?}");
     assert!(routed.contains(&format!("{mid_id}:cancel_child")), "{routed:?}");
@@ -564,23 +559,23 @@ fn a_voided_delegation_cancels_the_child_and_its_children() {
 
 #[test]
 fn state_null_keeps_empty_object_clears_equal_writes_nothing() {
-    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let mut h = harness("s", init("w", Some(agent("m")), true));
     let with_state = |state: Option<serde_json::Value>| DecisionResponse { state, ..Default::default() };
     h.answer(with_state(Some(json!({"a": 1, "b": [1, 2]}))));
     assert_eq!(h.session.current_state(), json!({"a": 1, "b": [1, 2]}));
-    h.ok(message("w", "x"));
+    h.exec(message("w", "x"));
     let (_, e) = h.answer(with_state(None));
     assert!(!names(&e).contains(&"state.written"));
-    h.ok(Command::Cancel { reason: "r".into() });
-    h.ok(message("w", "y"));
+    h.exec(Command::Cancel { reason: "r".into() });
+    h.exec(message("w", "y"));
     let (_, e) = h.answer(with_state(Some(json!({"b": [1, 2], "a": 1}))));
     assert!(!names(&e).contains(&"state.written"), "key order does not matter");
-    h.ok(Command::Cancel { reason: "r".into() });
-    h.ok(message("w", "z"));
+    h.exec(Command::Cancel { reason: "r".into() });
+    h.exec(message("w", "z"));
     let (_, e) = h.answer(with_state(Some(json!({"a": 1.0, "b": [1, 2]}))));
     assert!(names(&e).contains(&"state.written"), "1 differs from 1.0");
-    h.ok(Command::Cancel { reason: "r".into() });
-    h.ok(message("w", "w"));
+    h.exec(Command::Cancel { reason: "r".into() });
+    h.exec(message("w", "w"));
     h.answer(with_state(Some(json!({}))));
     assert_eq!(h.session.current_state(), json!({}));
     // null in JSON parses to "keep".
@@ -590,9 +585,9 @@ fn state_null_keeps_empty_object_clears_equal_writes_nothing() {
 
 #[test]
 fn state_is_branch_scoped_and_a_fork_sees_the_state_of_its_point() {
-    let mut h = Harness::new("s", init("w", Some(agent("m")), true));
+    let mut h = harness("s", init("w", Some(agent("m")), true));
     h.accept();
-    h.ok(client_messages("w", vec![DraftMessage::user("a").with_id("a")]));
+    h.exec(client_messages("w", vec![DraftMessage::user("a").with_id("a")]));
     let v1 = DecisionResponse {
         messages: Some(vec![DraftMessage::user("a").with_id("a")]),
         state: Some(json!(1)),
@@ -600,7 +595,7 @@ fn state_is_branch_scoped_and_a_fork_sees_the_state_of_its_point() {
         agent: None,
     };
     h.answer(v1);
-    h.ok(client_messages(
+    h.exec(client_messages(
         "w",
         vec![DraftMessage::user("a").with_id("a"), DraftMessage::user("b").with_id("b")],
     ));
@@ -614,7 +609,7 @@ fn state_is_branch_scoped_and_a_fork_sees_the_state_of_its_point() {
     assert_eq!(h.session.current_state(), json!(2));
     // Fork at "a": once recorded, the new branch sees the state written at "a". (The
     // client.messages decision itself still sees the recorded conversation, head at "b".)
-    h.ok(client_messages("w", vec![DraftMessage::user("a").with_id("a"), DraftMessage::user("b2")]));
+    h.exec(client_messages("w", vec![DraftMessage::user("a").with_id("a"), DraftMessage::user("b2")]));
     let (req, _) = h.accept();
     assert_eq!(req.state, json!(2));
     assert_eq!(h.session.current_state(), json!(1));
@@ -625,16 +620,16 @@ fn state_is_branch_scoped_and_a_fork_sees_the_state_of_its_point() {
 
 #[test]
 fn an_agent_in_a_response_supplies_the_defaults_of_its_own_actions() {
-    let mut h = Harness::new("s", init("w", Some(agent("old")), true));
+    let mut h = harness("s", init("w", Some(agent("old")), true));
     h.accept();
-    h.ok(message("w", "hi"));
+    h.exec(message("w", "hi"));
     let response = DecisionResponse {
         agent: Some(agent("new")),
         actions: Some(vec![Action::LlmCall(LlmCallAction::default())]),
         ..Default::default()
     };
     h.answer(response);
-    let request = h.session.llm_request(&h.session.calls[0]).unwrap();
+    let request = h.session.llm_request(&h.session.calls()[0]).unwrap();
     assert_eq!(request.model, "new");
     assert_eq!(h.session.current_agent().map(|a| a.model.as_str()), Some("new"));
 }
@@ -656,22 +651,22 @@ fn client_messages(agent_id: &str, messages: Vec<DraftMessage>) -> Command {
 
 #[test]
 fn usage_and_cost_accumulate_per_turn_and_per_session() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
-    h.ok(message("demo", "one"));
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(message("demo", "one"));
     h.run_llm(reply("r1"));
-    h.ok(message("demo", "two"));
+    h.exec(message("demo", "two"));
     h.run_llm(reply("r2"));
-    assert_eq!(h.session.usage.llm_calls, 2);
-    assert_eq!(h.session.usage.tokens.get("prompt_tokens"), Some(&20));
-    assert_eq!(h.session.usage.cost(), "0.002");
-    assert!(h.session.turns.values().all(|t| t.usage.llm_calls == 1 && t.usage.cost() == "0.001"));
+    assert_eq!(h.session.usage().llm_calls, 2);
+    assert_eq!(h.session.usage().tokens.get("prompt_tokens"), Some(&20));
+    assert_eq!(h.session.usage().cost(), "0.002");
+    assert!(h.session.turns().all(|t| t.usage.llm_calls == 1 && t.usage.cost() == "0.001"));
 }
 
 #[test]
 fn events_survive_a_round_trip_through_json_values() {
     // Stores read events back through serde's buffered (tagged) path: every field must fit.
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
-    h.ok(message("demo", "one"));
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(message("demo", "one"));
     h.run_llm(reply("r1"));
     for event in &h.log {
         let value = serde_json::to_value(event).unwrap();
@@ -685,14 +680,14 @@ fn what_a_step_writes_does_not_grow_with_the_transcript() {
     // Engine-hosted and worker-answered: the decision events keep the conversation by
     // reference (and trim echoed messages), so a step writes the same at turn 40 as at turn 2.
     for has_worker in [false, true] {
-        let mut h = Harness::new("s", init("a", Some(agent("m")), has_worker));
+        let mut h = harness("s", init("a", Some(agent("m")), has_worker));
         if has_worker {
             h.accept();
         }
         let mut sizes = Vec::new();
         for i in 0..40 {
             let before = h.log.len();
-            h.ok(message("a", &format!("message number {i} with some words in it")));
+            h.exec(message("a", &format!("message number {i} with some words in it")));
             if has_worker {
                 h.accept();
             }
@@ -710,7 +705,7 @@ fn what_a_step_writes_does_not_grow_with_the_transcript() {
         );
         // The worker still sees the whole conversation.
         if has_worker {
-            h.ok(message("a", "last"));
+            h.exec(message("a", "last"));
             let req = h.deliver();
             let Trigger::ClientMessages(t) = &req.trigger else { panic!() };
             assert_eq!((t.messages.len(), t.new_from), (81, 80));
@@ -721,36 +716,36 @@ fn what_a_step_writes_does_not_grow_with_the_transcript() {
 
 #[test]
 fn the_head_keeps_recent_turns_and_the_log_keeps_the_rest() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
     let mut first = None;
     for i in 0..(RECENT_TURNS + 8) {
-        h.ok(msg_with_turn("demo", &format!("m{i}"), &format!("t{i}")));
+        h.exec(msg_with_turn("demo", &format!("m{i}"), &format!("t{i}")));
         h.run_llm(reply(&format!("r{i}")));
         if i == 0 {
-            first = h.session.turn("t0").cloned();
+            first = h.session.turn(&"t0".into()).cloned();
         }
     }
-    assert_eq!(h.session.turns.len(), RECENT_TURNS);
-    assert!(h.session.turn("t0").is_none() && h.session.knows_turn("t0"));
+    assert_eq!(h.session.turns().len(), RECENT_TURNS);
+    assert!(h.session.turn(&"t0".into()).is_none() && h.session.knows_turn(&"t0".into()));
     // Resubmitting an evicted turn is still a no-op...
-    assert!(h.ok(msg_with_turn("demo", "again", "t0")).is_empty());
+    assert!(h.exec(msg_with_turn("demo", "again", "t0")).is_empty());
     // ...and its record is rebuilt from the log, exactly.
-    assert_eq!(turn_from_log("t0", &h.log), first);
-    assert_eq!(turn_from_log("t0", &h.log).unwrap().data, Some(json!("r0")));
+    assert_eq!(turn_from_log(&"t0".into(), &h.log), first);
+    assert_eq!(turn_from_log(&"t0".into(), &h.log).unwrap().data, Some(json!("r0")));
 }
 
 #[test]
 fn the_head_does_not_grow_with_the_number_of_turns() {
-    let mut h = Harness::new("s", init("demo", Some(agent("m")), false));
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
     let mut sizes = Vec::new();
     for i in 0..(PAST_TURN_IDS + RECENT_TURNS + 40) {
-        h.ok(msg_with_turn("demo", &format!("m{i}"), &format!("turn-{i:04}")));
+        h.exec(msg_with_turn("demo", &format!("m{i}"), &format!("turn-{i:04}")));
         h.run_llm(reply(&format!("r{i}")));
         sizes.push(serde_json::to_string(&h.session).unwrap().len());
     }
     let full = sizes[PAST_TURN_IDS + RECENT_TURNS + 5];
     let last = *sizes.last().unwrap();
     assert!(last <= full + full / 20, "the head grew from {full} to {last} bytes");
-    assert_eq!(h.session.past_turns.len(), PAST_TURN_IDS);
-    assert!(h.session.closed_calls.len() <= RECENT_CLOSED_CALLS);
+    assert_eq!(h.session.past_turn_ids().len(), PAST_TURN_IDS);
+    assert!(h.session.closed_calls().len() <= RECENT_CLOSED_CALLS);
 }

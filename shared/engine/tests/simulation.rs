@@ -13,7 +13,7 @@
 mod common;
 use common::*;
 use serde_json::json;
-use turnstone_engine::ids::IdMinter;
+use turnstone_engine::ids::{CallId, IdMinter, InterruptId, SessionId};
 use turnstone_engine::protocol::*;
 use turnstone_engine::session::*;
 
@@ -190,18 +190,18 @@ fn run(seed: u64) {
     let mut rng = Rng(IdMinter::new(seed));
     let has_worker = rng.chance(60);
     let mut world = World::default();
-    world.sessions.insert("root".into(), Harness::new("root", init("root", Some(root_agent()), has_worker)));
+    world.sessions.insert("root".into(), harness("root", init("root", Some(root_agent()), has_worker)));
     let mut answers = 0u64;
-    let mut pending_duplicate: Option<(String, Command)> = None;
+    let mut pending_duplicate: Option<(SessionId, Command)> = None;
     for _ in 0..STEPS {
         // Replay an earlier command now and then: at-least-once delivery everywhere.
         if let Some((id, cmd)) = pending_duplicate.take()
             && rng.chance(50)
             && let Some(h) = world.sessions.get_mut(&id)
         {
-            let _ = h.exec(cmd);
+            let _ = h.try_exec(cmd);
         }
-        let ids: Vec<String> = world.sessions.keys().cloned().collect();
+        let ids: Vec<SessionId> = world.sessions.keys().cloned().collect();
         let id = rng.pick(&ids).cloned().unwrap();
         let h = world.sessions.get_mut(&id).unwrap();
         let agent_id = h.session.agent_id().to_owned();
@@ -211,25 +211,25 @@ fn run(seed: u64) {
                 if let Command::Submit { queue, .. } = &mut cmd {
                     *queue = rng.chance(30);
                 }
-                let _ = h.exec(cmd);
+                let _ = h.try_exec(cmd);
             }
             2 if id == "root" => {
                 // A client view: an edit (fork) at a random point, an echo, or answers.
                 let path: Vec<DraftMessage> =
-                    h.session.tree.active_path().iter().map(|m| m.to_draft()).collect();
+                    h.session.tree().active_path().iter().map(|m| m.to_draft()).collect();
                 let cut = rng.below(path.len() as u64 + 1) as usize;
                 let mut view = path[..cut].to_vec();
                 match rng.below(3) {
                     0 => view.push(DraftMessage::user("edited")),
                     1 => {
-                        for c in h.session.calls.iter().filter(|c| c.is_client_tool() && c.is_pending()) {
+                        for c in h.session.calls().iter().filter(|c| c.is_client_tool() && c.is_pending()) {
                             view = path.clone();
                             view.push(DraftMessage::tool_result(c.id.clone(), "pick", "blue"));
                         }
                     }
                     _ => {}
                 }
-                let _ = h.exec(Command::Submit {
+                let _ = h.try_exec(Command::Submit {
                     input: ClientInput::Messages(ClientMessagesInput {
                         agent_id,
                         turn_id: None,
@@ -242,9 +242,9 @@ fn run(seed: u64) {
                 });
             }
             3 => {
-                let open: Vec<String> = h.session.interrupts.iter().map(|i| i.id.clone()).collect();
+                let open: Vec<InterruptId> = h.session.interrupts().iter().map(|i| i.id.clone()).collect();
                 let interrupt_id = rng.pick(&open).cloned().unwrap_or_else(|| "unknown".into());
-                let _ = h.exec(Command::Submit {
+                let _ = h.try_exec(Command::Submit {
                     input: ClientInput::InterruptResume(InterruptResumeInput {
                         interrupt_id,
                         payload: Some(json!(1)),
@@ -254,13 +254,13 @@ fn run(seed: u64) {
                 });
             }
             4 if rng.chance(30) => {
-                let _ = h.exec(Command::Cancel { reason: "stop".into() });
+                let _ = h.try_exec(Command::Cancel { reason: "stop".into() });
             }
             5 => {
                 // Settle something from outside: a client tool, or a deferred worker tool.
-                let open: Vec<(String, u32, bool)> = h
+                let open: Vec<(CallId, u32, bool)> = h
                     .session
-                    .calls
+                    .calls()
                     .iter()
                     .filter(|c| c.is_pending() && c.kind() == CallKind::ToolCall)
                     .map(|c| (c.id.clone(), c.attempt, c.is_client_tool()))
@@ -286,7 +286,7 @@ fn run(seed: u64) {
                             }),
                         }
                     };
-                    let _ = h.exec(cmd.clone());
+                    let _ = h.try_exec(cmd.clone());
                     pending_duplicate = Some((id.clone(), cmd));
                 }
             }
@@ -304,23 +304,23 @@ fn run(seed: u64) {
                 };
                 match effect {
                     Effect::Tick => {
-                        h.ok(Command::Tick);
+                        h.exec(Command::Tick);
                     }
                     Effect::DeliverDecision { decision_id, attempt } => {
-                        h.ok(Command::ClaimDecision { decision_id, attempt });
+                        h.exec(Command::ClaimDecision { decision_id, attempt });
                         let req = h.session.decision_request().unwrap();
                         let cmd = worker_answer(&mut rng, &req);
-                        h.ok(cmd.clone());
+                        h.exec(cmd.clone());
                         pending_duplicate = Some((id.clone(), cmd));
                     }
                     Effect::RunLlmCall { call_id, attempt } => {
-                        h.ok(Command::ClaimLlmCall { call_id: call_id.clone(), attempt });
+                        h.exec(Command::ClaimLlmCall { call_id: call_id.clone(), attempt });
                         if rng.chance(10) {
                             continue; // the host crashed mid-call: the deadline will time it out
                         }
                         let outcome = model_answer(&mut rng, &mut answers);
                         let cmd = Command::LlmCallFinished { call_id, attempt, outcome };
-                        h.ok(cmd.clone());
+                        h.exec(cmd.clone());
                         pending_duplicate = Some((id.clone(), cmd));
                     }
                     Effect::Route { .. } => {
@@ -347,10 +347,10 @@ fn run(seed: u64) {
 /// Outside a turn, every tool call on the active path is answered or still in flight.
 fn check_no_dangling(h: &Harness) {
     let session = &h.session;
-    if session.active_turn.is_some() {
+    if session.active_turn_id().is_some() {
         return;
     }
-    for (tool_call_id, name) in session.tree.unanswered_tool_calls() {
+    for (tool_call_id, name) in session.tree().unanswered_tool_calls() {
         let in_flight = session.call(&tool_call_id).is_some();
         if !in_flight {
             for e in &h.log {
@@ -360,7 +360,7 @@ fn check_no_dangling(h: &Harness) {
         assert!(
             in_flight,
             "tool call {tool_call_id} ({name}) dangles in session {} with no turn active",
-            session.id
+            session.id()
         );
     }
 }

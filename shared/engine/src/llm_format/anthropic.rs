@@ -178,7 +178,7 @@ fn blocks(parts: &[ContentPart], path: &str) -> Result<Value, FormatError> {
 }
 
 fn tool_result(m: &DraftMessage, path: &str) -> Result<Value, FormatError> {
-    let id = m.tool_call_id.as_deref().ok_or_else(|| {
+    let id = m.tool_call_id.as_ref().ok_or_else(|| {
         FormatError::new(join(path, "tool_call_id"), "a tool message must name the call it answers")
     })?;
     let mut block = Map::new();
@@ -484,8 +484,11 @@ impl StreamAccumulator {
             "tool_use" => {
                 let id = req_str(block, "id", &path)?.to_owned();
                 let tool = req_str(block, "name", &path)?.to_owned();
-                out.tool_calls =
-                    Some(vec![ToolCallDelta { id: id.clone(), name: Some(tool.clone()), arguments: None }]);
+                out.tool_calls = Some(vec![ToolCallDelta {
+                    id: id.as_str().into(),
+                    name: Some(tool.clone()),
+                    arguments: None,
+                }]);
                 let initial = get(block, "input").cloned().unwrap_or(Value::Null);
                 Block::ToolUse { id, name: tool, json: String::new(), initial }
             }
@@ -530,7 +533,7 @@ impl StreamAccumulator {
                 json.push_str(more);
                 if !more.is_empty() {
                     out.tool_calls = Some(vec![ToolCallDelta {
-                        id: id.clone(),
+                        id: id.as_str().into(),
                         name: None,
                         arguments: Some(more.to_owned()),
                     }]);

@@ -38,7 +38,6 @@ pub mod openai;
 pub struct FormatError {
     /// Where the problem is, e.g. `choices[0].message.tool_calls[1].function.name`; empty for the whole document.
     pub path: String,
-    /// What is wrong there.
     pub message: String,
 }
 

@@ -391,7 +391,7 @@ impl StreamAccumulator {
         let Some(entry) = self.calls.get_mut(slot) else {
             return Err(FormatError::new(path, "tool call slot out of range"));
         };
-        let mut fragment = ToolCallDelta { id: entry.id.clone(), name: None, arguments: None };
+        let mut fragment = ToolCallDelta { id: entry.id.as_str().into(), name: None, arguments: None };
         if let Some(name) = name.filter(|n| !n.is_empty() && entry.name.is_empty()) {
             entry.name = name.to_owned();
             fragment.name = Some(name.to_owned());

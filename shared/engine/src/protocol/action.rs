@@ -7,6 +7,7 @@ use super::agent::{LlmHandler, RetryPolicy, ToolHandler};
 use super::llm::{LlmTool, ReasoningConfig};
 use super::message::DraftMessage;
 use super::trigger::ErrorCode;
+use crate::ids::{CallId, InterruptId, SessionId};
 
 /// One thing a decision asks the engine to do.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -81,10 +82,10 @@ super::parse::tagged_deserialize! {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmCallAction {
-    /// The call's id; omitted: the engine mints one.
+    /// Omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// The model.
+    pub id: Option<CallId>,
+    /// Omitted: the agent config's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Explicit messages; these suppress system-prompt injection.
@@ -100,13 +101,10 @@ pub struct LlmCallAction {
         serialize_with = "super::number::compact_opt_f64"
     )]
     pub temperature: Option<f64>,
-    /// The cap on generated tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u64>,
-    /// Reasoning settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningConfig>,
-    /// Whether to stream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     /// Retry policy for this call.
@@ -121,10 +119,9 @@ pub struct LlmCallAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolCallAction {
-    /// The call's id; omitted: the engine mints one.
+    /// Omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// The tool.
+    pub id: Option<CallId>,
     pub name: String,
     /// The arguments: a JSON value, or the model's raw argument string.
     pub arguments: Value,
@@ -140,13 +137,12 @@ pub struct ToolCallAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolResultAction {
-    /// The call; omitted: the answered `tool.execute`'s.
+    /// Omitted: the answered `tool.execute`'s call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub id: Option<CallId>,
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
-    /// The result.
     pub result: Value,
 }
 
@@ -154,21 +150,18 @@ pub struct ToolResultAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct CallErrorAction {
-    /// The call; omitted: the answered execute trigger's.
+    /// Omitted: the answered execute trigger's call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub id: Option<CallId>,
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
-    /// What went wrong.
     pub error: String,
     /// Whether another attempt may follow (default false: terminal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retryable: Option<bool>,
-    /// The error class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<ErrorCode>,
-    /// Detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<Value>,
 }
@@ -177,9 +170,9 @@ pub struct CallErrorAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmResultAction {
-    /// The call; omitted: the answered `llm.execute`'s.
+    /// Omitted: the answered `llm.execute`'s call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
+    pub id: Option<CallId>,
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
@@ -191,12 +184,12 @@ pub struct LlmResultAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct SubAgentSpawnAction {
-    /// The child session's id.
-    pub session_id: String,
+    /// The child session.
+    pub session_id: SessionId,
     /// The child's agent.
     pub agent_id: String,
-    /// The model tool call this delegation answers.
-    pub tool_call_id: String,
+    /// The model tool call this delegation answers; it becomes the delegation's call id.
+    pub tool_call_id: CallId,
     /// Retry policy for the delegation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
@@ -206,9 +199,8 @@ pub struct SubAgentSpawnAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct MessageSendAction {
-    /// The receiving session.
-    pub session_id: String,
-    /// The message.
+    /// The receiving session: a child of this one.
+    pub session_id: SessionId,
     pub message: DraftMessage,
 }
 
@@ -216,9 +208,9 @@ pub struct MessageSendAction {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptAction {
-    /// The interrupt's id; omitted: the engine mints one.
+    /// Omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub interrupt_id: Option<String>,
+    pub interrupt_id: Option<InterruptId>,
     /// Why, for the client.
     pub reason: String,
     /// Anything the client needs to answer.

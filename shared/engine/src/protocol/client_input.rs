@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::message::DraftMessage;
 use super::trigger::ClientContext;
+use crate::ids::{CallId, InterruptId, TurnId};
 
 /// One input from a client.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -54,11 +55,11 @@ impl ClientInput {
     }
 
     /// The idempotency key, on inputs that start turns.
-    pub fn turn_id(&self) -> Option<&str> {
+    pub fn turn_id(&self) -> Option<&TurnId> {
         match self {
-            ClientInput::Message(i) => i.turn_id.as_deref(),
-            ClientInput::Messages(i) => i.turn_id.as_deref(),
-            ClientInput::Action(i) => i.turn_id.as_deref(),
+            ClientInput::Message(i) => i.turn_id.as_ref(),
+            ClientInput::Messages(i) => i.turn_id.as_ref(),
+            ClientInput::Action(i) => i.turn_id.as_ref(),
             _ => None,
         }
     }
@@ -81,10 +82,9 @@ super::parse::tagged_deserialize! {
 pub struct ClientMessageInput {
     /// The agent that runs the session.
     pub agent_id: String,
-    /// Idempotency key of the turn.
+    /// Idempotency key of the turn; omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub turn_id: Option<String>,
-    /// The message.
+    pub turn_id: Option<TurnId>,
     pub message: DraftMessage,
     /// Whether the client wants token streaming.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,9 +97,9 @@ pub struct ClientMessageInput {
 pub struct ClientMessagesInput {
     /// The agent that runs the session.
     pub agent_id: String,
-    /// Idempotency key of the turn.
+    /// Idempotency key of the turn; omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub turn_id: Option<String>,
+    pub turn_id: Option<TurnId>,
     /// The client's full conversation view.
     pub messages: Vec<DraftMessage>,
     /// Whether the client wants token streaming.
@@ -116,12 +116,10 @@ pub struct ClientMessagesInput {
 pub struct ClientActionInput {
     /// The agent that runs the session.
     pub agent_id: String,
-    /// Idempotency key of the turn.
+    /// Idempotency key of the turn; omitted: the engine mints one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub turn_id: Option<String>,
-    /// The action's name.
+    pub turn_id: Option<TurnId>,
     pub name: String,
-    /// Its arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Value>,
 }
@@ -130,8 +128,7 @@ pub struct ClientActionInput {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptResumeInput {
-    /// The open interrupt.
-    pub interrupt_id: String,
+    pub interrupt_id: InterruptId,
     /// The answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Value>,
@@ -142,11 +139,10 @@ pub struct InterruptResumeInput {
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolResultInput {
     /// The client tool call.
-    pub id: String,
+    pub id: CallId,
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
-    /// The result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
 }
@@ -156,10 +152,8 @@ pub struct ToolResultInput {
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolErrorInput {
     /// The client tool call.
-    pub id: String,
-    /// What went wrong.
+    pub id: CallId,
     pub error: String,
-    /// Whether another attempt may follow.
     pub retryable: bool,
     /// The attempt; omitted: the current one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,20 +9,19 @@ use super::action::Action;
 use super::agent::{AgentConfig, Handler};
 use super::message::{DraftMessage, Message, MessageTree};
 use super::trigger::Trigger;
+use crate::ids::{CallId, DecisionId, MessageId, SessionId, TurnId};
 
 /// One decision, POSTed to the worker (or accepted by the engine itself).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct DecisionRequest {
-    /// The session.
-    pub session_id: String,
-    /// This decision; a redelivery carries the same id.
-    pub decision_id: String,
+    pub session_id: SessionId,
+    /// A redelivery carries the same id.
+    pub decision_id: DecisionId,
     /// The session's agent.
     pub agent_id: String,
     /// The session owner.
     pub identity: WorkerIdentity,
-    /// The news.
     pub trigger: Trigger,
     /// What the engine would do; empty when it has no default.
     pub proposed: DecisionResponse,
@@ -40,7 +39,7 @@ pub struct DecisionRequest {
     /// Every recorded message.
     pub message_tree: MessageTree,
     /// Ancestor session ids, for sub-agents (nearest last).
-    pub ancestry: Vec<String>,
+    pub ancestry: Vec<SessionId>,
     /// Delivery attempts of this decision.
     pub attempts: u32,
     /// When this delivery times out. Required on the wire, may be `null`.
@@ -48,7 +47,7 @@ pub struct DecisionRequest {
     pub deadline: Option<String>,
     /// The turn's idempotency id. Required on the wire, may be `null`.
     #[serde(deserialize_with = "super::parse::nullable")]
-    pub turn_id: Option<String>,
+    pub turn_id: Option<TurnId>,
 }
 
 /// The session owner, without the tenant.
@@ -67,11 +66,8 @@ pub struct WorkerIdentity {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallKind {
-    /// A tool call.
     ToolCall,
-    /// A model call.
     LlmCall,
-    /// A sub-agent delegation.
     SubAgent,
 }
 
@@ -95,27 +91,23 @@ pub enum CallStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct Call {
-    /// The call's id.
-    pub id: String,
-    /// Its kind.
+    pub id: CallId,
     pub kind: CallKind,
-    /// Its status.
     pub status: CallStatus,
     /// The current attempt (0 before the first starts).
     pub attempt: u32,
     /// When the current attempt times out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<String>,
-    /// The tree node the call was requested at.
+    /// The head when the call was requested (`None`: the empty tree).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub anchor: Option<String>,
+    pub anchor: Option<MessageId>,
     /// The tool (tool calls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// The raw argument string (tool calls).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
-    /// Who runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler: Option<Handler>,
     /// Whether it streams (LLM calls).
@@ -126,7 +118,7 @@ pub struct Call {
     pub agent_id: Option<String>,
     /// The child session (sub-agents).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<String>,
+    pub session_id: Option<SessionId>,
 }
 
 /// What a decision answers: how the conversation now reads, and what to do next.

@@ -4,12 +4,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::message::{DraftMessage, ToolCall};
+use crate::ids::CallId;
 
 /// A model call, provider-neutral.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmRequest {
-    /// The model.
     pub model: String,
     /// The conversation, system prompt first when the agent has one.
     pub messages: Vec<DraftMessage>,
@@ -23,7 +23,6 @@ pub struct LlmRequest {
         serialize_with = "super::number::compact_opt_f64"
     )]
     pub temperature: Option<f64>,
-    /// The cap on generated tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u64>,
     /// Reasoning settings, where the model offers reasoning.
@@ -35,9 +34,7 @@ pub struct LlmRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmTool {
-    /// The tool's name.
     pub name: String,
-    /// What it does.
     pub description: String,
     /// JSON Schema for the arguments; absent: no arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -53,11 +50,8 @@ pub struct LlmTool {
 pub enum Effort {
     /// The most.
     Xhigh,
-    /// High.
     High,
-    /// Medium.
     Medium,
-    /// Low.
     Low,
     /// Barely.
     Minimal,
@@ -69,7 +63,6 @@ pub enum Effort {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ReasoningConfig {
-    /// Effort level.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effort: Option<Effort>,
     /// Token budget for reasoning.
@@ -87,9 +80,7 @@ pub struct ReasoningConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct LlmResponse {
-    /// The model that answered.
     pub model: String,
-    /// The text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     /// Tool calls requested.
@@ -143,8 +134,8 @@ pub struct StreamDelta {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct ToolCallDelta {
-    /// The tool call's id.
-    pub id: String,
+    /// The tool call's id; every fragment of one call carries it.
+    pub id: CallId,
     /// The tool's name, on the first fragment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,

@@ -3,6 +3,8 @@
 use serde::de::{self, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::ids::{CallId, MessageId};
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -99,9 +101,7 @@ impl From<String> for Content {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
-    /// Text.
     Text {
-        /// The text.
         text: String,
     },
     /// An image by URL (or data URL).
@@ -111,12 +111,10 @@ pub enum ContentPart {
     },
     /// An attached file, base64 encoded.
     File {
-        /// The file.
         file: FileData,
     },
     /// Audio input, base64 encoded.
     InputAudio {
-        /// The audio.
         input_audio: AudioData,
     },
     /// A video by URL.
@@ -130,7 +128,6 @@ pub enum ContentPart {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct UrlRef {
-    /// The URL.
     pub url: String,
 }
 
@@ -189,8 +186,9 @@ super::parse::tagged_deserialize! {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct ToolCall {
-    /// The call's id; the answering tool message carries it as `tool_call_id`.
-    pub id: String,
+    /// The answering tool message carries it as `tool_call_id`; a `tool.call` or delegation
+    /// made for it takes it as its call id.
+    pub id: CallId,
     /// Always `function` today.
     #[serde(rename = "type")]
     pub kind: String,
@@ -200,7 +198,7 @@ pub struct ToolCall {
 
 impl ToolCall {
     /// A `function` tool call.
-    pub fn function(id: impl Into<String>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
+    pub fn function(id: impl Into<CallId>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
         ToolCall {
             id: id.into(),
             kind: "function".to_owned(),
@@ -213,7 +211,6 @@ impl ToolCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct FunctionCall {
-    /// The tool's name.
     pub name: String,
     /// The raw argument string, usually JSON.
     pub arguments: String,
@@ -225,10 +222,8 @@ pub struct FunctionCall {
 pub struct DraftMessage {
     /// The recorded node this message is, if it is one; absent for news.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<String>,
-    /// Who wrote it.
+    pub id: Option<MessageId>,
     pub role: Role,
-    /// Its body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
     /// Tool calls the assistant made.
@@ -236,7 +231,7 @@ pub struct DraftMessage {
     pub tool_calls: Option<Vec<ToolCall>>,
     /// For a tool message: the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<CallId>,
     /// For a tool message: the tool's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -262,7 +257,7 @@ impl DraftMessage {
 
     /// A tool message answering `tool_call_id`.
     pub fn tool_result(
-        tool_call_id: impl Into<String>,
+        tool_call_id: impl Into<CallId>,
         name: impl Into<String>,
         text: impl Into<String>,
     ) -> Self {
@@ -274,13 +269,13 @@ impl DraftMessage {
     }
 
     /// The same message with `id` set.
-    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+    pub fn with_id(mut self, id: impl Into<MessageId>) -> Self {
         self.id = Some(id.into());
         self
     }
 
     /// This draft recorded as node `id`.
-    pub fn into_message(self, id: String) -> Message {
+    pub fn into_message(self, id: MessageId) -> Message {
         Message {
             id,
             role: self.role,
@@ -301,11 +296,8 @@ impl DraftMessage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct Message {
-    /// The node id.
-    pub id: String,
-    /// Who wrote it.
+    pub id: MessageId,
     pub role: Role,
-    /// Its body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Content>,
     /// Tool calls the assistant made.
@@ -313,7 +305,7 @@ pub struct Message {
     pub tool_calls: Option<Vec<ToolCall>>,
     /// For a tool message: the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
+    pub tool_call_id: Option<CallId>,
     /// For a tool message: the tool's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -351,18 +343,17 @@ pub struct MessageTree {
     pub nodes: Vec<TreeNode>,
     /// The head of the active branch; absent while the tree is empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub head_id: Option<String>,
+    pub head_id: Option<MessageId>,
 }
 
 /// One node of a [`MessageTree`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self")]
 pub struct TreeNode {
-    /// The message.
     pub message: Message,
-    /// Its parent; absent for a root.
+    /// Absent for a root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parent_id: Option<String>,
+    pub parent_id: Option<MessageId>,
 }
 
 super::parse::objects_only!(

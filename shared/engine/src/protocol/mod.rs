@@ -18,11 +18,24 @@ mod number;
 pub(crate) mod parse;
 mod trigger;
 
-pub use action::*;
-pub use agent::*;
-pub use client_input::*;
-pub use decision::*;
-pub use llm::*;
-pub use message::*;
+pub use action::{
+    Action, CallErrorAction, DoneAction, InterruptAction, LlmCallAction, LlmResultAction, MessageSendAction,
+    SubAgentSpawnAction, ToolCallAction, ToolResultAction,
+};
+pub use agent::{AgentConfig, AgentTool, Handler, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler};
+pub use client_input::{
+    ClientActionInput, ClientInput, ClientMessageInput, ClientMessagesInput, InterruptResumeInput,
+    ToolErrorInput, ToolResultInput,
+};
+pub use decision::{Call, CallKind, CallStatus, DecisionRequest, DecisionResponse, WorkerIdentity};
+pub use llm::{Effort, LlmRequest, LlmResponse, LlmTool, ReasoningConfig, StreamDelta, ToolCallDelta};
+pub use message::{
+    AudioData, Content, ContentPart, DraftMessage, FileData, FunctionCall, Message, MessageTree, Role,
+    ToolCall, TreeNode, UrlRef,
+};
 pub use parse::{ProtocolError, parse, parse_slice, parse_str};
-pub use trigger::*;
+pub use trigger::{
+    ClientActionTrigger, ClientContext, ClientMessagesTrigger, ErrorCode, InterruptResumedTrigger,
+    LlmExecuteTrigger, LlmFinishedTrigger, SubAgentFinishedTrigger, ToolExecuteTrigger, ToolFinishedTrigger,
+    ToolInput, Trigger,
+};

@@ -17,7 +17,6 @@ use serde_json::Value;
 pub struct ProtocolError {
     /// Where the problem is, e.g. `actions[2].type`; empty for the document itself.
     pub path: String,
-    /// What is wrong there.
     pub message: String,
 }
 

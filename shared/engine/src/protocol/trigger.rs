@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::agent::{AgentTool, LlmFormat};
 use super::message::DraftMessage;
+use crate::ids::{CallId, InterruptId, SessionId};
 
 /// News not yet written into the conversation, delivered in a `DecisionRequest`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -90,9 +91,7 @@ pub struct ClientMessagesTrigger {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientActionTrigger {
-    /// The action's name.
     pub name: String,
-    /// Its arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Value>,
 }
@@ -101,9 +100,7 @@ pub struct ClientActionTrigger {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolExecuteTrigger {
-    /// The tool call's id.
-    pub id: String,
-    /// The tool's name.
+    pub id: CallId,
     pub name: String,
     /// The raw argument string.
     pub arguments: String,
@@ -120,11 +117,8 @@ pub struct ToolExecuteTrigger {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolFinishedTrigger {
-    /// The tool call's id.
-    pub id: String,
-    /// Whether it succeeded.
+    pub id: CallId,
     pub ok: bool,
-    /// The tool's name.
     pub name: String,
     /// The result text, when ok.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -138,14 +132,12 @@ pub struct ToolFinishedTrigger {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmExecuteTrigger {
-    /// The LLM call's id.
-    pub id: String,
+    pub id: CallId,
     /// An `LlmRequest`, or provider-native when `format` is set.
     pub request: Value,
     /// The provider format of `request`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<LlmFormat>,
-    /// Whether to stream tokens back.
     pub stream: bool,
     /// The attempt being run (1-based).
     pub attempt: u32,
@@ -158,16 +150,13 @@ pub struct LlmExecuteTrigger {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmFinishedTrigger {
-    /// The LLM call's id.
-    pub id: String,
-    /// Whether it succeeded.
+    pub id: CallId,
     pub ok: bool,
     /// The assistant message, when ok; its id is the call id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<DraftMessage>,
     /// Whether the model ran out of tokens.
     pub truncated: bool,
-    /// Token usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Value>,
     /// Cost in dollars, a decimal string.
@@ -189,11 +178,11 @@ pub struct LlmFinishedTrigger {
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct SubAgentFinishedTrigger {
     /// The tool call the delegation answers.
-    pub id: String,
+    pub id: CallId,
     /// Whether the child's turn succeeded.
     pub ok: bool,
     /// The child session.
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The child's agent.
     pub agent_id: String,
     /// The child's final output, when ok.
@@ -208,8 +197,7 @@ pub struct SubAgentFinishedTrigger {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptResumedTrigger {
-    /// The interrupt.
-    pub interrupt_id: String,
+    pub interrupt_id: InterruptId,
     /// What the client answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Value>,
@@ -228,14 +216,10 @@ pub enum ToolInput {
     Invalid {
         /// The parsed arguments.
         value: Value,
-        /// What is wrong.
         error: String,
     },
     /// Not a JSON object.
-    Malformed {
-        /// What is wrong.
-        error: String,
-    },
+    Malformed { error: String },
 }
 
 #[derive(Deserialize)]

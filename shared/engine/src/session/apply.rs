@@ -3,6 +3,7 @@
 use super::event::Event;
 use super::records::{CallSpec, TurnStatus, Versioned};
 use super::{CallClosure, Session};
+use crate::ids::{CallId, DecisionId};
 use crate::protocol::CallStatus;
 
 impl Session {
@@ -36,7 +37,7 @@ impl Session {
                 self.turn_aliases.insert(alias.clone(), turn_id.clone());
             }
             Event::TurnEnded { turn_id, status, data, error, at } => {
-                if self.active_turn.as_deref() == Some(turn_id) {
+                if self.active_turn.as_ref() == Some(turn_id) {
                     self.active_turn = None;
                 }
                 self.queued_turns.retain(|t| t != turn_id);
@@ -149,7 +150,7 @@ impl Session {
             }
             Event::CallVoided { call_id, .. } => {
                 self.calls.retain(|c| &c.id != call_id);
-                self.triggers.retain(|t| t.source.call_id() != Some(call_id.as_str()));
+                self.triggers.retain(|t| t.source.call_id() != Some(call_id));
                 self.close_call(call_id, CallClosure::Voided);
             }
             Event::InterruptOpened { interrupt } => self.interrupts.push(interrupt.clone()),
@@ -166,19 +167,19 @@ impl Session {
         }
     }
 
-    fn close_call(&mut self, call_id: &str, how: CallClosure) {
+    fn close_call(&mut self, call_id: &CallId, how: CallClosure) {
         self.closed_calls.retain(|(c, _)| c != call_id);
-        self.closed_calls.push_back((call_id.to_owned(), how));
+        self.closed_calls.push_back((call_id.clone(), how));
         if self.closed_calls.len() > super::RECENT_CLOSED_CALLS {
             self.closed_calls.pop_front();
         }
     }
 
-    fn live_decision_mut(&mut self, id: &str) -> Option<&mut super::records::Decision> {
-        self.decision.as_mut().filter(|d| d.id == id)
+    fn live_decision_mut(&mut self, id: &DecisionId) -> Option<&mut super::records::Decision> {
+        self.decision.as_mut().filter(|d| &d.id == id)
     }
 
-    pub(crate) fn call_mut(&mut self, id: &str) -> Option<&mut super::records::CallRecord> {
-        self.calls.iter_mut().find(|c| c.id == id)
+    fn call_mut(&mut self, id: &CallId) -> Option<&mut super::records::CallRecord> {
+        self.calls.iter_mut().find(|c| &c.id == id)
     }
 }

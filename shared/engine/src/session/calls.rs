@@ -7,7 +7,9 @@ use super::CallClosure;
 use super::command::Rejection;
 use super::event::Event;
 use super::handle::Tx;
+use super::outbox::OutboxItem;
 use super::records::*;
+use crate::ids::{CallId, DecisionId, SessionId};
 use crate::protocol::*;
 use crate::time::Timestamp;
 
@@ -26,7 +28,7 @@ impl Tx {
     /// Settles a call, refusing stale or unknown ones.
     pub(super) fn settle_checked(
         &mut self,
-        id: &str,
+        id: &CallId,
         attempt: Option<u32>,
         outcome: CallOutcome,
     ) -> Result<(), Rejection> {
@@ -35,22 +37,22 @@ impl Tx {
 
     pub(super) fn client_settle(
         &mut self,
-        id: &str,
+        id: &CallId,
         attempt: Option<u32>,
         outcome: CallOutcome,
     ) -> Result<(), Rejection> {
         let call = self.open_call(id)?;
         if !call.is_client_tool() {
-            return Err(Rejection::NotAClientCall(id.to_owned()));
+            return Err(Rejection::NotAClientCall(id.clone()));
         }
         self.settle(id, attempt, outcome, Fence::Reject)
     }
 
-    pub(super) fn open_call(&self, id: &str) -> Result<&CallRecord, Rejection> {
+    pub(super) fn open_call(&self, id: &CallId) -> Result<&CallRecord, Rejection> {
         self.session.call(id).ok_or_else(|| match self.session.closed_call(id) {
-            Some(CallClosure::Reported) => Rejection::CallAlreadySettled(id.to_owned()),
-            Some(CallClosure::Voided) => Rejection::CallVoided(id.to_owned()),
-            None => Rejection::UnknownCall(id.to_owned()),
+            Some(CallClosure::Reported) => Rejection::CallAlreadySettled(id.clone()),
+            Some(CallClosure::Voided) => Rejection::CallVoided(id.clone()),
+            None => Rejection::UnknownCall(id.clone()),
         })
     }
 
@@ -59,21 +61,21 @@ impl Tx {
     /// retries remain.
     pub(super) fn settle(
         &mut self,
-        id: &str,
+        id: &CallId,
         attempt: Option<u32>,
         outcome: CallOutcome,
         fence: Fence,
     ) -> Result<(), Rejection> {
         let checked = self.open_call(id).and_then(|call| {
             if call.is_settled() {
-                return Err(Rejection::CallAlreadySettled(id.to_owned()));
+                return Err(Rejection::CallAlreadySettled(id.clone()));
             }
             if !call.is_pending() {
-                return Err(Rejection::CallNotRunning { id: id.to_owned(), status: call.status });
+                return Err(Rejection::CallNotRunning { id: id.clone(), status: call.status });
             }
             match attempt {
                 Some(a) if a != call.attempt => {
-                    Err(Rejection::StaleAttempt { id: id.to_owned(), attempt: a, current: call.attempt })
+                    Err(Rejection::StaleAttempt { id: id.clone(), attempt: a, current: call.attempt })
                 }
                 _ => Ok(call.clone()),
             }
@@ -118,8 +120,7 @@ impl Tx {
         let (Ok(CallValue::Text(text)), CallSpec::ToolCall { name, .. }) = (&outcome, &call.spec) else {
             return outcome;
         };
-        let Some(schema) =
-            self.session.tool_declaration(name, call.turn_id.as_deref()).and_then(|t| t.output)
+        let Some(schema) = self.session.tool_declaration(name, call.turn_id.as_ref()).and_then(|t| t.output)
         else {
             return outcome;
         };
@@ -196,8 +197,8 @@ impl Tx {
 
     pub(super) fn sub_agent_finished(
         &mut self,
-        tool_call_id: &str,
-        session_id: &str,
+        tool_call_id: &CallId,
+        session_id: &SessionId,
         ok: bool,
         result: Option<String>,
         error: Option<String>,
@@ -219,9 +220,9 @@ impl Tx {
 
     // ----- claims, failures, time ------------------------------------------------------
 
-    pub(super) fn claim_decision(&mut self, decision_id: &str, attempt: u32) -> Result<(), Rejection> {
+    pub(super) fn claim_decision(&mut self, decision_id: &DecisionId, attempt: u32) -> Result<(), Rejection> {
         let due = self.session.decision.as_ref().filter(|d| {
-            d.id == decision_id
+            &d.id == decision_id
                 && !d.in_flight
                 && d.attempts + 1 == attempt
                 && d.retry_at.is_none_or(|t| t <= self.now)
@@ -231,11 +232,11 @@ impl Tx {
             return Err(Rejection::StaleClaim(format!("decision {decision_id} attempt {attempt}")));
         }
         let deadline = self.session.defaults().decision.timeout_ms().map(|ms| self.now.plus_ms(ms));
-        self.emit(Event::DecisionDispatched { decision_id: decision_id.to_owned(), attempt, deadline });
+        self.emit(Event::DecisionDispatched { decision_id: decision_id.clone(), attempt, deadline });
         Ok(())
     }
 
-    pub(super) fn claim_llm_call(&mut self, call_id: &str, attempt: u32) -> Result<(), Rejection> {
+    pub(super) fn claim_llm_call(&mut self, call_id: &CallId, attempt: u32) -> Result<(), Rejection> {
         let busy = self.session.calls.iter().any(|c| c.is_server_llm() && c.is_pending());
         let call = self.session.call(call_id).filter(|c| {
             c.is_server_llm() && c.status == CallStatus::Queued && c.attempt + 1 == attempt && !busy
@@ -244,19 +245,19 @@ impl Tx {
             return Err(Rejection::StaleClaim(format!("llm call {call_id} attempt {attempt}")));
         };
         let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
-        self.emit(Event::CallDispatched { call_id: call_id.to_owned(), attempt, deadline });
+        self.emit(Event::CallDispatched { call_id: call_id.clone(), attempt, deadline });
         Ok(())
     }
 
     pub(super) fn delivery_failed(
         &mut self,
-        decision_id: &str,
+        decision_id: &DecisionId,
         attempt: u32,
         error: String,
         retryable: bool,
     ) {
         let Some(decision) = self.session.decision.clone() else { return };
-        if decision.id != decision_id || !decision.in_flight || decision.attempts != attempt {
+        if &decision.id != decision_id || !decision.in_flight || decision.attempts != attempt {
             return;
         }
         let policy = self.session.defaults().decision;
@@ -277,8 +278,7 @@ impl Tx {
         match (turn_active, &decision.turn_id) {
             (true, Some(turn_id)) => self.end_turn(&turn_id.clone(), TurnStatus::Failed, None, Some(error)),
             _ => {
-                if let Some(call_id) =
-                    decision.call_id.as_deref().filter(|id| self.session.call(id).is_some())
+                if let Some(call_id) = decision.call_id.as_ref().filter(|id| self.session.call(id).is_some())
                 {
                     self.void_call(call_id, "its decision failed");
                 }
@@ -295,7 +295,7 @@ impl Tx {
             let error = format!("delivery attempt {} timed out", d.attempts);
             self.delivery_failed(&d.id, d.attempts, error, true);
         }
-        let expired: Vec<(String, u32)> = self
+        let expired: Vec<(CallId, u32)> = self
             .session
             .calls
             .iter()

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::records::{CallError, SessionInit, TurnOrigin};
+use crate::ids::{CallId, DecisionId, InterruptId, SessionId, TurnId};
 use crate::protocol::{Action, CallStatus, ClientInput, DecisionResponse, LlmResponse, ProtocolError};
 
 /// Something that asks to change a session.
@@ -16,7 +17,6 @@ pub enum Command {
     },
     /// A client input.
     Submit {
-        /// The input.
         input: ClientInput,
         /// Queue a new turn behind the active one instead of refusing it.
         #[serde(default)]
@@ -27,64 +27,51 @@ pub enum Command {
     },
     /// The runtime starts delivering the live decision (claims the effect).
     ClaimDecision {
-        /// The decision.
-        decision_id: String,
+        decision_id: DecisionId,
         /// The delivery attempt it starts.
         attempt: u32,
     },
     /// The worker answered a decision.
     Answer {
-        /// The decision.
-        decision_id: String,
+        decision_id: DecisionId,
         /// The delivery attempt that got the answer.
         attempt: u32,
-        /// The answer.
         response: Box<DecisionResponse>,
     },
     /// A delivery of a decision failed.
     DeliveryFailed {
-        /// The decision.
-        decision_id: String,
-        /// The delivery attempt.
+        decision_id: DecisionId,
         attempt: u32,
         /// What went wrong (never the worker's body).
         error: String,
-        /// Whether another delivery may follow.
         retryable: bool,
     },
     /// The runtime starts an attempt of a server LLM call (claims the effect).
     ClaimLlmCall {
-        /// The call.
-        call_id: String,
+        call_id: CallId,
         /// The attempt it starts.
         attempt: u32,
     },
     /// A server LLM call attempt ended.
     LlmCallFinished {
-        /// The call.
-        call_id: String,
-        /// The attempt.
+        call_id: CallId,
         attempt: u32,
         /// The model's response or the failure.
         outcome: Result<LlmResponse, CallError>,
     },
     /// A worker settles a deferred call (`tool.result`, `tool.error`, `llm.result`, `llm.error`
     /// with an `id`), fenced by attempt.
-    Settle {
-        /// The settling action.
-        action: Action,
-    },
+    Settle { action: Action },
     /// A child session's turn ended (routed from the child's outbox).
     SubAgentFinished {
         /// The tool call the delegation answers.
-        tool_call_id: String,
+        tool_call_id: CallId,
         /// The child.
-        session_id: String,
-        /// Whether it succeeded.
+        session_id: SessionId,
         ok: bool,
-        /// Its final output.
+        /// The child's final output, when ok.
         result: Option<String>,
-        /// Its error.
+        /// When not ok.
         error: Option<String>,
     },
     /// End the active turn and void its open work.
@@ -95,10 +82,7 @@ pub enum Command {
     /// Time passed: expire deadlines and start due retries.
     Tick,
     /// The runtime delivered an outbox item.
-    OutboxDelivered {
-        /// Its sequence number.
-        seq: u64,
-    },
+    OutboxDelivered { seq: u64 },
 }
 
 /// Why a command was refused. A refused command writes nothing.
@@ -106,10 +90,10 @@ pub enum Command {
 pub enum Rejection {
     /// The session has not been created.
     #[error("session {0:?} does not exist")]
-    NotFound(String),
+    NotFound(SessionId),
     /// The session exists already.
     #[error("session {0:?} already exists")]
-    AlreadyExists(String),
+    AlreadyExists(SessionId),
     /// The input names another agent than the session's.
     #[error("session runs agent {expected:?}; this input is for {given:?}")]
     AgentMismatch {
@@ -122,36 +106,35 @@ pub enum Rejection {
     #[error("turn {turn_id:?} is still active: wait for it to end, cancel it, or submit with queue")]
     TurnAlreadyActive {
         /// The running turn.
-        turn_id: String,
+        turn_id: TurnId,
     },
     /// The branch is paused by open interrupts.
     #[error("the branch is paused by interrupt {}: resume it with interrupt.resume first", .interrupt_ids.join(", "))]
     BranchPaused {
         /// The open interrupts pausing it.
-        interrupt_ids: Vec<String>,
+        interrupt_ids: Vec<InterruptId>,
     },
     /// No open interrupt has that id.
     #[error("no open interrupt {id:?} (open: {})", if .open.is_empty() { "none".to_owned() } else { .open.join(", ") })]
     UnknownInterrupt {
         /// The id given.
-        id: String,
+        id: InterruptId,
         /// The open interrupts.
-        open: Vec<String>,
+        open: Vec<InterruptId>,
     },
     /// No call has that id.
     #[error("no call {0:?} in this session")]
-    UnknownCall(String),
+    UnknownCall(CallId),
     /// The call settled already.
     #[error("call {0:?} has already settled")]
-    CallAlreadySettled(String),
+    CallAlreadySettled(CallId),
     /// The call was voided (fork, cancel, failed turn).
     #[error("call {0:?} was voided (its branch was forked or its turn ended)")]
-    CallVoided(String),
+    CallVoided(CallId),
     /// The settle names an attempt that is not the current one.
     #[error("call {id:?} is at attempt {current}, not {attempt}")]
     StaleAttempt {
-        /// The call.
-        id: String,
+        id: CallId,
         /// The attempt given.
         attempt: u32,
         /// The current attempt.
@@ -159,15 +142,10 @@ pub enum Rejection {
     },
     /// The call has no running attempt to settle.
     #[error("call {id:?} has no running attempt (status {status:?})")]
-    CallNotRunning {
-        /// The call.
-        id: String,
-        /// Its status.
-        status: CallStatus,
-    },
+    CallNotRunning { id: CallId, status: CallStatus },
     /// A client tried to settle a call that is not a client tool call.
     #[error("call {0:?} is not a client tool call")]
-    NotAClientCall(String),
+    NotAClientCall(CallId),
     /// Cancel with no active turn.
     #[error("no active turn to cancel")]
     NoActiveTurn,

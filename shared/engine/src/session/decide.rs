@@ -6,6 +6,7 @@ use super::calls::Fence;
 use super::event::Event;
 use super::handle::Tx;
 use super::records::*;
+use crate::ids::{CallId, DecisionId, MessageId};
 use crate::protocol::*;
 
 use super::handle::MAX_STEPS_PER_COMMAND;
@@ -53,12 +54,12 @@ impl Tx {
         {
             self.emit(Event::CallReported { call_id: id.clone() });
         }
-        let decision_id = self.ids.mint("dec");
+        let decision_id = self.ids.decision_id();
         let (proposed, proposal_base) = super::propose::propose(
             &self.session,
             &trigger,
             view_base.as_ref(),
-            pending.turn_id.as_deref(),
+            pending.turn_id.as_ref(),
             &decision_id,
         );
         let mut decision = new_decision(decision_id, trigger, proposed, &pending, call_id.clone());
@@ -90,11 +91,11 @@ impl Tx {
 }
 
 fn new_decision(
-    id: String,
+    id: DecisionId,
     trigger: Trigger,
     proposed: DecisionResponse,
     pending: &PendingTrigger,
-    call_id: Option<String>,
+    call_id: Option<CallId>,
 ) -> Decision {
     Decision {
         id,
@@ -117,13 +118,13 @@ impl Tx {
     /// request cannot be put in the worker's format, which fails the call).
     pub(super) fn materialize(&mut self, source: &TriggerSource) -> Result<Materialized, String> {
         let s = &self.session;
-        let gone = |id: &str| format!("call {id} is no longer open");
+        let gone = |id: &CallId| format!("call {id} is no longer open");
         Ok(match source {
             TriggerSource::SessionStart => (Trigger::SessionStart, None, None),
             TriggerSource::ClientMessage { message } => {
                 // The view is the active path plus the message: kept by reference to the path.
-                let head = s.tree.head().map(str::to_owned);
-                let new_from = s.tree.path_len(head.as_deref());
+                let head = s.tree.head().cloned();
+                let new_from = s.tree.path_len(head.as_ref());
                 let client = ClientContext::default();
                 let t = ClientMessagesTrigger { messages: vec![message.clone()], new_from, client };
                 (Trigger::ClientMessages(t), None, Some(PathRef { head }))
@@ -147,7 +148,7 @@ impl Tx {
                 let CallSpec::ToolCall { name, arguments, .. } = &call.spec else {
                     return Err(gone(call_id));
                 };
-                let declaration = s.tool_declaration(name, call.turn_id.as_deref());
+                let declaration = s.tool_declaration(name, call.turn_id.as_ref());
                 let input = match &declaration {
                     Some(tool) => super::tool_input::validate_arguments(arguments, tool.input.as_ref()),
                     None => super::tool_input::validate_arguments(arguments, None),
@@ -218,7 +219,7 @@ impl Tx {
 
 /// A materialized trigger: the wire trigger, the call it is about, and the path its view is
 /// kept by reference to.
-type Materialized = (Trigger, Option<String>, Option<PathRef>);
+type Materialized = (Trigger, Option<CallId>, Option<PathRef>);
 
 /// The `*.finished` trigger of a settled call.
 fn finished_trigger(call: &CallRecord) -> Option<Trigger> {
@@ -283,9 +284,9 @@ fn finished_trigger(call: &CallRecord) -> Option<Trigger> {
 }
 
 /// The assistant message an LLM response records; its id is the call's (rule 20).
-pub(super) fn assistant_message(call_id: &str, response: &LlmResponse) -> DraftMessage {
+pub(super) fn assistant_message(call_id: &CallId, response: &LlmResponse) -> DraftMessage {
     DraftMessage {
-        id: Some(call_id.to_owned()),
+        id: Some(MessageId::new(call_id.as_str())),
         role: Role::Assistant,
         content: response.content.clone().map(Content::Text),
         tool_calls: response.tool_calls.clone().filter(|t| !t.is_empty()),

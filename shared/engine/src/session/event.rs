@@ -3,10 +3,12 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::outbox::OutboxItem;
 use super::records::{
-    CallError, CallOutcome, CallRecord, Decision, Interrupt, OutboxItem, PendingTrigger, Resolver,
-    SessionInit, TurnRecord, TurnStatus,
+    CallError, CallOutcome, CallRecord, Decision, Interrupt, PendingTrigger, Resolver, SessionInit,
+    TurnRecord, TurnStatus,
 };
+use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
 use crate::protocol::{AgentConfig, DecisionResponse, Message};
 use crate::time::Timestamp;
 
@@ -16,60 +18,44 @@ use crate::time::Timestamp;
 pub enum Event {
     /// The session came to be.
     SessionCreated {
-        /// The session.
-        session_id: String,
+        session_id: SessionId,
         /// Agent, owner, parent and defaults.
         init: SessionInit,
-        /// When.
         at: Timestamp,
     },
-    /// A turn started.
     TurnStarted {
-        /// The turn (status active).
+        /// Status active.
         turn: TurnRecord,
     },
     /// A turn was queued behind the active one.
     TurnQueued {
-        /// The turn (status queued).
+        /// Status queued.
         turn: TurnRecord,
     },
     /// A queued turn became active.
-    TurnActivated {
-        /// The turn.
-        turn_id: String,
-        /// When.
-        at: Timestamp,
-    },
+    TurnActivated { turn_id: TurnId, at: Timestamp },
     /// A second idempotency id now names an existing turn (a `client.action` joining it).
     TurnAliased {
         /// The new id.
-        alias: String,
+        alias: TurnId,
         /// The turn it names.
-        turn_id: String,
+        turn_id: TurnId,
     },
-    /// A turn ended.
     TurnEnded {
-        /// The turn.
-        turn_id: String,
-        /// How.
+        turn_id: TurnId,
         status: TurnStatus,
         /// `done`'s data.
         data: Option<Value>,
         /// Why it failed or was cancelled.
         error: Option<String>,
-        /// When.
         at: Timestamp,
     },
     /// News waits for a decision.
-    TriggerQueued {
-        /// The news.
-        trigger: PendingTrigger,
-    },
+    TriggerQueued { trigger: PendingTrigger },
     /// The pending trigger at `queue_index` was dropped: there is nothing to decide.
     TriggerDropped {
         /// Which pending trigger.
         queue_index: usize,
-        /// Why.
         reason: String,
     },
     /// A decision opened for the pending trigger at `queue_index`.
@@ -81,28 +67,23 @@ pub enum Event {
     },
     /// A delivery of the live decision started.
     DecisionDispatched {
-        /// The decision.
-        decision_id: String,
-        /// The delivery attempt.
+        decision_id: DecisionId,
         attempt: u32,
         /// When it times out.
         deadline: Option<Timestamp>,
     },
     /// A delivery failed and another will follow.
     DecisionRetryScheduled {
-        /// The decision.
-        decision_id: String,
+        decision_id: DecisionId,
         /// The failed attempt.
         attempt: u32,
-        /// Why.
         error: String,
         /// When the next may start.
         retry_at: Timestamp,
     },
     /// The live decision was answered.
     DecisionResolved {
-        /// The decision.
-        decision_id: String,
+        decision_id: DecisionId,
         /// Who answered.
         by: Resolver,
         /// The answer, its `messages` trimmed to the news: the first `omitted_messages` of them
@@ -113,135 +94,88 @@ pub enum Event {
         omitted_messages: usize,
     },
     /// The live decision failed for good.
-    DecisionFailed {
-        /// The decision.
-        decision_id: String,
-        /// Why.
-        error: String,
-    },
+    DecisionFailed { decision_id: DecisionId, error: String },
     /// The live decision was withdrawn (its turn was cancelled); a late answer is ignored.
-    DecisionVoided {
-        /// The decision.
-        decision_id: String,
-        /// Why.
-        reason: String,
-    },
+    DecisionVoided { decision_id: DecisionId, reason: String },
     /// An action of a response was not carried out.
     ActionIgnored {
-        /// The decision.
-        decision_id: String,
+        decision_id: DecisionId,
         /// The action's index in `actions`.
         index: usize,
-        /// Why.
         reason: String,
     },
     /// A message was recorded and became the head.
     MessageRecorded {
-        /// The message.
         message: Message,
-        /// Its parent.
-        parent_id: Option<String>,
+        /// `None`: a root.
+        parent_id: Option<MessageId>,
     },
     /// The head moved to a recorded node.
     HeadMoved {
-        /// The new head.
-        head_id: Option<String>,
+        /// `None`: the empty root.
+        head_id: Option<MessageId>,
     },
     /// Agent state was written at the head.
     StateWritten {
-        /// The head.
-        anchor: Option<String>,
-        /// The state.
+        /// The head it was written at.
+        anchor: Option<MessageId>,
         value: Value,
     },
     /// Agent config was written at the head.
     AgentWritten {
-        /// The head.
-        anchor: Option<String>,
-        /// The config.
+        /// The head it was written at.
+        anchor: Option<MessageId>,
         config: AgentConfig,
     },
     /// A call was created.
     CallCreated {
-        /// The call (status queued).
+        /// Status queued.
         call: CallRecord,
     },
     /// An attempt of a call started.
     CallDispatched {
-        /// The call.
-        call_id: String,
-        /// The attempt.
+        call_id: CallId,
         attempt: u32,
         /// When it times out.
         deadline: Option<Timestamp>,
     },
     /// An attempt failed; another follows after backoff.
     CallRetryScheduled {
-        /// The call.
-        call_id: String,
+        call_id: CallId,
         /// The failed attempt.
         attempt: u32,
-        /// Why.
         error: CallError,
         /// When the next may start.
         retry_at: Timestamp,
     },
     /// A call waiting for its retry is ready for its next attempt.
-    CallRequeued {
-        /// The call.
-        call_id: String,
-    },
+    CallRequeued { call_id: CallId },
     /// A call settled for good.
     CallSettled {
-        /// The call.
-        call_id: String,
+        call_id: CallId,
         /// The attempt that settled it.
         attempt: u32,
-        /// How.
         outcome: CallOutcome,
     },
     /// A settled call was reported (its `*.finished` decision opened, or the client's view
     /// carried its result): it leaves the session's open calls.
-    CallReported {
-        /// The call.
-        call_id: String,
-    },
+    CallReported { call_id: CallId },
     /// An open call was voided (fork, cancel, failed turn); late results are refused.
-    CallVoided {
-        /// The call.
-        call_id: String,
-        /// Why.
-        reason: String,
-    },
+    CallVoided { call_id: CallId, reason: String },
     /// An interrupt paused the branch.
-    InterruptOpened {
-        /// The interrupt.
-        interrupt: Interrupt,
-    },
+    InterruptOpened { interrupt: Interrupt },
     /// An interrupt was resumed.
     InterruptResumed {
-        /// The interrupt.
-        interrupt_id: String,
+        interrupt_id: InterruptId,
         /// The client's answer.
         payload: Option<Value>,
     },
     /// An interrupt was closed without a resume (its turn ended).
-    InterruptClosed {
-        /// The interrupt.
-        interrupt_id: String,
-    },
+    InterruptClosed { interrupt_id: InterruptId },
     /// Work for another session was queued.
-    OutboxQueued {
-        /// Its sequence number.
-        seq: u64,
-        /// The work.
-        item: OutboxItem,
-    },
+    OutboxQueued { seq: u64, item: OutboxItem },
     /// Work for another session was delivered.
-    OutboxDelivered {
-        /// Its sequence number.
-        seq: u64,
-    },
+    OutboxDelivered { seq: u64 },
 }
 
 impl Event {

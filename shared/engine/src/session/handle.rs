@@ -8,9 +8,10 @@ use serde_json::Value;
 use super::calls::{Fence, result_text};
 use super::command::{Command, Rejection};
 use super::event::Event;
+use super::outbox::OutboxItem;
 use super::records::*;
 use super::{Ctx, Session};
-use crate::ids::IdMinter;
+use crate::ids::{CallId, IdMinter, InterruptId, TurnId};
 use crate::protocol::*;
 use crate::time::Timestamp;
 
@@ -122,7 +123,7 @@ impl Tx {
             ClientInput::Messages(i) => self.submit_view(i, queue, origin),
             ClientInput::Action(i) => {
                 self.check_agent(&i.agent_id)?;
-                if self.known_turn(i.turn_id.as_deref()) {
+                if self.known_turn(i.turn_id.as_ref()) {
                     return Ok(());
                 }
                 if let Some(active) = self.session.active_turn.clone() {
@@ -150,18 +151,18 @@ impl Tx {
         origin: TurnOrigin,
     ) -> Result<(), Rejection> {
         self.check_agent(&i.agent_id)?;
-        if self.known_turn(i.turn_id.as_deref()) {
+        if self.known_turn(i.turn_id.as_ref()) {
             return Ok(());
         }
         let view: Vec<DraftMessage> = i.messages.into_iter().filter(|m| m.role != Role::System).collect();
         let news = &view[self.session.tree.new_from(&view)..];
-        let answers: Vec<(String, String)> = news
+        let answers: Vec<(CallId, String)> = news
             .iter()
             .filter(|m| m.role == Role::Tool)
             .filter_map(|m| {
-                let id = m.tool_call_id.as_deref()?;
+                let id = m.tool_call_id.as_ref()?;
                 let call = self.session.call(id)?;
-                (call.is_client_tool() && call.is_pending()).then(|| (id.to_owned(), m.content_text()))
+                (call.is_client_tool() && call.is_pending()).then(|| (id.clone(), m.content_text()))
             })
             .collect();
         let only_answers = !news.is_empty() && answers.len() == news.len();
@@ -210,24 +211,24 @@ impl Tx {
         Ok(())
     }
 
-    pub(super) fn known_turn(&self, turn_id: Option<&str>) -> bool {
+    pub(super) fn known_turn(&self, turn_id: Option<&TurnId>) -> bool {
         turn_id.is_some_and(|t| self.session.knows_turn(t))
     }
 
     pub(super) fn start_turn(
         &mut self,
         agent_id: &str,
-        turn_id: Option<String>,
+        turn_id: Option<TurnId>,
         input: TurnInput,
         queue: bool,
         origin: TurnOrigin,
         writes_message: bool,
     ) -> Result<(), Rejection> {
         self.check_agent(agent_id)?;
-        if self.known_turn(turn_id.as_deref()) {
+        if self.known_turn(turn_id.as_ref()) {
             return Ok(());
         }
-        let id = turn_id.unwrap_or_else(|| self.ids.mint("turn"));
+        let id = turn_id.unwrap_or_else(|| self.ids.turn_id());
         let client_tools = match &input {
             TurnInput::Messages { client, .. } => client.tools.clone().unwrap_or_default(),
             _ => Vec::new(),
@@ -306,7 +307,7 @@ impl Tx {
     /// every tool call left unanswered on the active path, so the transcript stays valid.
     pub(super) fn end_turn(
         &mut self,
-        turn_id: &str,
+        turn_id: &TurnId,
         status: TurnStatus,
         data: Option<Value>,
         error: Option<String>,
@@ -316,14 +317,14 @@ impl Tx {
             self.close_open_work(turn_id, &reason, status);
         }
         self.emit(Event::TurnEnded {
-            turn_id: turn_id.to_owned(),
+            turn_id: turn_id.clone(),
             status,
             data: data.clone(),
             error: error.clone(),
             at: self.now,
         });
         let turn = self.session.turns.get(turn_id).cloned();
-        if let (Some(parent), Some(turn)) = (self.session.init.as_ref().and_then(|i| i.parent.clone()), turn)
+        if let (Some(parent), Some(turn)) = (self.session.parent().cloned(), turn)
             && turn.origin == TurnOrigin::Parent
         {
             let ok = status == TurnStatus::Completed;
@@ -358,19 +359,19 @@ impl Tx {
         }
     }
 
-    pub(super) fn close_open_work(&mut self, turn_id: &str, reason: &str, status: TurnStatus) {
+    pub(super) fn close_open_work(&mut self, turn_id: &TurnId, reason: &str, status: TurnStatus) {
         if let Some(d) = self.session.decision.clone() {
             self.emit(Event::DecisionVoided { decision_id: d.id, reason: reason.to_owned() });
         }
-        let open: Vec<String> = self.session.calls.iter().map(|c| c.id.clone()).collect();
+        let open: Vec<CallId> = self.session.calls.iter().map(|c| c.id.clone()).collect();
         for id in open {
             self.void_call(&id, reason);
         }
-        let interrupts: Vec<String> = self
+        let interrupts: Vec<InterruptId> = self
             .session
             .interrupts
             .iter()
-            .filter(|i| i.turn_id.as_deref() == Some(turn_id) || i.turn_id.is_none())
+            .filter(|i| i.turn_id.as_ref() == Some(turn_id) || i.turn_id.is_none())
             .map(|i| i.id.clone())
             .collect();
         for interrupt_id in interrupts {
@@ -378,17 +379,17 @@ impl Tx {
         }
         let word = if status == TurnStatus::Cancelled { "cancelled" } else { "failed" };
         for (tool_call_id, name) in self.session.tree.unanswered_tool_calls() {
-            let id = self.ids.mint("msg");
+            let id = self.ids.message_id();
             let text = format!("error: the turn {word} before this tool call finished: {reason}");
             let message = DraftMessage::tool_result(tool_call_id, name, text).into_message(id);
-            let parent_id = self.session.tree.head().map(str::to_owned);
+            let parent_id = self.session.tree.head().cloned();
             self.emit(Event::MessageRecorded { message, parent_id });
         }
     }
 
-    pub(super) fn void_call(&mut self, call_id: &str, reason: &str) {
+    pub(super) fn void_call(&mut self, call_id: &CallId, reason: &str) {
         let Some(call) = self.session.call(call_id).cloned() else { return };
-        self.emit(Event::CallVoided { call_id: call_id.to_owned(), reason: reason.to_owned() });
+        self.emit(Event::CallVoided { call_id: call_id.clone(), reason: reason.to_owned() });
         if !call.is_settled()
             && let CallSpec::SubAgent { session_id, .. } = call.spec
         {

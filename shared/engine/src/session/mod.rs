@@ -10,6 +10,7 @@ mod command;
 mod decide;
 mod event;
 mod handle;
+mod outbox;
 mod plan;
 mod propose;
 mod records;
@@ -25,11 +26,17 @@ use serde_json::Value;
 
 pub use command::{Command, Rejection};
 pub use event::Event;
+pub use outbox::{OutboxItem, Route, Send, Spawn, child_failed, route};
 pub use plan::{Effect, Plan};
-pub use records::*;
+pub use records::{
+    CallError, CallOutcome, CallRecord, CallSpec, CallValue, Decision, Defaults, Interrupt, ParentLink,
+    PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput, TurnOrigin, TurnRecord,
+    TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
+};
 pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};
 
+use crate::ids::{CallId, SessionId, TurnId};
 use crate::protocol::{AgentConfig, AgentTool, WorkerIdentity};
 use crate::time::Timestamp;
 
@@ -45,12 +52,15 @@ pub const PAST_TURN_IDS: usize = 256;
 pub const RECENT_CLOSED_CALLS: usize = 64;
 
 /// Rebuilds a turn's record from the session's log (for turns the head no longer holds).
-pub fn turn_from_log<'a>(turn_id: &str, events: impl IntoIterator<Item = &'a Event>) -> Option<TurnRecord> {
+pub fn turn_from_log<'a>(
+    turn_id: &TurnId,
+    events: impl IntoIterator<Item = &'a Event>,
+) -> Option<TurnRecord> {
     let mut turn: Option<TurnRecord> = None;
-    let mut call_turns: BTreeMap<&str, bool> = BTreeMap::new();
+    let mut call_turns: BTreeMap<&CallId, bool> = BTreeMap::new();
     for event in events {
         match event {
-            Event::TurnStarted { turn: t } | Event::TurnQueued { turn: t } if t.id == turn_id => {
+            Event::TurnStarted { turn: t } | Event::TurnQueued { turn: t } if &t.id == turn_id => {
                 turn = Some(t.clone())
             }
             Event::TurnActivated { turn_id: id, at } if id == turn_id => {
@@ -69,10 +79,10 @@ pub fn turn_from_log<'a>(turn_id: &str, events: impl IntoIterator<Item = &'a Eve
                 }
             }
             Event::CallCreated { call } => {
-                call_turns.insert(&call.id, call.turn_id.as_deref() == Some(turn_id));
+                call_turns.insert(&call.id, call.turn_id.as_ref() == Some(turn_id));
             }
             Event::CallSettled { call_id, outcome: Ok(CallValue::Llm(response)), .. }
-                if call_turns.get(call_id.as_str()) == Some(&true) =>
+                if call_turns.get(call_id) == Some(&true) =>
             {
                 if let Some(t) = turn.as_mut() {
                     t.usage.add(response.usage.as_ref(), response.cost.as_deref());
@@ -87,7 +97,6 @@ pub fn turn_from_log<'a>(turn_id: &str, events: impl IntoIterator<Item = &'a Eve
 /// What a command needs from the outside world: the time, and entropy for fresh ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ctx {
-    /// Now.
     pub now: Timestamp,
     /// Seeds the ids this command mints; use fresh randomness per command.
     pub seed: u64,
@@ -104,59 +113,55 @@ pub enum CallClosure {
 }
 
 /// One agent session: the message tree, calls, decisions, turns, interrupts, versions.
+///
+/// Closed: only [`handle`] (through events) changes it, and readers use its methods. The
+/// fields' names and order are the snapshot's JSON, which stores persist.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Session {
-    /// The session's id.
-    pub id: String,
-    /// Agent, owner, parent and defaults; `None` until created.
-    pub init: Option<SessionInit>,
-    /// When it was created.
-    pub created_at: Timestamp,
-    /// Every recorded message.
-    pub tree: Tree,
+    id: SessionId,
+    /// `None` until created.
+    init: Option<SessionInit>,
+    created_at: Timestamp,
+    tree: Tree,
     /// Agent state versions, oldest first.
-    pub states: Vec<Versioned<Value>>,
+    states: Vec<Versioned<Value>>,
     /// Agent config versions, oldest first.
-    pub agents: Vec<Versioned<AgentConfig>>,
+    agents: Vec<Versioned<AgentConfig>>,
     /// Calls not yet reported, in creation order.
-    pub calls: Vec<CallRecord>,
+    calls: Vec<CallRecord>,
     /// The most recent calls that left the open set, and how, oldest first (at most
     /// [`RECENT_CLOSED_CALLS`]: the head holds open work, not history).
-    pub closed_calls: VecDeque<(String, CallClosure)>,
-    /// The live decision.
-    pub decision: Option<Decision>,
+    closed_calls: VecDeque<(CallId, CallClosure)>,
+    decision: Option<Decision>,
     /// News waiting for a decision, in arrival order.
-    pub triggers: Vec<PendingTrigger>,
+    triggers: Vec<PendingTrigger>,
     /// The active and queued turns and the most recent ended ones (at most
     /// [`RECENT_TURNS`]), by id. Older ended turns are in the log (see [`turn_from_log`]).
-    pub turns: BTreeMap<String, TurnRecord>,
+    turns: BTreeMap<TurnId, TurnRecord>,
     /// Ended turns in the order they ended, for eviction.
-    pub ended_order: VecDeque<String>,
+    ended_order: VecDeque<TurnId>,
     /// Ids of ended turns evicted from `turns`, oldest first (at most [`PAST_TURN_IDS`]):
     /// still known, so resubmitting one is a no-op.
-    pub past_turns: VecDeque<String>,
+    past_turns: VecDeque<TurnId>,
     /// Extra idempotency ids naming existing turns.
-    pub turn_aliases: BTreeMap<String, String>,
-    /// The running turn.
-    pub active_turn: Option<String>,
+    turn_aliases: BTreeMap<TurnId, TurnId>,
+    active_turn: Option<TurnId>,
     /// Turns waiting to start, in arrival order.
-    pub queued_turns: Vec<String>,
+    queued_turns: Vec<TurnId>,
     /// Open interrupts, oldest first.
-    pub interrupts: Vec<Interrupt>,
-    /// Undelivered work for other sessions.
-    pub outbox: BTreeMap<u64, OutboxItem>,
-    /// The next outbox sequence number.
-    pub next_outbox_seq: u64,
+    interrupts: Vec<Interrupt>,
+    /// Undelivered work for other sessions, by sequence number.
+    outbox: BTreeMap<u64, OutboxItem>,
+    next_outbox_seq: u64,
     /// Model usage over the whole session.
-    pub usage: Usage,
+    usage: Usage,
     /// How many events have been applied (the log's length).
-    pub events_applied: u64,
+    events_applied: u64,
 }
 
 /// The result of handling a command: the events to persist, and the session after them.
 #[derive(Debug, Clone)]
 pub struct Transition {
-    /// The new events, in order.
     pub events: Vec<Event>,
     /// The session with the events applied.
     pub session: Session,
@@ -172,12 +177,12 @@ pub fn handle(session: &Session, command: Command, ctx: &Ctx) -> Result<Transiti
 
 impl Session {
     /// An empty, not yet created session with this id.
-    pub fn new(id: impl Into<String>) -> Self {
+    pub fn new(id: impl Into<SessionId>) -> Self {
         Session { id: id.into(), ..Session::default() }
     }
 
     /// Rebuilds a session by folding `events` in order.
-    pub fn replay<'a>(id: impl Into<String>, events: impl IntoIterator<Item = &'a Event>) -> Self {
+    pub fn replay<'a>(id: impl Into<SessionId>, events: impl IntoIterator<Item = &'a Event>) -> Self {
         let mut session = Session::new(id);
         for event in events {
             session.apply(event);
@@ -185,9 +190,106 @@ impl Session {
         session
     }
 
+    pub fn id(&self) -> &SessionId {
+        &self.id
+    }
+
+    /// Agent, owner, parent and defaults; `None` until created.
+    pub fn init(&self) -> Option<&SessionInit> {
+        self.init.as_ref()
+    }
+
     /// Whether the session has been created.
     pub fn is_created(&self) -> bool {
         self.init.is_some()
+    }
+
+    /// When it was created (the epoch until it is).
+    pub fn created_at(&self) -> Timestamp {
+        self.created_at
+    }
+
+    /// Every recorded message. After loading a snapshot (which keeps only the head), put the
+    /// nodes back with [`Session::tree_mut`].
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    /// The tree, to restore its nodes after a load ([`Tree::restore`] and its siblings are
+    /// its only public mutators).
+    pub fn tree_mut(&mut self) -> &mut Tree {
+        &mut self.tree
+    }
+
+    /// The parent, for a sub-agent's session.
+    pub fn parent(&self) -> Option<&ParentLink> {
+        self.init.as_ref().and_then(|i| i.parent.as_ref())
+    }
+
+    /// Calls not yet reported, in creation order.
+    pub fn calls(&self) -> &[CallRecord] {
+        &self.calls
+    }
+
+    /// The most recently closed calls (at most [`RECENT_CLOSED_CALLS`]), oldest first.
+    pub fn closed_calls(&self) -> impl ExactSizeIterator<Item = (&CallId, CallClosure)> {
+        self.closed_calls.iter().map(|(id, how)| (id, *how))
+    }
+
+    /// The live decision.
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decision.as_ref()
+    }
+
+    /// News waiting for a decision, in arrival order.
+    pub fn triggers(&self) -> &[PendingTrigger] {
+        &self.triggers
+    }
+
+    /// The turns the head holds: active, queued, and the most recent ended ones (at most
+    /// [`RECENT_TURNS`]), in id order. Older ones: [`turn_from_log`].
+    pub fn turns(&self) -> impl ExactSizeIterator<Item = &TurnRecord> {
+        self.turns.values()
+    }
+
+    pub fn active_turn_id(&self) -> Option<&TurnId> {
+        self.active_turn.as_ref()
+    }
+
+    pub fn active_turn(&self) -> Option<&TurnRecord> {
+        self.active_turn.as_ref().and_then(|t| self.turns.get(t))
+    }
+
+    /// Turns waiting to start, in arrival order.
+    pub fn queued_turn_ids(&self) -> &[TurnId] {
+        &self.queued_turns
+    }
+
+    /// Ids of ended turns the head no longer holds but still knows (at most
+    /// [`PAST_TURN_IDS`]), oldest first.
+    pub fn past_turn_ids(&self) -> impl ExactSizeIterator<Item = &TurnId> {
+        self.past_turns.iter()
+    }
+
+    /// Open interrupts, oldest first (on any branch; see [`Session::pausing_interrupts`]).
+    pub fn interrupts(&self) -> &[Interrupt] {
+        &self.interrupts
+    }
+
+    /// Undelivered work for other sessions, by sequence number ([`Session::plan`] routes it).
+    pub fn outbox(&self) -> &BTreeMap<u64, OutboxItem> {
+        &self.outbox
+    }
+
+    /// Model usage over the whole session.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
+    }
+
+    /// How many events have been applied: the log's length, so the last event's sequence
+    /// number.
+    pub fn events_applied(&self) -> u64 {
+        self.events_applied
     }
 
     /// The session's agent.
@@ -211,7 +313,7 @@ impl Session {
     }
 
     /// Ancestor session ids, nearest last.
-    pub fn ancestry(&self) -> Vec<String> {
+    pub fn ancestry(&self) -> Vec<SessionId> {
         self.init.as_ref().map(|i| i.ancestry.clone()).unwrap_or_default()
     }
 
@@ -225,18 +327,18 @@ impl Session {
         newest_on_path(&self.tree, &self.agents)
     }
 
-    /// An open call by id.
-    pub fn call(&self, id: &str) -> Option<&CallRecord> {
-        self.calls.iter().find(|c| c.id == id)
+    /// An open (not yet reported) call.
+    pub fn call(&self, id: &CallId) -> Option<&CallRecord> {
+        self.calls.iter().find(|c| &c.id == id)
     }
 
     /// Whether a call id was ever used in this session.
-    pub fn call_id_used(&self, id: &str) -> bool {
+    pub fn call_id_used(&self, id: &CallId) -> bool {
         self.call(id).is_some() || self.closed_call(id).is_some()
     }
 
     /// How a recently closed call left the open set.
-    pub fn closed_call(&self, id: &str) -> Option<CallClosure> {
+    pub fn closed_call(&self, id: &CallId) -> Option<CallClosure> {
         self.closed_calls.iter().rev().find(|(c, _)| c == id).map(|(_, how)| *how)
     }
 
@@ -246,24 +348,24 @@ impl Session {
     }
 
     /// A turn by its id or an alias, if the head still holds its record.
-    pub fn turn(&self, id: &str) -> Option<&TurnRecord> {
+    pub fn turn(&self, id: &TurnId) -> Option<&TurnRecord> {
         self.turns.get(self.resolve_turn_id(id))
     }
 
     /// The turn an id or alias names.
-    pub fn resolve_turn_id<'a>(&'a self, id: &'a str) -> &'a str {
-        self.turn_aliases.get(id).map_or(id, String::as_str)
+    pub fn resolve_turn_id<'a>(&'a self, id: &'a TurnId) -> &'a TurnId {
+        self.turn_aliases.get(id).unwrap_or(id)
     }
 
     /// Whether a turn id (or alias) was ever used in this session.
-    pub fn knows_turn(&self, id: &str) -> bool {
+    pub fn knows_turn(&self, id: &TurnId) -> bool {
         let id = self.resolve_turn_id(id);
-        self.turns.contains_key(id) || self.past_turns.iter().any(|t| t == id)
+        self.turns.contains_key(id) || self.past_turns.contains(id)
     }
 
     /// The open interrupts that pause the active branch.
     pub fn pausing_interrupts(&self) -> Vec<&Interrupt> {
-        self.interrupts.iter().filter(|i| self.tree.is_on_active_path(i.anchor.as_deref())).collect()
+        self.interrupts.iter().filter(|i| self.tree.is_on_active_path(i.anchor.as_ref())).collect()
     }
 
     /// Whether the active branch is paused.
@@ -273,7 +375,7 @@ impl Session {
 
     /// The declaration of tool `name` for a call in `turn_id`: the agent's tools, then the
     /// client tools the turn brought.
-    pub fn tool_declaration(&self, name: &str, turn_id: Option<&str>) -> Option<AgentTool> {
+    pub fn tool_declaration(&self, name: &str, turn_id: Option<&TurnId>) -> Option<AgentTool> {
         let agent = self.current_agent().and_then(|a| a.tools().iter().find(|t| t.name == name)).cloned();
         agent.or_else(|| {
             turn_id
@@ -292,5 +394,5 @@ impl Session {
 fn newest_on_path<'a, T>(tree: &Tree, versions: &'a [Versioned<T>]) -> Option<&'a T> {
     // Newest first; each check walks up from the head without allocating (versions are few,
     // and the newest usually applies).
-    versions.iter().rev().find(|v| tree.is_on_active_path(v.anchor.as_deref())).map(|v| &v.value)
+    versions.iter().rev().find(|v| tree.is_on_active_path(v.anchor.as_ref())).map(|v| &v.value)
 }

@@ -1,7 +1,8 @@
 //! What is due: derived from the session, never stored as a to-do list.
 
 use super::Session;
-use super::records::OutboxItem;
+use super::outbox::OutboxItem;
+use crate::ids::{CallId, DecisionId};
 use crate::protocol::CallStatus;
 use crate::time::Timestamp;
 
@@ -12,15 +13,13 @@ pub enum Effect {
     Tick,
     /// Deliver the live decision to the worker (claim it with `ClaimDecision` first).
     DeliverDecision {
-        /// The decision.
-        decision_id: String,
+        decision_id: DecisionId,
         /// The delivery attempt to start.
         attempt: u32,
     },
     /// Run an attempt of a server LLM call (claim it with `ClaimLlmCall` first).
     RunLlmCall {
-        /// The call.
-        call_id: String,
+        call_id: CallId,
         /// The attempt to start.
         attempt: u32,
     },
@@ -28,7 +27,6 @@ pub enum Effect {
     Route {
         /// The outbox sequence number.
         seq: u64,
-        /// The work.
         item: OutboxItem,
     },
 }

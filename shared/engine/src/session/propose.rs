@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::Session;
 use super::records::PathRef;
+use crate::ids::{CallId, DecisionId, SessionId, TurnId};
 use crate::protocol::*;
 
 /// The proposal for `trigger` in decision `decision_id`, delivered within `turn_id`, and the
@@ -14,22 +15,27 @@ pub(super) fn propose(
     s: &Session,
     trigger: &Trigger,
     view_base: Option<&PathRef>,
-    turn_id: Option<&str>,
-    decision_id: &str,
+    turn_id: Option<&TurnId>,
+    decision_id: &DecisionId,
 ) -> (DecisionResponse, Option<PathRef>) {
     let response = proposal(s, trigger, turn_id, decision_id);
     let base = match trigger {
         Trigger::ClientMessages(_) => view_base.cloned(),
-        _ if response.messages.is_some() => Some(PathRef { head: s.tree.head().map(str::to_owned) }),
+        _ if response.messages.is_some() => Some(PathRef { head: s.tree.head().cloned() }),
         _ => None,
     };
     (response, base)
 }
 
 /// The proposal's response; its messages follow the base path of [`propose`].
-fn proposal(s: &Session, trigger: &Trigger, turn_id: Option<&str>, decision_id: &str) -> DecisionResponse {
+fn proposal(
+    s: &Session,
+    trigger: &Trigger,
+    turn_id: Option<&TurnId>,
+    decision_id: &DecisionId,
+) -> DecisionResponse {
     // Outside its turn (a late result after `done`), news is recorded but starts no model call.
-    let in_turn = turn_id.is_some() && turn_id == s.active_turn.as_deref();
+    let in_turn = turn_id.is_some() && turn_id == s.active_turn.as_ref();
     match trigger {
         Trigger::SessionStart => DecisionResponse {
             agent: s.init.as_ref().and_then(|i| i.declared.clone()),
@@ -89,10 +95,15 @@ fn proposal(s: &Session, trigger: &Trigger, turn_id: Option<&str>, decision_id: 
 }
 
 /// The actions for one model tool call: a tool call, or a delegation to a sub-agent.
-fn call_actions(s: &Session, turn_id: Option<&str>, decision_id: &str, call: &ToolCall) -> Vec<Action> {
+fn call_actions(
+    s: &Session,
+    turn_id: Option<&TurnId>,
+    decision_id: &DecisionId,
+    call: &ToolCall,
+) -> Vec<Action> {
     let name = &call.function.name;
     if s.is_sub_agent(name) {
-        let session_id = format!("{decision_id}-{}", call.id);
+        let session_id = SessionId::new(format!("{decision_id}-{}", call.id));
         let task = serde_json::from_str::<Value>(&call.function.arguments)
             .ok()
             .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_owned))
@@ -121,13 +132,13 @@ fn call_actions(s: &Session, turn_id: Option<&str>, decision_id: &str, call: &To
 fn tool_message(
     s: &Session,
     in_turn: bool,
-    call_id: &str,
+    call_id: &CallId,
     name: &str,
     result: Option<&String>,
     error: Option<&String>,
 ) -> DecisionResponse {
     let text = result.or(error).cloned().unwrap_or_default();
-    let messages = vec![DraftMessage::tool_result(call_id, name, text)];
+    let messages = vec![DraftMessage::tool_result(call_id.clone(), name, text)];
     let actions = (in_turn && s.pending_calls() == 0).then(|| vec![llm_call()]);
     DecisionResponse { messages: Some(messages), actions, ..DecisionResponse::default() }
 }

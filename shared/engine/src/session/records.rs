@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
 use crate::protocol::{
     AgentConfig, AgentTool, CallKind, CallStatus, ClientContext, DecisionResponse, DraftMessage, ErrorCode,
     LlmCallAction, LlmFormat, LlmHandler, LlmResponse, RetryPolicy, ToolHandler, Trigger, WorkerIdentity,
@@ -57,31 +58,26 @@ impl Default for Defaults {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ParentLink {
     /// The parent session.
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The parent's tool call this delegation answers.
-    pub tool_call_id: String,
+    pub tool_call_id: CallId,
 }
 
 /// What a call is, beyond its lifecycle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum CallSpec {
-    /// A tool call.
     ToolCall {
-        /// The tool.
         name: String,
-        /// The raw argument string.
+        /// The raw argument string, as the model wrote it (or the action's JSON serialized).
         arguments: String,
-        /// Who runs it.
         handler: ToolHandler,
     },
     /// A model call; the request is built from the anchor when an attempt starts.
     LlmCall {
         /// The action as given (its omitted fields fill at attempt time).
         action: LlmCallAction,
-        /// Where it runs.
         handler: LlmHandler,
-        /// Whether it streams.
         stream: bool,
         /// Provider format for worker-run calls.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,27 +86,23 @@ pub enum CallSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         system: Option<String>,
     },
-    /// A sub-agent delegation.
     SubAgent {
         /// The child's agent.
         agent_id: String,
         /// The child session.
-        session_id: String,
+        session_id: SessionId,
     },
 }
 
 /// A call failure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallError {
-    /// What went wrong.
     pub error: String,
-    /// Its class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<ErrorCode>,
-    /// Detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<Value>,
-    /// Whether another attempt may follow.
+    /// Whether another attempt may follow (while the policy has retries left).
     pub retryable: bool,
 }
 
@@ -147,25 +139,22 @@ pub type CallOutcome = Result<CallValue, CallError>;
 /// A call and its lifecycle, kept until its `*.finished` trigger is delivered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
-    /// The call's id.
-    pub id: String,
-    /// What it is.
+    pub id: CallId,
     pub spec: CallSpec,
-    /// Where it is in its lifecycle.
     pub status: CallStatus,
     /// The current attempt (0 before the first starts).
     pub attempt: u32,
-    /// When the current attempt times out.
+    /// When the current attempt times out; `None` while no attempt runs, or with no timeout.
     pub deadline: Option<Timestamp>,
-    /// When the next attempt may start.
+    /// When the next attempt may start; set only while the status is `retry_scheduled`.
     pub retry_at: Option<Timestamp>,
-    /// The head when the call was requested.
-    pub anchor: Option<String>,
-    /// The turn it belongs to.
-    pub turn_id: Option<String>,
-    /// Its bounds and retries.
+    /// The head when the call was requested; a fork that leaves it off the active path voids
+    /// the call.
+    pub anchor: Option<MessageId>,
+    /// `None` for a call made outside any turn (e.g. at `session.start`).
+    pub turn_id: Option<TurnId>,
     pub policy: RetryPolicy,
-    /// How it settled, once it has.
+    /// Set once it settled (status completed or failed).
     pub outcome: Option<CallOutcome>,
 }
 
@@ -227,24 +216,24 @@ pub enum Resolver {
 /// The live decision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
-    /// Its id; redeliveries carry the same.
-    pub id: String,
-    /// The news.
+    /// Redeliveries carry the same id.
+    pub id: DecisionId,
+    /// As materialized when the decision opened; a view kept by reference is spelled out by
+    /// [`Decision::wire_trigger`].
     pub trigger: Trigger,
-    /// What the engine proposes.
+    /// Spelled out by [`Decision::wire_proposal`] when kept by reference.
     pub proposed: DecisionResponse,
-    /// The turn it belongs to.
-    pub turn_id: Option<String>,
-    /// Deliveries started.
+    pub turn_id: Option<TurnId>,
+    /// Deliveries started (0 for an engine-hosted decision, which is never delivered).
     pub attempts: u32,
-    /// When the running delivery times out.
+    /// When the running delivery times out; `None` while none runs.
     pub deadline: Option<Timestamp>,
-    /// Whether a delivery is running.
     pub in_flight: bool,
     /// The next delivery may not start before this.
     pub retry_at: Option<Timestamp>,
-    /// The execute trigger's call, which `tool.result`/`llm.result` without an id answer.
-    pub call_id: Option<String>,
+    /// The call the trigger is about (execute and finished triggers): `tool.result` or
+    /// `llm.result` without an id answer it.
+    pub call_id: Option<CallId>,
     /// When set, the trigger's `client.messages` view is this path followed by its messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view_base: Option<PathRef>,
@@ -259,7 +248,7 @@ pub struct Decision {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathRef {
     /// The last node of the path (`None`: the empty path).
-    pub head: Option<String>,
+    pub head: Option<MessageId>,
 }
 
 impl Decision {
@@ -292,7 +281,7 @@ impl Decision {
 
 fn prefixed(tree: &super::Tree, base: &PathRef, tail: &[DraftMessage]) -> Vec<DraftMessage> {
     let mut messages: Vec<DraftMessage> =
-        tree.path_to(base.head.as_deref()).into_iter().map(crate::protocol::Message::to_draft).collect();
+        tree.path_to(base.head.as_ref()).into_iter().map(crate::protocol::Message::to_draft).collect();
     messages.extend_from_slice(tail);
     messages
 }
@@ -300,10 +289,8 @@ fn prefixed(tree: &super::Tree, base: &PathRef, tail: &[DraftMessage]) -> Vec<Dr
 /// News waiting for its decision.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingTrigger {
-    /// What happened.
     pub source: TriggerSource,
-    /// The turn it belongs to, if any.
-    pub turn_id: Option<String>,
+    pub turn_id: Option<TurnId>,
 }
 
 /// What a pending trigger will become when its decision opens (materialized then, against
@@ -314,44 +301,28 @@ pub enum TriggerSource {
     /// `session.start`.
     SessionStart,
     /// `client.message`: one message at the head.
-    ClientMessage {
-        /// The message.
-        message: DraftMessage,
-    },
+    ClientMessage { message: DraftMessage },
     /// `client.messages`: the client's full view.
     ClientMessages {
         /// The view (system messages already dropped).
         messages: Vec<DraftMessage>,
-        /// What the client brought.
         client: ClientContext,
     },
     /// `client.action`.
     ClientAction {
-        /// Its name.
         name: String,
-        /// Its arguments.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         args: Option<Value>,
     },
     /// `tool.execute` for a worker tool call.
-    ToolExecute {
-        /// The call.
-        call_id: String,
-    },
+    ToolExecute { call_id: CallId },
     /// `llm.execute` for a worker LLM call.
-    LlmExecute {
-        /// The call.
-        call_id: String,
-    },
+    LlmExecute { call_id: CallId },
     /// `tool.finished`, `llm.finished` or `sub_agent.finished`, by the call's kind.
-    CallFinished {
-        /// The call.
-        call_id: String,
-    },
+    CallFinished { call_id: CallId },
     /// `interrupt.resumed`.
     InterruptResumed {
-        /// The interrupt.
-        interrupt_id: String,
+        interrupt_id: InterruptId,
         /// The client's answer.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         payload: Option<Value>,
@@ -360,7 +331,7 @@ pub enum TriggerSource {
 
 impl TriggerSource {
     /// The call this trigger is about, if any.
-    pub fn call_id(&self) -> Option<&str> {
+    pub fn call_id(&self) -> Option<&CallId> {
         match self {
             TriggerSource::ToolExecute { call_id }
             | TriggerSource::LlmExecute { call_id }
@@ -397,7 +368,6 @@ impl TurnStatus {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnOrigin {
-    /// A client.
     #[default]
     Client,
     /// The parent session, through `message.send`.
@@ -409,22 +379,12 @@ pub enum TurnOrigin {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TurnInput {
     /// `client.message`.
-    Message {
-        /// The message.
-        message: DraftMessage,
-    },
+    Message { message: DraftMessage },
     /// `client.messages`.
-    Messages {
-        /// The view.
-        messages: Vec<DraftMessage>,
-        /// What the client brought.
-        client: ClientContext,
-    },
+    Messages { messages: Vec<DraftMessage>, client: ClientContext },
     /// `client.action`.
     Action {
-        /// Its name.
         name: String,
-        /// Its arguments.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         args: Option<Value>,
     },
@@ -434,10 +394,8 @@ pub enum TurnInput {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnRecord {
     /// Its idempotency id.
-    pub id: String,
-    /// Where it is.
+    pub id: TurnId,
     pub status: TurnStatus,
-    /// Who started it.
     pub origin: TurnOrigin,
     /// What starts it; kept only while the turn waits in the queue (its trigger carries it
     /// once it starts).
@@ -446,100 +404,45 @@ pub struct TurnRecord {
     /// Client tools the input brought, layered onto the agent's tools for this turn.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_tools: Vec<AgentTool>,
-    /// When it was submitted.
     pub submitted_at: Timestamp,
-    /// When it started.
+    /// `None` while queued.
     pub started_at: Option<Timestamp>,
-    /// When it ended.
+    /// `None` until it ends.
     pub ended_at: Option<Timestamp>,
     /// `done`'s data.
     pub data: Option<Value>,
     /// Why it failed or was cancelled.
     pub error: Option<String>,
-    /// Model usage within it.
+    /// Model usage of the turn's LLM calls.
     pub usage: Usage,
 }
 
 /// An open interrupt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Interrupt {
-    /// Its id.
-    pub id: String,
+    pub id: InterruptId,
     /// Why, for the client.
     pub reason: String,
     /// Anything the client needs to answer.
     pub payload: Option<Value>,
     /// The head it paused (`None`: raised before any message, pauses every branch).
-    pub anchor: Option<String>,
-    /// The turn it belongs to.
-    pub turn_id: Option<String>,
+    pub anchor: Option<MessageId>,
+    /// Closing the turn closes the interrupt; `None` (raised outside a turn) closes with any.
+    pub turn_id: Option<TurnId>,
 }
 
 /// A value written on a branch: it applies from `anchor` down.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Versioned<T> {
     /// The head when it was written.
-    pub anchor: Option<String>,
-    /// The value.
+    pub anchor: Option<MessageId>,
     pub value: T,
-}
-
-/// Work for another session, delivered by the runtime at least once and acknowledged.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum OutboxItem {
-    /// Create the child session of a delegation.
-    SpawnChild {
-        /// The child.
-        session_id: String,
-        /// Its agent.
-        agent_id: String,
-        /// The parent's tool call it answers.
-        tool_call_id: String,
-        /// The child's ancestry (parents, nearest last).
-        ancestry: Vec<String>,
-        /// The owner, inherited.
-        identity: WorkerIdentity,
-    },
-    /// Write a message into another session, starting a turn there.
-    SendMessage {
-        /// The receiving session.
-        session_id: String,
-        /// The message.
-        message: DraftMessage,
-        /// The turn's idempotency id, deterministic so redelivery is a no-op.
-        turn_id: String,
-    },
-    /// Cancel a child whose delegation was voided (it cancels its own children in turn).
-    CancelChild {
-        /// The child.
-        session_id: String,
-        /// Why.
-        reason: String,
-    },
-    /// Tell the parent that this child's turn ended.
-    NotifyParent {
-        /// The parent.
-        session_id: String,
-        /// The parent's tool call.
-        tool_call_id: String,
-        /// This session.
-        child_session_id: String,
-        /// This session's agent.
-        agent_id: String,
-        /// Whether the turn succeeded.
-        ok: bool,
-        /// The final output.
-        result: Option<String>,
-        /// The error.
-        error: Option<String>,
-    },
 }
 
 /// Model usage, accumulated.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Usage {
-    /// Completed model calls.
+    /// Completed model calls (successful settles only).
     pub llm_calls: u64,
     /// Every numeric usage field summed, nested fields joined by dots
     /// (e.g. `prompt_tokens`, `completion_tokens_details.reasoning_tokens`).
@@ -638,7 +541,6 @@ pub fn format_picodollars(p: i128) -> String {
 /// What a session holds for the agent: declared config and whether a worker answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionInit {
-    /// The agent.
     pub agent_id: String,
     /// The owner.
     pub identity: WorkerIdentity,
@@ -649,8 +551,7 @@ pub struct SessionInit {
     /// The parent, for a sub-agent's session.
     pub parent: Option<ParentLink>,
     /// Ancestor session ids, nearest last.
-    pub ancestry: Vec<String>,
-    /// Engine default policies.
+    pub ancestry: Vec<SessionId>,
     pub defaults: Defaults,
 }
 

@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::Session;
 use super::records::{CallRecord, CallSpec};
+use crate::ids::TurnId;
 use crate::protocol::*;
 
 impl Session {
@@ -74,7 +75,7 @@ impl Session {
             None => {
                 let mut messages: Vec<DraftMessage> =
                     system.iter().map(|s| DraftMessage::text(Role::System, s.clone())).collect();
-                messages.extend(self.tree.path_to(call.anchor.as_deref()).into_iter().map(Message::to_draft));
+                messages.extend(self.tree.path_to(call.anchor.as_ref()).into_iter().map(Message::to_draft));
                 messages
             }
         };
@@ -90,7 +91,7 @@ impl Session {
 
     /// The tools a model call offers when its action names none: the agent's tools, one tool
     /// per sub-agent (taking a `message`), and the client tools the turn brought.
-    pub fn offered_tools(&self, turn_id: Option<&str>) -> Option<Vec<LlmTool>> {
+    pub fn offered_tools(&self, turn_id: Option<&TurnId>) -> Option<Vec<LlmTool>> {
         let mut tools = Vec::new();
         let client_tools =
             turn_id.and_then(|t| self.turns.get(t)).map(|t| t.client_tools.as_slice()).unwrap_or_default();

@@ -6,7 +6,9 @@ use serde_json::Value;
 use super::calls::{call_error, result_text};
 use super::event::Event;
 use super::handle::Tx;
+use super::outbox::OutboxItem;
 use super::records::*;
+use crate::ids::{CallId, MessageId, SessionId, TurnId};
 use crate::protocol::*;
 
 impl Tx {
@@ -25,7 +27,7 @@ impl Tx {
             self.fail_decision(decision, format!("{who}: {problem}"));
             return;
         }
-        let start = base.as_ref().and_then(|b| b.head.as_deref());
+        let start = base.as_ref().and_then(|b| b.head.as_ref());
         let reconciled = response
             .messages
             .as_deref()
@@ -52,13 +54,13 @@ impl Tx {
         if let Some(state) = response.state
             && state != self.session.current_state()
         {
-            let anchor = self.session.tree.head().map(str::to_owned);
+            let anchor = self.session.tree.head().cloned();
             self.emit(Event::StateWritten { anchor, value: state });
         }
         if let Some(config) = response.agent
             && Some(&config) != self.session.current_agent()
         {
-            let anchor = self.session.tree.head().map(str::to_owned);
+            let anchor = self.session.tree.head().cloned();
             self.emit(Event::AgentWritten { anchor, config });
         }
         let actions = response.actions.unwrap_or_default();
@@ -105,11 +107,11 @@ impl Tx {
             config.validate().map_err(|e| ProtocolError::new(format!("agent.{}", e.path), e.message))?;
         }
         let agent = response.agent.as_ref().or(self.session.current_agent());
-        let spawned: Vec<&str> = response
+        let spawned: Vec<&SessionId> = response
             .actions()
             .iter()
             .filter_map(|a| match a {
-                Action::SubAgentSpawn(s) => Some(s.session_id.as_str()),
+                Action::SubAgentSpawn(s) => Some(&s.session_id),
                 _ => None,
             })
             .collect();
@@ -151,7 +153,7 @@ impl Tx {
                     let child = self.session.calls.iter().any(|c| {
                         matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id)
                     });
-                    if !child && !spawned.contains(&a.session_id.as_str()) {
+                    if !child && !spawned.contains(&&a.session_id) {
                         return Err(at(
                             "session_id",
                             format!("{:?} is not a sub-agent session of this session", a.session_id),
@@ -159,7 +161,7 @@ impl Tx {
                     }
                 }
                 Action::SubAgentSpawn(a) => {
-                    if a.session_id.is_empty() {
+                    if a.session_id.as_str().is_empty() {
                         return Err(at("session_id", "must not be empty".into()));
                     }
                     if a.session_id == self.session.id || self.session.ancestry().contains(&a.session_id) {
@@ -194,11 +196,11 @@ impl Tx {
         if !writes {
             self.emit(Event::HeadMoved { head_id: reconciled.head });
         }
-        let off_path: Vec<String> = self
+        let off_path: Vec<CallId> = self
             .session
             .calls
             .iter()
-            .filter(|c| !c.is_settled() && !self.session.tree.is_on_active_path(c.anchor.as_deref()))
+            .filter(|c| !c.is_settled() && !self.session.tree.is_on_active_path(c.anchor.as_ref()))
             .map(|c| c.id.clone())
             .collect();
         for id in off_path {
@@ -209,15 +211,15 @@ impl Tx {
     /// Before news is written under `parent`, answers the tool calls on its path that have no
     /// result there and are no longer in flight (a fork or edit that dropped their results),
     /// so the transcript stays valid for strict model APIs. Returns the new parent.
-    fn answer_abandoned_tool_calls(&mut self, parent: Option<String>) -> Option<String> {
+    fn answer_abandoned_tool_calls(&mut self, parent: Option<MessageId>) -> Option<MessageId> {
         let mut cursor = parent;
-        for (tool_call_id, name) in self.session.tree.unanswered_tool_calls_at(cursor.as_deref()) {
+        for (tool_call_id, name) in self.session.tree.unanswered_tool_calls_at(cursor.as_ref()) {
             if self.session.call(&tool_call_id).is_some() {
                 continue;
             }
             let text = "error: no result: the conversation continued from an earlier point without it";
             let message =
-                DraftMessage::tool_result(tool_call_id, name, text).into_message(self.ids.mint("msg"));
+                DraftMessage::tool_result(tool_call_id, name, text).into_message(self.ids.message_id());
             let id = message.id.clone();
             self.emit(Event::MessageRecorded { message, parent_id: cursor });
             cursor = Some(id);
@@ -227,19 +229,19 @@ impl Tx {
 
     /// Runs one action; `Err` says why it was not carried out.
     fn run_action(&mut self, decision: &Decision, index: usize, action: &Action) -> Result<(), String> {
-        let anchor = self.session.tree.head().map(str::to_owned);
+        let anchor = self.session.tree.head().cloned();
         let turn_id = decision.turn_id.clone();
         match action {
             Action::LlmCall(a) => {
-                let id = a.id.clone().unwrap_or_else(|| self.ids.mint("llm"));
+                let id = a.id.clone().unwrap_or_else(|| self.ids.llm_call_id());
                 self.check_fresh(&id)?;
                 let call = self.llm_call_record(id, a, anchor, turn_id)?;
                 self.create_call(call);
             }
             Action::ToolCall(a) => {
-                let id = a.id.clone().unwrap_or_else(|| self.ids.mint("call"));
+                let id = a.id.clone().unwrap_or_else(|| self.ids.tool_call_id());
                 self.check_fresh(&id)?;
-                let declared = self.session.tool_declaration(&a.name, turn_id.as_deref());
+                let declared = self.session.tool_declaration(&a.name, turn_id.as_ref());
                 let handler = a.handler.or(declared.and_then(|t| t.handler)).unwrap_or_default();
                 let defaults = self.session.defaults();
                 let policy = a.retry.unwrap_or(match handler {
@@ -314,11 +316,11 @@ impl Tx {
                 self.outbox(OutboxItem::SendMessage {
                     session_id: a.session_id.clone(),
                     message: a.message.clone(),
-                    turn_id: format!("{}.{index}", decision.id),
+                    turn_id: TurnId::new(format!("{}.{index}", decision.id)),
                 });
             }
             Action::Interrupt(a) => {
-                let id = a.interrupt_id.clone().unwrap_or_else(|| self.ids.mint("int"));
+                let id = a.interrupt_id.clone().unwrap_or_else(|| self.ids.interrupt_id());
                 if self.session.interrupts.iter().any(|i| i.id == id) {
                     return Err(format!("interrupt {id:?} is already open"));
                 }
@@ -339,7 +341,7 @@ impl Tx {
         Ok(())
     }
 
-    fn check_fresh(&self, id: &str) -> Result<(), String> {
+    fn check_fresh(&self, id: &CallId) -> Result<(), String> {
         if self.session.call_id_used(id) {
             return Err(format!("call id {id:?} is already used: the call is not made again"));
         }
@@ -347,13 +349,13 @@ impl Tx {
     }
 
     /// The call a settle action answers: its `id`, else the execute trigger's call.
-    fn answered_call(&self, decision: &Decision, id: Option<&String>) -> String {
+    fn answered_call(&self, decision: &Decision, id: Option<&CallId>) -> CallId {
         id.cloned().or_else(|| decision.call_id.clone()).unwrap_or_default()
     }
 
     fn settle_in_response(
         &mut self,
-        id: &str,
+        id: &CallId,
         attempt: Option<u32>,
         outcome: CallOutcome,
         want_llm: bool,
@@ -370,10 +372,10 @@ impl Tx {
 
     fn llm_call_record(
         &self,
-        id: String,
+        id: CallId,
         a: &LlmCallAction,
-        anchor: Option<String>,
-        turn_id: Option<String>,
+        anchor: Option<MessageId>,
+        turn_id: Option<TurnId>,
     ) -> Result<CallRecord, String> {
         let agent = self.session.current_agent();
         let mut action = a.clone();
@@ -383,7 +385,7 @@ impl Tx {
             return Err("no model: the action names none and the session has no agent config".into());
         }
         if action.tools.is_none() {
-            action.tools = self.session.offered_tools(turn_id.as_deref());
+            action.tools = self.session.offered_tools(turn_id.as_ref());
         }
         let handler = a.handler.or(agent.and_then(|c| c.handler)).unwrap_or_default();
         let stream = a.stream.or(agent.and_then(|c| c.stream)).unwrap_or(false);
@@ -401,10 +403,10 @@ impl Tx {
 }
 
 fn new_call(
-    id: String,
+    id: CallId,
     spec: CallSpec,
-    anchor: Option<String>,
-    turn_id: Option<String>,
+    anchor: Option<MessageId>,
+    turn_id: Option<TurnId>,
     policy: RetryPolicy,
 ) -> CallRecord {
     CallRecord {
@@ -423,10 +425,10 @@ fn new_call(
 
 /// The attempt a settle action answers: its `attempt`, else, for the execute trigger's own
 /// call, the attempt that trigger delivered (so a late answer to an old attempt is fenced).
-fn answered_attempt(decision: &Decision, id: &str, attempt: Option<u32>) -> Option<u32> {
+fn answered_attempt(decision: &Decision, id: &CallId, attempt: Option<u32>) -> Option<u32> {
     attempt.or_else(|| match &decision.trigger {
-        Trigger::ToolExecute(t) if t.id == id => Some(t.attempt),
-        Trigger::LlmExecute(t) if t.id == id => Some(t.attempt),
+        Trigger::ToolExecute(t) if &t.id == id => Some(t.attempt),
+        Trigger::LlmExecute(t) if &t.id == id => Some(t.attempt),
         _ => None,
     })
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::IdMinter;
+use crate::ids::{CallId, IdMinter, MessageId};
 use crate::protocol::{DraftMessage, Message, MessageTree, Role, TreeNode};
 
 /// Every recorded message of a session, with the branch structure and the head.
@@ -21,7 +21,7 @@ pub struct Tree {
     /// Shared, so cloning a session (every command works on a draft) costs a pointer per
     /// message, never a copy of the transcript.
     nodes: Vec<Arc<TreeNode>>,
-    head: Option<String>,
+    head: Option<MessageId>,
     /// Node id -> index in `nodes`; derived, rebuilt on load.
     index: HashMap<Arc<str>, usize>,
     /// Depth of each node (a root is 0); derived, so ancestry checks stop at the right level.
@@ -34,7 +34,7 @@ pub struct Tree {
 #[derive(Serialize, Deserialize)]
 struct TreeData {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    head: Option<String>,
+    head: Option<MessageId>,
 }
 
 impl From<TreeData> for Tree {
@@ -59,9 +59,9 @@ impl PartialEq for Tree {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reconciled {
     /// New nodes, parents first: `(message, parent_id)`.
-    pub new_nodes: Vec<(Message, Option<String>)>,
+    pub new_nodes: Vec<(Message, Option<MessageId>)>,
     /// Where the head ends up.
-    pub head: Option<String>,
+    pub head: Option<MessageId>,
     /// Index in the input of the first message that is news (= input length when none is).
     pub new_from: usize,
 }
@@ -69,7 +69,7 @@ pub struct Reconciled {
 impl Reconciled {
     /// Whether applying this changes nothing.
     pub fn is_noop(&self, tree: &Tree) -> bool {
-        self.new_nodes.is_empty() && (self.head == tree.head || tree.is_on_active_path(self.head.as_deref()))
+        self.new_nodes.is_empty() && (self.head == tree.head || tree.is_on_active_path(self.head.as_ref()))
     }
 }
 
@@ -91,18 +91,18 @@ impl Tree {
 
     /// Appends a node (its parent is already in the tree, or it is a root).
     fn push(&mut self, node: Arc<TreeNode>) {
-        let depth = node.parent_id.as_deref().and_then(|p| self.depth_of(p)).map_or(0, |d| d + 1);
+        let depth = node.parent_id.as_ref().and_then(|p| self.depth_of(p)).map_or(0, |d| d + 1);
         self.index.insert(Arc::from(node.message.id.as_str()), self.nodes.len());
         self.depths.push(depth);
         self.nodes.push(node);
     }
 
-    fn depth_of(&self, id: &str) -> Option<u32> {
-        self.index.get(id).map(|&i| self.depths[i])
+    fn depth_of(&self, id: &MessageId) -> Option<u32> {
+        self.index.get(id.as_str()).map(|&i| self.depths[i])
     }
 
     /// How many messages the path from the root to `node` holds.
-    pub fn path_len(&self, node: Option<&str>) -> usize {
+    pub fn path_len(&self, node: Option<&MessageId>) -> usize {
         node.and_then(|n| self.depth_of(n)).map_or(0, |d| d as usize + 1)
     }
 
@@ -124,22 +124,20 @@ impl Tree {
 
     /// Whether the head is a recorded node (or the tree is empty): a restored tree is whole.
     pub fn is_whole(&self) -> bool {
-        self.head.as_deref().is_none_or(|h| self.contains(h))
+        self.head.as_ref().is_none_or(|h| self.contains(h))
     }
 
-    /// The head of the active branch.
-    pub fn head(&self) -> Option<&str> {
-        self.head.as_deref()
+    /// The head of the active branch; `None` while the tree is empty (or moved to the root).
+    pub fn head(&self) -> Option<&MessageId> {
+        self.head.as_ref()
     }
 
-    /// A recorded node by id.
-    pub fn get(&self, id: &str) -> Option<&TreeNode> {
-        self.index.get(id).map(|&i| &*self.nodes[i])
+    pub fn get(&self, id: &MessageId) -> Option<&TreeNode> {
+        self.index.get(id.as_str()).map(|&i| &*self.nodes[i])
     }
 
-    /// Whether `id` is a recorded node.
-    pub fn contains(&self, id: &str) -> bool {
-        self.index.contains_key(id)
+    pub fn contains(&self, id: &MessageId) -> bool {
+        self.index.contains_key(id.as_str())
     }
 
     /// How many nodes are recorded.
@@ -158,9 +156,9 @@ impl Tree {
     }
 
     /// The ids from the root to `node`, inclusive.
-    pub fn path_ids_to(&self, node: Option<&str>) -> Vec<String> {
+    pub fn path_ids_to(&self, node: Option<&MessageId>) -> Vec<MessageId> {
         let mut ids = Vec::new();
-        let mut cursor = node.map(str::to_owned);
+        let mut cursor = node.cloned();
         while let Some(id) = cursor {
             cursor = self.get(&id).and_then(|n| n.parent_id.clone());
             ids.push(id);
@@ -170,7 +168,7 @@ impl Tree {
     }
 
     /// The messages from the root to `node`, inclusive.
-    pub fn path_to(&self, node: Option<&str>) -> Vec<&Message> {
+    pub fn path_to(&self, node: Option<&MessageId>) -> Vec<&Message> {
         self.path_ids_to(node).iter().filter_map(|id| self.get(id)).map(|n| &n.message).collect()
     }
 
@@ -180,22 +178,22 @@ impl Tree {
     }
 
     /// Whether `anchor` lies on the active path (`None`, the empty root, always does).
-    pub fn is_on_active_path(&self, anchor: Option<&str>) -> bool {
+    pub fn is_on_active_path(&self, anchor: Option<&MessageId>) -> bool {
         self.is_ancestor_or_self(anchor, self.head())
     }
 
     /// Whether `ancestor` is `node` or one of its ancestors (`None` is everyone's).
-    pub fn is_ancestor_or_self(&self, ancestor: Option<&str>, node: Option<&str>) -> bool {
+    pub fn is_ancestor_or_self(&self, ancestor: Option<&MessageId>, node: Option<&MessageId>) -> bool {
         let Some(ancestor) = ancestor else { return true };
         let Some(level) = self.depth_of(ancestor) else { return false };
         // Walk up only to the ancestor's depth: the check costs the distance, not the path.
         let mut cursor = node;
         while let Some(id) = cursor {
-            let Some(&i) = self.index.get(id) else { return false };
+            let Some(&i) = self.index.get(id.as_str()) else { return false };
             if self.depths[i] <= level {
                 return self.depths[i] == level && id == ancestor;
             }
-            cursor = self.nodes[i].parent_id.as_deref();
+            cursor = self.nodes[i].parent_id.as_ref();
         }
         false
     }
@@ -210,20 +208,20 @@ impl Tree {
     /// (known, unchanging) path again. `new_from` counts within `drafts`.
     pub fn reconcile_from(
         &self,
-        start: Option<&str>,
+        start: Option<&MessageId>,
         drafts: &[DraftMessage],
         ids: &mut IdMinter,
     ) -> Reconciled {
-        let mut cursor: Option<String> = start.map(str::to_owned);
-        let mut new_nodes: Vec<(Message, Option<String>)> = Vec::new();
-        let mut minted: HashSet<String> = HashSet::new();
+        let mut cursor: Option<MessageId> = start.cloned();
+        let mut new_nodes: Vec<(Message, Option<MessageId>)> = Vec::new();
+        let mut minted: HashSet<MessageId> = HashSet::new();
         let mut new_from = drafts.len();
         for (i, draft) in drafts.iter().enumerate() {
             if draft.role == Role::System {
                 continue;
             }
             if new_nodes.is_empty() {
-                if let Some(id) = self.continues(cursor.as_deref(), draft) {
+                if let Some(id) = self.continues(cursor.as_ref(), draft) {
                     cursor = Some(id);
                     continue;
                 }
@@ -231,7 +229,7 @@ impl Tree {
             }
             let id = match &draft.id {
                 Some(id) if !self.contains(id) && !minted.contains(id) => id.clone(),
-                _ => ids.mint("msg"),
+                _ => ids.message_id(),
             };
             minted.insert(id.clone());
             new_nodes.push((draft.clone().into_message(id.clone()), cursor.clone()));
@@ -247,18 +245,18 @@ impl Tree {
 
     /// The recorded child of `parent` that `draft` is, if any: the node it names, or the
     /// recorded tool result it resends.
-    fn continues(&self, parent: Option<&str>, draft: &DraftMessage) -> Option<String> {
+    fn continues(&self, parent: Option<&MessageId>, draft: &DraftMessage) -> Option<MessageId> {
         if let Some(id) = &draft.id {
             let node = self.get(id)?;
-            return (node.parent_id.as_deref() == parent).then(|| id.clone());
+            return (node.parent_id.as_ref() == parent).then(|| id.clone());
         }
-        let call_id = draft.tool_call_id.as_deref().filter(|_| draft.role == Role::Tool)?;
+        let call_id = draft.tool_call_id.as_ref().filter(|_| draft.role == Role::Tool)?;
         self.nodes
             .iter()
             .find(|n| {
-                n.parent_id.as_deref() == parent
+                n.parent_id.as_ref() == parent
                     && n.message.role == Role::Tool
-                    && n.message.tool_call_id.as_deref() == Some(call_id)
+                    && n.message.tool_call_id.as_ref() == Some(call_id)
             })
             .map(|n| n.message.id.clone())
     }
@@ -269,14 +267,14 @@ impl Tree {
     }
 
     /// Records `message` under `parent` and makes it the head.
-    pub(crate) fn record(&mut self, message: Message, parent: Option<String>) {
+    pub(crate) fn record(&mut self, message: Message, parent: Option<MessageId>) {
         let id = message.id.clone();
         self.push(Arc::new(TreeNode { message, parent_id: parent }));
         self.head = Some(id);
     }
 
     /// Moves the head to a recorded node (or the empty root).
-    pub(crate) fn move_head(&mut self, head: Option<String>) {
+    pub(crate) fn move_head(&mut self, head: Option<MessageId>) {
         self.head = head;
     }
 
@@ -287,19 +285,19 @@ impl Tree {
 
     /// Tool calls of assistant messages on the active path that no tool message on the path
     /// answers: `(tool_call_id, tool name)`.
-    pub fn unanswered_tool_calls(&self) -> Vec<(String, String)> {
+    pub fn unanswered_tool_calls(&self) -> Vec<(CallId, String)> {
         self.unanswered_tool_calls_at(self.head())
     }
 
     /// Tool calls on the path from the root to `node` that no tool message on it answers.
-    pub fn unanswered_tool_calls_at(&self, node: Option<&str>) -> Vec<(String, String)> {
+    pub fn unanswered_tool_calls_at(&self, node: Option<&MessageId>) -> Vec<(CallId, String)> {
         let path = self.path_to(node);
-        let answered: HashSet<&str> =
-            path.iter().filter(|m| m.role == Role::Tool).filter_map(|m| m.tool_call_id.as_deref()).collect();
+        let answered: HashSet<&CallId> =
+            path.iter().filter(|m| m.role == Role::Tool).filter_map(|m| m.tool_call_id.as_ref()).collect();
         path.iter()
             .filter(|m| m.role == Role::Assistant)
             .flat_map(|m| m.tool_calls())
-            .filter(|tc| !answered.contains(tc.id.as_str()))
+            .filter(|tc| !answered.contains(&tc.id))
             .map(|tc| (tc.id.clone(), tc.function.name.clone()))
             .collect()
     }
@@ -316,7 +314,7 @@ mod tests {
         tree.move_head(r.head.clone());
     }
 
-    fn ids(tree: &Tree) -> Vec<String> {
+    fn ids(tree: &Tree) -> Vec<MessageId> {
         tree.active_path().iter().map(|m| m.id.clone()).collect()
     }
 
@@ -331,7 +329,7 @@ mod tests {
             .reconcile(&[DraftMessage::user("hi").with_id("u1"), DraftMessage::user("more")], &mut minter);
         assert_eq!(r.new_from, 1);
         assert_eq!(r.new_nodes.len(), 1);
-        assert_eq!(r.new_nodes[0].1.as_deref(), Some("u1"));
+        assert_eq!(r.new_nodes[0].1.as_ref(), Some(&"u1".into()));
         apply(&mut tree, &r);
         assert_eq!(tree.len(), 2);
     }
@@ -365,12 +363,12 @@ mod tests {
         let r = tree.reconcile(&edit, &mut minter);
         assert_eq!(r.new_from, 1);
         assert_eq!(r.new_nodes.len(), 2);
-        assert_eq!(r.new_nodes[0].1.as_deref(), Some("a"));
+        assert_eq!(r.new_nodes[0].1.as_ref(), Some(&"a".into()));
         assert_ne!(r.new_nodes[1].0.id, "c", "a known id after the news is recorded afresh");
         apply(&mut tree, &r);
         assert_eq!(tree.len(), 5);
         assert_eq!(ids(&tree)[0], "a");
-        assert!(!tree.is_on_active_path(Some("b")));
+        assert!(!tree.is_on_active_path(Some(&"b".into())));
     }
 
     #[test]
@@ -380,7 +378,7 @@ mod tests {
         let view = [DraftMessage::user("a").with_id("a"), DraftMessage::tool_result("t1", "clock", "12:00")];
         let r = tree.reconcile(&view, &mut minter);
         apply(&mut tree, &r);
-        let recorded = tree.head().map(str::to_owned);
+        let recorded = tree.head().cloned();
         let r = tree.reconcile(
             &[view[0].clone(), DraftMessage::tool_result("t1", "clock", "12:00"), DraftMessage::user("next")],
             &mut minter,
@@ -416,17 +414,23 @@ mod tests {
         apply(&mut tree, &r);
         assert_eq!(tree.path_len(tree.head()), 3);
         assert_eq!(tree.path_len(None), 0);
-        assert!(tree.is_ancestor_or_self(Some("a"), Some("c2")));
-        assert!(tree.is_ancestor_or_self(Some("b2"), Some("c2")));
-        assert!(!tree.is_ancestor_or_self(Some("b"), Some("c2")), "a sibling branch is not an ancestor");
-        assert!(!tree.is_ancestor_or_self(Some("c2"), Some("a")), "a descendant is not an ancestor");
-        assert!(!tree.is_ancestor_or_self(Some("missing"), Some("c2")));
-        assert!(tree.is_on_active_path(Some("b2")) && !tree.is_on_active_path(Some("b")));
+        assert!(tree.is_ancestor_or_self(Some(&"a".into()), Some(&"c2".into())));
+        assert!(tree.is_ancestor_or_self(Some(&"b2".into()), Some(&"c2".into())));
+        assert!(
+            !tree.is_ancestor_or_self(Some(&"b".into()), Some(&"c2".into())),
+            "a sibling branch is not an ancestor"
+        );
+        assert!(
+            !tree.is_ancestor_or_self(Some(&"c2".into()), Some(&"a".into())),
+            "a descendant is not an ancestor"
+        );
+        assert!(!tree.is_ancestor_or_self(Some(&"missing".into()), Some(&"c2".into())));
+        assert!(tree.is_on_active_path(Some(&"b2".into())) && !tree.is_on_active_path(Some(&"b".into())));
         // A restored tree computes the same depths.
         let mut restored = Tree::default();
         restored.restore(tree.nodes().cloned().collect());
-        restored.move_head(tree.head().map(str::to_owned));
+        restored.move_head(tree.head().cloned());
         assert_eq!(restored.path_len(restored.head()), 3);
-        assert!(!restored.is_on_active_path(Some("b")));
+        assert!(!restored.is_on_active_path(Some(&"b".into())));
     }
 }
