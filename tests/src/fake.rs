@@ -455,19 +455,19 @@ fn event_stream(
     let (tx, rx) = mpsc::channel::<Result<Bytes, io::Error>>(1);
     tokio::spawn(async move {
         for (i, event) in events.into_iter().enumerate() {
-            if let Some((at, fault)) = &fault {
-                if i == *at {
-                    match fault {
-                        StreamFault::Cut => {
-                            let _ = tx.send(Err(io::Error::other("the fake cut the stream"))).await;
-                            return;
-                        }
-                        StreamFault::End => return,
-                        StreamFault::Pause => gate.notified().await,
-                        StreamFault::Error { kind, message } => {
-                            let _ = tx.send(Ok(Bytes::from(stream_error(kind, message)))).await;
-                            return;
-                        }
+            if let Some((at, fault)) = &fault
+                && i == *at
+            {
+                match fault {
+                    StreamFault::Cut => {
+                        let _ = tx.send(Err(io::Error::other("the fake cut the stream"))).await;
+                        return;
+                    }
+                    StreamFault::End => return,
+                    StreamFault::Pause => gate.notified().await,
+                    StreamFault::Error { kind, message } => {
+                        let _ = tx.send(Ok(Bytes::from(stream_error(kind, message)))).await;
+                        return;
                     }
                 }
             }

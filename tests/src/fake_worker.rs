@@ -309,7 +309,7 @@ async fn handle(State(inner): State<Arc<Inner>>, headers: HeaderMap, raw: Bytes)
     };
     let delivery_no = {
         let mut deliveries = inner.deliveries.lock().unwrap();
-        let n = deliveries.entry(request.decision_id.clone()).or_default();
+        let n = deliveries.entry(request.decision_id.to_string()).or_default();
         *n += 1;
         *n
     };

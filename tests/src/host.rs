@@ -197,7 +197,7 @@ impl ApiClient {
         let (status, body) = self.submit(session, input).await;
         assert_eq!(status, 202, "submit {input} -> {body}");
         let submitted: Submitted = serde_json::from_value(body).expect("a submit answer");
-        submitted.turn_id.unwrap_or_default()
+        submitted.turn_id.map(String::from).unwrap_or_default()
     }
 
     /// Waits (long-polling `GET .../turns/{turn_id}?wait=30`) until the turn has ended;

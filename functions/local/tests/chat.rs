@@ -77,7 +77,7 @@ async fn summary(State(fake): State<Fake>, Path(id): Path<String>) -> Response {
         return not_found();
     }
     Json(SessionSummary {
-        session_id: id,
+        session_id: id.into(),
         agent_id: "demo".into(),
         owner: None,
         status: SessionStatus::Idle,
@@ -110,7 +110,11 @@ async fn inputs(
         fake.answered.notify_one();
         None
     };
-    (StatusCode::ACCEPTED, Json(Submitted { session_id: id, turn_id, queued: false })).into_response()
+    (
+        StatusCode::ACCEPTED,
+        Json(Submitted { session_id: id.into(), turn_id: turn_id.map(Into::into), queued: false }),
+    )
+        .into_response()
 }
 
 async fn stream(

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use turnstone_engine::ids::CallId;
 use turnstone_engine::protocol::Trigger;
 use turnstone_engine::session::TurnStatus;
 use turnstone_engine::time::Timestamp;
@@ -37,7 +38,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// One tool execution the worker carried out (redeliveries of the same pair excluded).
 #[derive(Debug, Clone)]
 struct Execution {
-    call_id: String,
+    call_id: CallId,
     attempt: u32,
     /// The attempt's deadline, from the trigger.
     deadline: Option<Timestamp>,
@@ -49,9 +50,9 @@ struct Execution {
 /// The worker's memory: what it executed, keyed by (call id, attempt).
 #[derive(Debug, Default, Clone)]
 struct Ledger {
-    executed: BTreeMap<(String, u32), Execution>,
+    executed: BTreeMap<(CallId, u32), Execution>,
     /// Deliveries answered from the ledger (the same pair delivered again).
-    redelivered: Vec<(String, u32)>,
+    redelivered: Vec<(CallId, u32)>,
 }
 
 fn execute(name: &str, args: &Value) -> Value {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use turnstone_embedded::SqliteStore;
-use turnstone_runtime::conformance::{Driver, T0};
+use turnstone_runtime::conformance::{Commits, Driver, T0};
 use turnstone_runtime::store::Store;
 
 type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
@@ -169,7 +169,7 @@ async fn main() -> Result<()> {
     let (payload, os_bytes) = (store.stats().payload_bytes - payload0, os_written() - os0);
     report(&format!("1 session, {steps} sequential steps"), &store, &[run], wall, payload, os_bytes);
     let snapshot = serde_json::to_string(&driver.session)?.len();
-    println!("  head snapshot     {snapshot} B at the end ({} messages)", driver.session.tree.len());
+    println!("  head snapshot     {snapshot} B at the end ({} messages)", driver.session.tree().len());
     let mut loads = Vec::new();
     for _ in 0..20 {
         let started = Instant::now();
@@ -180,7 +180,7 @@ async fn main() -> Result<()> {
     println!(
         "  load (cold host)  p50 {:.3} ms for {} messages",
         percentile(&loads, 50).as_secs_f64() * 1e3,
-        driver.session.tree.len()
+        driver.session.tree().len()
     );
     drop(store);
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 use tempfile::TempDir;
 use turnstone_embedded::{MemoryQueue, SqliteStore};
 use turnstone_engine::session::Session;
-use turnstone_runtime::conformance::{self, Driver, QueueSuite, T0, all_events, assert_log, assert_stored};
+use turnstone_runtime::conformance::{
+    self, Commits, Driver, QueueSuite, T0, all_events, assert_log, assert_stored,
+};
 use turnstone_runtime::store::{Store, StoreError};
 
 fn store() -> (TempDir, SqliteStore) {
@@ -259,7 +261,7 @@ async fn a_kill_9_loses_no_acknowledged_commit() {
     assert!(loaded.version >= acknowledged, "version {} < acknowledged {acknowledged}", loaded.version);
     // The head, the log and the messages are one consistent commit.
     let log = all_events(&store, "killed", 500).await;
-    assert_eq!(log.len() as u64, loaded.session.events_applied);
+    assert_eq!(log.len() as u64, loaded.session.events_applied());
     let replayed = Session::replay("killed", log.iter().map(|e| &e.event));
     assert_eq!(replayed, loaded.session, "the head equals the replayed log");
 }

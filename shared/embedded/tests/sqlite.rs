@@ -5,7 +5,7 @@
 use rusqlite::Connection;
 use turnstone_embedded::sqlite::SCHEMA_VERSION;
 use turnstone_embedded::{SqliteError, SqliteStore};
-use turnstone_runtime::conformance::{Driver, T0, assert_stored};
+use turnstone_runtime::conformance::{Commits, Driver, T0, assert_stored};
 use turnstone_runtime::store::{Commit, SessionFilter, Store, StoreError};
 
 fn temp_store() -> (tempfile::TempDir, std::path::PathBuf, SqliteStore) {
@@ -181,7 +181,7 @@ async fn messages_from_a_position_return_only_the_new_ones() {
     assert_eq!(all.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [0, 1, 2, 3]);
     assert_eq!(
         all.iter().map(|(_, n)| n.clone()).collect::<Vec<_>>(),
-        d.session.tree.nodes().cloned().collect::<Vec<_>>()
+        d.session.tree().nodes().cloned().collect::<Vec<_>>()
     );
     let tail = store.messages_from("s", 2).await.unwrap();
     assert_eq!(tail.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [2, 3]);

@@ -70,6 +70,17 @@ macro_rules! ids {
             }
         }
 
+        // An id reads as the string it is (store keys, URLs, headers, logs); what keeps ids
+        // apart is that parameters and fields are typed, and a `&str` never becomes an id
+        // without `From`.
+        impl std::ops::Deref for $name {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
         impl Borrow<str> for $name {
             fn borrow(&self) -> &str {
                 &self.0
@@ -84,6 +95,12 @@ macro_rules! ids {
 
         impl PartialEq<&str> for $name {
             fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
                 self.0 == *other
             }
         }

@@ -11,6 +11,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use turnstone_engine::ids::{CallId, InterruptId, SessionId, TurnId};
 use turnstone_engine::protocol::Message;
 use turnstone_engine::session::{CallSpec, Event, Session};
 use turnstone_engine::time::Timestamp;
@@ -21,9 +22,9 @@ pub use turnstone_engine::session::TurnRecord as Turn;
 /// `202` to `POST /v1/sessions/{id}/inputs`: what a submitted client input did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Submitted {
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The turn the input started, joined or named; none for settles and resumes.
-    pub turn_id: Option<String>,
+    pub turn_id: Option<TurnId>,
     /// The turn waits behind the active one (`?queue=true`).
     #[serde(default)]
     pub queued: bool,
@@ -32,7 +33,7 @@ pub struct Submitted {
 /// `202` to `POST /v1/sessions/{id}/calls/settle`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Settled {
-    pub session_id: String,
+    pub session_id: SessionId,
 }
 
 /// The optional body of `POST /v1/sessions/{id}/cancel`.
@@ -47,22 +48,22 @@ pub struct CancelRequest {
 /// `202` to `POST /v1/sessions/{id}/cancel`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cancelled {
-    pub session_id: String,
+    pub session_id: SessionId,
     /// The turn that ended; none when no turn was active.
-    pub turn_id: Option<String>,
+    pub turn_id: Option<TurnId>,
 }
 
 /// `GET /v1/sessions/{id}`: a session at a glance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionSummary {
-    pub session_id: String,
+    pub session_id: SessionId,
     pub agent_id: String,
     /// The identity that created it (`None` without authentication).
     pub owner: Option<String>,
     pub status: SessionStatus,
-    pub active_turn: Option<String>,
+    pub active_turn: Option<TurnId>,
     /// Turns waiting to start, in arrival order.
-    pub queued_turns: Vec<String>,
+    pub queued_turns: Vec<TurnId>,
     pub open_interrupts: Vec<OpenInterrupt>,
     /// Client tool calls waiting for a `tool.result`.
     pub pending_client_calls: Vec<PendingClientCall>,
@@ -89,7 +90,7 @@ pub enum SessionStatus {
 /// An interrupt waiting for `interrupt.resume`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpenInterrupt {
-    pub id: String,
+    pub id: InterruptId,
     pub reason: String,
     /// What the client needs to answer, as the worker gave it.
     pub payload: Option<Value>,
@@ -98,7 +99,7 @@ pub struct OpenInterrupt {
 /// A client tool call waiting for `tool.result`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingClientCall {
-    pub id: String,
+    pub id: CallId,
     pub name: String,
     /// The arguments as the model wrote them (a JSON text).
     pub arguments: String,
@@ -121,7 +122,7 @@ impl SessionSummary {
     /// The summary of `s`.
     pub fn of(s: &Session) -> Self {
         let pending_client_calls: Vec<PendingClientCall> = s
-            .calls
+            .calls()
             .iter()
             .filter(|c| c.is_client_tool() && c.is_pending())
             .filter_map(|c| match &c.spec {
@@ -135,34 +136,34 @@ impl SessionSummary {
             })
             .collect();
         let open_interrupts: Vec<OpenInterrupt> = s
-            .interrupts
+            .interrupts()
             .iter()
             .map(|i| OpenInterrupt { id: i.id.clone(), reason: i.reason.clone(), payload: i.payload.clone() })
             .collect();
         let status = if !open_interrupts.is_empty() || !pending_client_calls.is_empty() {
             SessionStatus::Waiting
-        } else if s.active_turn.is_some() || s.decision.is_some() || !s.calls.is_empty() {
+        } else if s.active_turn_id().is_some() || s.decision().is_some() || !s.calls().is_empty() {
             SessionStatus::Running
         } else {
             SessionStatus::Idle
         };
         SessionSummary {
-            session_id: s.id.clone(),
+            session_id: s.id().clone(),
             agent_id: s.agent_id().to_owned(),
             owner: s.identity().id,
             status,
-            active_turn: s.active_turn.clone(),
-            queued_turns: s.queued_turns.clone(),
+            active_turn: s.active_turn_id().cloned(),
+            queued_turns: s.queued_turn_ids().to_vec(),
             open_interrupts,
             pending_client_calls,
             usage: UsageSummary {
-                llm_calls: s.usage.llm_calls,
-                tokens: s.usage.tokens.clone(),
-                cost: s.usage.cost(),
+                llm_calls: s.usage().llm_calls,
+                tokens: s.usage().tokens.clone(),
+                cost: s.usage().cost(),
             },
-            last_seq: s.events_applied,
-            messages: s.tree.len(),
-            created_at: s.created_at,
+            last_seq: s.events_applied(),
+            messages: s.tree().len(),
+            created_at: s.created_at(),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use turnstone_engine::ids::TurnId;
 use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
     Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree, TurnOrigin,
@@ -177,8 +178,8 @@ impl App {
                 return Ok((Session::new(session_id), 0));
             };
             let mut session = loaded.session;
-            session.tree.restore_onto(&known, new);
-            if session.tree.is_whole() {
+            session.tree_mut().restore_onto(&known, new);
+            if session.tree().is_whole() {
                 self.remember_messages(&session);
                 return Ok((session, loaded.version));
             }
@@ -198,10 +199,10 @@ impl App {
 
     fn remember_messages(&self, session: &Session) {
         let mut cache = self.messages_lock();
-        if cache.len() >= Self::MESSAGE_CACHE_SESSIONS && !cache.contains_key(&session.id) {
+        if cache.len() >= Self::MESSAGE_CACHE_SESSIONS && !cache.contains_key(session.id().as_str()) {
             cache.clear();
         }
-        cache.insert(session.id.clone(), session.tree.clone());
+        cache.insert(session.id().to_string(), session.tree().clone());
     }
 
     fn messages_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tree>> {
@@ -335,7 +336,7 @@ impl App {
                 _ => None,
             })
             .collect();
-        self.hub.publish(session_id, Notice::Committed { last_seq: session.events_applied, ended_turns });
+        self.hub.publish(session_id, Notice::Committed { last_seq: session.events_applied(), ended_turns });
         if let Some(at) = wake_at {
             let delay = Duration::from_millis(u64::try_from(at.0 - now.0).unwrap_or(0));
             let wake = WakeUp { session_id: session_id.to_owned(), reason: "commit".to_owned() };
@@ -398,15 +399,15 @@ impl App {
         }
         .or_else(|| match input {
             ClientInput::Message(_) | ClientInput::Messages(_) | ClientInput::Action(_) => {
-                session.active_turn.clone()
+                session.active_turn_id().cloned()
             }
             _ => None,
         });
         let queued = turn_id
-            .as_deref()
+            .as_ref()
             .and_then(|t| session.turn(t))
             .is_some_and(|t| t.status == turnstone_engine::session::TurnStatus::Queued);
-        Ok(Submitted { session_id: session_id.to_owned(), turn_id, queued })
+        Ok(Submitted { session_id: session_id.into(), turn_id, queued })
     }
 
     /// Runs one command against an existing session.
@@ -432,7 +433,7 @@ impl App {
     }
 
     /// A turn's record: from the head, or rebuilt from the log for an older turn.
-    pub async fn turn_record(&self, session: &Session, turn_id: &str) -> Result<Option<TurnRecord>> {
+    pub async fn turn_record(&self, session: &Session, turn_id: &TurnId) -> Result<Option<TurnRecord>> {
         if let Some(turn) = session.turn(turn_id) {
             return Ok(Some(turn.clone()));
         }
@@ -443,7 +444,7 @@ impl App {
         let mut events = Vec::new();
         let mut after = 0;
         loop {
-            let page = self.store.events_after(&session.id, after, 1000).await?;
+            let page = self.store.events_after(session.id(), after, 1000).await?;
             let Some(last) = page.last() else { break };
             after = last.seq;
             events.extend(page.into_iter().map(|e| e.event));
@@ -502,10 +503,9 @@ pub(crate) fn still_claimed(session: &Session, effect: &Effect) -> bool {
         Effect::RunLlmCall { call_id, attempt } => {
             session.call(call_id).is_some_and(|c| c.is_pending() && c.attempt == *attempt)
         }
-        Effect::DeliverDecision { decision_id, attempt } => session
-            .decision
-            .as_ref()
-            .is_some_and(|d| &d.id == decision_id && d.in_flight && d.attempts == *attempt),
+        Effect::DeliverDecision { decision_id, attempt } => {
+            session.decision().is_some_and(|d| &d.id == decision_id && d.in_flight && d.attempts == *attempt)
+        }
         Effect::Tick | Effect::Route { .. } => false,
     }
 }

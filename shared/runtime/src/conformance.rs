@@ -2,9 +2,9 @@
 //! section 5): call [`store_suite`] and [`queue_suite`] from an adapter's tests, or the single
 //! cases to get one test per case.
 //!
-//! Sessions are built by the real engine through [`Driver`] (create, submit, claim and finish
-//! LLM calls, as the dispatcher would), never from hand-made JSON, so the suite stores exactly
-//! the shapes the runtime writes.
+//! Sessions are built by the real engine through the engine's test [`Driver`] (create, submit,
+//! claim and finish LLM calls, as the dispatcher would), never from hand-made JSON, so the suite
+//! stores exactly the shapes the runtime writes; [`Commits`] stores what it made.
 //!
 //! Store cases expect a store that holds no other session with a wake time before 2001 (an
 //! empty one is simplest); each case uses its own session ids and agent ids, so the cases may
@@ -19,13 +19,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use turnstone_engine::protocol::{
-    AgentConfig, ClientInput, ClientMessageInput, DraftMessage, LlmResponse, WorkerIdentity,
-};
-use turnstone_engine::session::{
-    Command, Ctx, Defaults, Effect, Event, Session, SessionInit, TurnOrigin, handle,
-};
+use turnstone_engine::session::Event;
 use turnstone_engine::time::Timestamp;
+
+pub use turnstone_engine::testing::Driver;
 
 use crate::queue::{Delivery, Queue, WakeUp};
 use crate::store::{Commit, LoggedEvent, SessionFilter, SessionListing, Store, StoreError};
@@ -36,177 +33,44 @@ pub const T0: Timestamp = Timestamp(1_796_000_000_000);
 /// The `now` of the due-time case: far before [`T0`], so other cases' wake times never count.
 const T_DUE: Timestamp = Timestamp(1_000_000_000_000);
 
-/// One session driven through the engine as the dispatcher would, with its uncommitted events.
-#[derive(Debug, Clone)]
-pub struct Driver {
-    /// The session after every handled command.
-    pub session: Session,
-    /// Every event so far, committed or not.
-    pub log: Vec<Event>,
-    /// The engine's clock for the next command.
-    pub now: Timestamp,
-    /// The head version the next commit names (0: not yet stored).
-    pub version: u64,
-    /// How many events at the end of `log` are not yet committed.
-    uncommitted: usize,
-    seed: u64,
+/// Committing a [`Driver`]'s uncommitted events to a store, as the runtime does.
+#[async_trait::async_trait]
+pub trait Commits {
+    /// Commits the uncommitted events with the plan's wake time; returns the new version.
+    async fn commit(&mut self, store: &dyn Store) -> Result<u64, StoreError>;
+
+    /// Commits the uncommitted events with an explicit wake time; returns the new version.
+    async fn commit_waking(
+        &mut self,
+        store: &dyn Store,
+        wake_at: Option<Timestamp>,
+    ) -> Result<u64, StoreError>;
+
+    /// Commits and checks the version moved on by one; panics on failure.
+    async fn commit_ok(&mut self, store: &dyn Store) -> u64;
 }
 
-impl Driver {
-    /// Creates session `session_id` of agent `agent_id` at `now`, engine-hosted or with a worker.
-    pub fn create(
-        session_id: &str,
-        agent_id: &str,
-        owner: Option<&str>,
-        has_worker: bool,
-        now: Timestamp,
-    ) -> Self {
-        let seed = session_id
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
-        let mut driver = Driver {
-            session: Session::new(session_id),
-            log: Vec::new(),
-            now,
-            version: 0,
-            uncommitted: 0,
-            seed,
-        };
-        let metadata = owner.map(|o| {
-            BTreeMap::from([("plan".to_owned(), "pro".to_owned()), ("name".to_owned(), o.to_owned())])
-        });
-        let init = SessionInit {
-            agent_id: agent_id.to_owned(),
-            identity: WorkerIdentity { id: owner.map(str::to_owned), metadata },
-            declared: Some(AgentConfig::new("test-model")),
-            has_worker,
-            parent: None,
-            ancestry: Vec::new(),
-            defaults: Defaults::default(),
-        };
-        driver.exec(Command::Create { init: init.into() });
-        driver
-    }
-
-    /// Handles `command` at `now` (then moves the clock 1 s on); panics if the engine refuses it.
-    pub fn exec(&mut self, command: Command) -> Vec<Event> {
-        self.seed = self.seed.wrapping_add(1);
-        let ctx = Ctx { now: self.now, seed: self.seed };
-        let transition = match handle(&self.session, command.clone(), &ctx) {
-            Ok(t) => t,
-            Err(rejection) => panic!("the engine refused {command:?}: {rejection}"),
-        };
-        self.session = transition.session;
-        self.log.extend(transition.events.iter().cloned());
-        self.uncommitted += transition.events.len();
-        self.now = self.now.plus_ms(1_000);
-        transition.events
-    }
-
-    /// Submits a user message starting a turn.
-    pub fn submit(&mut self, text: &str) -> Vec<Event> {
-        let agent_id = self.session.agent_id().to_owned();
-        self.exec(Command::Submit {
-            input: ClientInput::Message(ClientMessageInput {
-                agent_id,
-                turn_id: None,
-                message: DraftMessage::user(text),
-                stream: None,
-            }),
-            queue: false,
-            origin: TurnOrigin::Client,
-        })
-    }
-
-    /// Claims the due server LLM call, as the dispatcher does before calling the model.
-    pub fn claim_llm(&mut self) -> (String, u32) {
-        let plan = self.session.plan(self.now);
-        let (call_id, attempt) = plan
-            .effects
-            .iter()
-            .find_map(|e| match e {
-                Effect::RunLlmCall { call_id, attempt } => Some((call_id.clone(), *attempt)),
-                _ => None,
-            })
-            .unwrap_or_else(|| panic!("no LLM call due: {plan:?}"));
-        self.exec(Command::ClaimLlmCall { call_id: call_id.clone(), attempt });
-        (call_id, attempt)
-    }
-
-    /// Finishes a claimed LLM call with a plain text reply.
-    pub fn finish_llm(&mut self, (call_id, attempt): (String, u32), text: &str) -> Vec<Event> {
-        let response = LlmResponse {
-            model: "test-model".into(),
-            content: Some(text.into()),
-            tool_calls: None,
-            finish_reason: Some("stop".into()),
-            usage: Some(serde_json::json!({"prompt_tokens": 12, "completion_tokens": 7})),
-            cost: Some("0.0012".into()),
-            images: None,
-        };
-        self.exec(Command::LlmCallFinished { call_id, attempt, outcome: Ok(response) })
-    }
-
-    /// Claims the live decision's delivery (a session with a worker).
-    pub fn claim_decision(&mut self) {
-        let plan = self.session.plan(self.now);
-        let (decision_id, attempt) = plan
-            .effects
-            .iter()
-            .find_map(|e| match e {
-                Effect::DeliverDecision { decision_id, attempt } => Some((decision_id.clone(), *attempt)),
-                _ => None,
-            })
-            .unwrap_or_else(|| panic!("no decision due: {plan:?}"));
-        self.exec(Command::ClaimDecision { decision_id, attempt });
-    }
-
-    /// A whole engine-hosted turn: the user's message and the model's reply.
-    pub fn turn(&mut self, user: &str, assistant: &str) {
-        self.submit(user);
-        let call = self.claim_llm();
-        self.finish_llm(call, assistant);
-    }
-
-    /// The events not yet committed.
-    pub fn uncommitted(&self) -> &[Event] {
-        &self.log[self.log.len() - self.uncommitted..]
-    }
-
-    /// Drops the committed events from `log` (the store has them), to keep a long run small.
-    pub fn forget_committed(&mut self) {
-        let committed = self.log.len() - self.uncommitted;
-        self.log.drain(..committed);
-    }
-
-    /// When the session next has timed work, per the engine's plan.
-    pub fn wake_at(&self) -> Option<Timestamp> {
-        self.session.plan(self.now).wake_at
-    }
-
-    /// Commits the uncommitted events with the plan's wake time; returns the new version.
-    pub async fn commit(&mut self, store: &dyn Store) -> Result<u64, StoreError> {
+#[async_trait::async_trait]
+impl Commits for Driver {
+    async fn commit(&mut self, store: &dyn Store) -> Result<u64, StoreError> {
         let wake_at = self.wake_at();
         self.commit_waking(store, wake_at).await
     }
 
-    /// Commits the uncommitted events with an explicit wake time; returns the new version.
-    pub async fn commit_waking(
+    async fn commit_waking(
         &mut self,
         store: &dyn Store,
         wake_at: Option<Timestamp>,
     ) -> Result<u64, StoreError> {
         let commit = Commit { session: &self.session, events: self.uncommitted(), wake_at };
-        let version = store.commit(&self.session.id, self.version, commit).await?;
-        self.version = version;
-        self.uncommitted = 0;
+        let version = store.commit(self.session.id(), self.version, commit).await?;
+        self.committed(version);
         Ok(version)
     }
 
-    /// Commits and checks the version moved on by one; panics on failure.
-    pub async fn commit_ok(&mut self, store: &dyn Store) -> u64 {
+    async fn commit_ok(&mut self, store: &dyn Store) -> u64 {
         let before = self.version;
-        let id = self.session.id.clone();
+        let id = self.session.id().clone();
         let version = self.commit(store).await.unwrap_or_else(|e| panic!("commit of {id} failed: {e}"));
         assert_eq!(version, before + 1, "a commit moves the version on by one ({id})");
         version
@@ -215,24 +79,24 @@ impl Driver {
 
 /// Checks that `store` holds exactly `driver`'s committed session and version.
 pub async fn assert_stored(store: &dyn Store, driver: &Driver) {
-    let id = &driver.session.id;
+    let id = &driver.session.id();
     assert!(driver.uncommitted().is_empty(), "assert_stored needs a fully committed driver ({id})");
     let loaded = store.load(id).await.unwrap().unwrap_or_else(|| panic!("session {id} is missing"));
     assert_eq!(loaded.version, driver.version, "version of {id}");
-    assert_eq!(loaded.session.tree.len(), driver.session.tree.len(), "message count of {id}");
+    assert_eq!(loaded.session.tree().len(), driver.session.tree().len(), "message count of {id}");
     assert_eq!(loaded.session, driver.session, "loaded session {id} differs from the committed one");
     // A warm host's load: the head plus the nodes after a prefix it holds.
-    let all: Vec<_> = driver.session.tree.shared_nodes().to_vec();
+    let all: Vec<_> = driver.session.tree().shared_nodes().to_vec();
     for from in [0, all.len() / 2, all.len()] {
         let (head, rest) = store.load_since(id, from as u64).await.unwrap().expect("the session exists");
         assert_eq!(head.version, driver.version, "load_since version of {id}");
-        assert_eq!(head.session.tree.len(), 0, "load_since leaves the nodes out of the session");
+        assert_eq!(head.session.tree().len(), 0, "load_since leaves the nodes out of the session");
         let expected: Vec<_> = all[from..].iter().map(|n| (**n).clone()).collect();
         assert_eq!(rest, expected, "load_since({id}, {from}) nodes");
         let mut session = head.session;
         let mut nodes = all[..from].to_vec();
         nodes.extend(rest.into_iter().map(std::sync::Arc::new));
-        session.tree.restore_shared(nodes);
+        session.tree_mut().restore_shared(nodes);
         assert_eq!(session, driver.session, "head + prefix + load_since({from}) rebuild {id}");
     }
 }
@@ -253,13 +117,17 @@ pub async fn all_events(store: &dyn Store, session_id: &str, page: usize) -> Vec
 
 /// Checks that the stored log of `driver`'s session is exactly its events, numbered 1, 2, ...
 pub async fn assert_log(store: &dyn Store, driver: &Driver, page: usize) {
-    let logged = all_events(store, &driver.session.id, page).await;
+    let logged = all_events(store, driver.session.id(), page).await;
     let seqs: Vec<u64> = logged.iter().map(|e| e.seq).collect();
     let expected: Vec<u64> = (1..=driver.log.len() as u64).collect();
-    assert_eq!(seqs, expected, "sequence numbers of {} must be gapless from 1", driver.session.id);
+    assert_eq!(seqs, expected, "sequence numbers of {} must be gapless from 1", driver.session.id());
     let events: Vec<&Event> = logged.iter().map(|e| &e.event).collect();
     let expected: Vec<&Event> = driver.log.iter().collect();
-    assert!(events == expected, "the stored log of {} differs from the events committed", driver.session.id);
+    assert!(
+        events == expected,
+        "the stored log of {} differs from the events committed",
+        driver.session.id()
+    );
 }
 
 /// Runs every store case.
@@ -290,12 +158,12 @@ pub async fn store_round_trip(store: &dyn Store) {
     d.finish_llm(call, "hi there");
     d.commit_ok(store).await;
     assert_stored(store, &d).await;
-    assert_eq!(d.session.tree.len(), 2);
+    assert_eq!(d.session.tree().len(), 2);
     // A whole turn in one commit (several commands' events at once).
     d.turn("and now? ünïcödé ✓ \u{1f980} \"quoted\" \\ \n newline", "done");
     d.commit_ok(store).await;
     assert_stored(store, &d).await;
-    assert_eq!(d.session.tree.len(), 4);
+    assert_eq!(d.session.tree().len(), 4);
     assert_log(store, &d, 1000).await;
 
     // A session answered by a worker, with its decision in flight.
@@ -352,7 +220,7 @@ pub async fn store_stale_commit_writes_nothing(store: &dyn Store) {
         loser.claim_llm()
     };
     loser.finish_llm(call, "the loser's reply");
-    assert!(loser.session.tree.len() > winner.session.tree.len());
+    assert!(loser.session.tree().len() > winner.session.tree().len());
     for version in [loser.version, 0, winner.version + 1, winner.version + 7] {
         loser.version = version;
         match loser.commit(store).await {
@@ -549,12 +417,12 @@ pub async fn store_large_session(store: &dyn Store) {
         }
         d.commit_ok(store).await;
     }
-    assert_eq!(d.session.tree.len(), 300);
+    assert_eq!(d.session.tree().len(), 300);
     assert_stored(store, &d).await;
     assert_log(store, &d, 500).await;
     let loaded = store.load("conf-large").await.unwrap().unwrap();
     assert!(
-        loaded.session.tree.nodes().any(|n| n.message.content_text() == big),
+        loaded.session.tree().nodes().any(|n| n.message.content_text() == big),
         "the 300 KB message comes back whole"
     );
 }

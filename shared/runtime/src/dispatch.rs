@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use turnstone_engine::protocol::{ClientInput, ClientMessageInput, StreamDelta, Trigger};
+use turnstone_engine::ids::{CallId, DecisionId, SessionId};
+use turnstone_engine::protocol::{StreamDelta, Trigger};
 use turnstone_engine::session::{
-    CallSpec, Command, Effect, OutboxItem, ParentLink, Rejection, Session, TurnOrigin,
+    CallSpec, Command, Effect, OutboxItem, Rejection, Route, Session, child_failed, route,
 };
 
 use crate::app::{App, Executed, claim_command, is_stale_claim, still_claimed};
@@ -140,7 +141,7 @@ impl App {
     async fn deliver_decision(
         self: &Arc<Self>,
         session_id: &str,
-        decision_id: String,
+        decision_id: DecisionId,
         attempt: u32,
         claimed: (Session, u64),
     ) -> Result<Option<Executed>> {
@@ -182,7 +183,7 @@ impl App {
     async fn delivery_failed(
         &self,
         session_id: &str,
-        decision_id: String,
+        decision_id: DecisionId,
         attempt: u32,
         error: String,
         retryable: bool,
@@ -195,7 +196,7 @@ impl App {
     async fn run_llm_call(
         self: &Arc<Self>,
         session_id: &str,
-        call_id: String,
+        call_id: CallId,
         attempt: u32,
         claimed: (Session, u64),
     ) -> Result<Option<Executed>> {
@@ -231,92 +232,49 @@ impl App {
         }
     }
 
-    /// Delivers outbox work to another session, then acknowledges it. Both sides are
-    /// idempotent, so a crash between them only repeats a no-op.
+    /// Delivers outbox work to another session, then acknowledges it. What each item becomes
+    /// is the engine's [`route`]; both sides are idempotent, so a crash between them
+    /// only repeats a no-op.
     async fn route(self: &Arc<Self>, session_id: &str, seq: u64, item: OutboxItem) -> Result<()> {
-        match item {
-            OutboxItem::SpawnChild { session_id: child, agent_id, tool_call_id, ancestry, identity } => {
+        let from = SessionId::from(session_id);
+        match route(&from, item) {
+            Route::Spawn(spawn) => {
                 let created = self
-                    .execute(&child, |s| {
+                    .execute(&spawn.session_id, |s| {
                         if s.is_created() {
                             return Ok(Vec::new());
                         }
-                        let mut init = self.session_init(&agent_id, identity.clone())?;
-                        init.parent = Some(ParentLink {
-                            session_id: session_id.to_owned(),
-                            tool_call_id: tool_call_id.clone(),
-                        });
-                        init.ancestry = ancestry.clone();
-                        Ok(vec![Command::Create { init: Box::new(init) }])
+                        let base = self.session_init(&spawn.agent_id, spawn.identity.clone())?;
+                        Ok(vec![spawn.command(base)])
                     })
                     .await;
                 if let Err(e) = created {
-                    let error = format!("cannot start sub-agent {agent_id:?}: {e}");
-                    self.child_failed(session_id, &tool_call_id, &child, error).await?;
+                    let (parent, command) =
+                        spawn.failed(format!("cannot start sub-agent {:?}: {e}", spawn.agent_id));
+                    self.command(&parent, command).await?;
                 }
             }
-            OutboxItem::SendMessage { session_id: target, message, turn_id } => {
+            Route::Send(send) => {
+                let target = send.session_id.clone();
                 let (target_session, _) = self.load(&target).await?;
-                let input = ClientInput::Message(ClientMessageInput {
-                    agent_id: target_session.agent_id().to_owned(),
-                    turn_id: Some(turn_id),
-                    message,
-                    stream: None,
-                });
-                let identity = target_session.identity();
-                if let Err(e) = self.submit_as(&target, input, true, identity, TurnOrigin::Parent).await {
+                let link = target_session.parent().filter(|l| l.session_id == from).cloned();
+                let command = send.command(target_session.agent_id());
+                if let Err(e) = self.command(&target, command).await {
                     if e.is_retryable() {
                         return Err(e);
                     }
-                    let link = target_session.init.as_ref().and_then(|i| i.parent.clone());
-                    if let Some(link) = link.filter(|l| l.session_id == session_id) {
+                    if let Some(link) = link {
                         let error = format!("cannot send to sub-agent session {target:?}: {e}");
-                        self.child_failed(session_id, &link.tool_call_id, &target, error).await?;
+                        self.command(&link.session_id, child_failed(&link, &target, error)).await?;
                     }
                 }
             }
-            OutboxItem::CancelChild { session_id: child, reason } => {
-                match self.command(&child, Command::Cancel { reason }).await {
-                    Ok(_)
-                    | Err(Error::Rejected(Rejection::NoActiveTurn))
-                    | Err(Error::SessionNotFound(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            OutboxItem::NotifyParent {
-                session_id: parent,
-                tool_call_id,
-                child_session_id,
-                ok,
-                result,
-                error,
-                ..
-            } => {
-                let command = Command::SubAgentFinished {
-                    tool_call_id,
-                    session_id: child_session_id,
-                    ok,
-                    result,
-                    error,
-                };
-                match self.command(&parent, command).await {
-                    Ok(_) | Err(Error::SessionNotFound(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
+            Route::Deliver { target, command } => match self.command(&target, command).await {
+                Ok(_) | Err(Error::Rejected(Rejection::NoActiveTurn)) | Err(Error::SessionNotFound(_)) => {}
+                Err(e) => return Err(e),
+            },
         }
         self.command(session_id, Command::OutboxDelivered { seq }).await.map(drop)
-    }
-
-    async fn child_failed(&self, parent: &str, tool_call_id: &str, child: &str, error: String) -> Result<()> {
-        let command = Command::SubAgentFinished {
-            tool_call_id: tool_call_id.to_owned(),
-            session_id: child.to_owned(),
-            ok: false,
-            result: None,
-            error: Some(error),
-        };
-        self.command(parent, command).await.map(drop)
     }
 
     /// Runs `workers` tasks that take wake-ups from the queue and run their sessions, until

@@ -1,5 +1,6 @@
 //! The runtime's errors: what went wrong carrying out a request or an effect.
 
+use turnstone_engine::ids::{SessionId, TurnId};
 use turnstone_engine::protocol::ProtocolError;
 use turnstone_engine::session::Rejection;
 
@@ -17,7 +18,7 @@ pub enum Error {
     SessionNotFound(String),
     /// No such turn in the session.
     #[error("session {session_id:?} has no turn {turn_id:?}")]
-    TurnNotFound { session_id: String, turn_id: String },
+    TurnNotFound { session_id: SessionId, turn_id: TurnId },
     /// The input names an agent the configuration does not define.
     #[error("unknown agent {0:?}")]
     UnknownAgent(String),

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
+use turnstone_engine::ids::{CallId, TurnId};
 use turnstone_engine::protocol::StreamDelta;
 
 /// Capacity of each session's channel; a subscriber that lags re-reads the log.
@@ -25,10 +26,10 @@ pub enum Notice {
     Committed {
         last_seq: u64,
         /// The turns this commit ended (long-polls of other turns need not look).
-        ended_turns: Vec<String>,
+        ended_turns: Vec<TurnId>,
     },
     /// A model produced more output for a call.
-    Delta { call_id: String, delta: StreamDelta },
+    Delta { call_id: CallId, delta: StreamDelta },
 }
 
 /// Per-session broadcast channels, created when someone listens.

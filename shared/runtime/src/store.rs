@@ -24,7 +24,7 @@ pub struct Commit<'a> {
     /// The session after the events (its snapshot becomes the new head).
     pub session: &'a Session,
     /// The new events, in order; their sequence numbers continue the log
-    /// (the first is `session.events_applied - events.len() + 1`).
+    /// (the first is `session.events_applied() - events.len() + 1`).
     pub events: &'a [Event],
     /// When the session next has timed work (None: nothing timed).
     pub wake_at: Option<Timestamp>,
@@ -33,12 +33,12 @@ pub struct Commit<'a> {
 impl Commit<'_> {
     /// The sequence number of the first new event.
     pub fn first_seq(&self) -> u64 {
-        self.session.events_applied + 1 - self.events.len() as u64
+        self.session.events_applied() + 1 - self.events.len() as u64
     }
 
     /// The message nodes these events record, with their positions in the tree.
     pub fn new_messages(&self) -> Vec<(u64, TreeNode)> {
-        let total = self.session.tree.len() as u64;
+        let total = self.session.tree().len() as u64;
         let recorded: Vec<TreeNode> = self
             .events
             .iter()
@@ -142,8 +142,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<(Loaded, Vec<TreeNode>)>, StoreError> {
         let Some(mut loaded) = self.load(session_id).await? else { return Ok(None) };
         let skip = usize::try_from(from).unwrap_or(usize::MAX);
-        let nodes: Vec<TreeNode> = loaded.session.tree.nodes().skip(skip).cloned().collect();
-        loaded.session.tree.restore(Vec::new());
+        let nodes: Vec<TreeNode> = loaded.session.tree().nodes().skip(skip).cloned().collect();
+        loaded.session.tree_mut().restore(Vec::new());
         Ok(Some((loaded, nodes)))
     }
 

@@ -153,7 +153,7 @@ impl Chat<'_, '_> {
                     self.answer("  resume > ", |line| {
                         let payload = Some(Value::String(line));
                         ClientInput::InterruptResume(InterruptResumeInput {
-                            interrupt_id: id.clone(),
+                            interrupt_id: id.as_str().into(),
                             payload,
                         })
                     })
@@ -162,7 +162,11 @@ impl Chat<'_, '_> {
                 Step::ClientCall { id, name, arguments } => {
                     self.answer(&format!("  ? {name}({arguments}) > "), |line| {
                         let result = Some(Value::String(line));
-                        ClientInput::ToolResult(ToolResultInput { id: id.clone(), attempt: None, result })
+                        ClientInput::ToolResult(ToolResultInput {
+                            id: id.as_str().into(),
+                            attempt: None,
+                            result,
+                        })
                     })
                     .await?
                 }

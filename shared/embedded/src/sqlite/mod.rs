@@ -293,21 +293,21 @@ impl PreparedCommit {
         let invalid =
             |message: String| SqliteError::InvalidCommit { session_id: session_id.to_owned(), message };
         let session = commit.session;
-        if session.id != session_id {
-            return Err(invalid(format!("the commit carries session {:?}", session.id)));
+        if *session.id() != *session_id {
+            return Err(invalid(format!("the commit carries session {:?}", session.id())));
         }
         let event_count = commit.events.len() as u64;
-        if event_count > session.events_applied {
+        if event_count > session.events_applied() {
             return Err(invalid(format!(
                 "{event_count} new events but the session has applied only {}",
-                session.events_applied
+                session.events_applied()
             )));
         }
         let recorded = commit.events.iter().filter(|e| matches!(e, Event::MessageRecorded { .. })).count();
-        if recorded > session.tree.len() {
+        if recorded > session.tree().len() {
             return Err(invalid(format!(
                 "{recorded} recorded messages but the session's tree holds {}",
-                session.tree.len()
+                session.tree().len()
             )));
         }
         let serialize = |source| SqliteError::Serialize { session_id: session_id.to_owned(), source };
@@ -329,14 +329,14 @@ impl PreparedCommit {
             .map(|(pos, node)| Ok((to_i64(pos), serde_json::to_string(&node)?)))
             .collect::<Result<Vec<_>, serde_json::Error>>()
             .map_err(serialize)?;
-        let init = session.init.as_ref();
+        let init = session.init();
         Ok(PreparedCommit {
             session_id: session_id.to_owned(),
             expected,
             snapshot,
             agent_id: session.agent_id().to_owned(),
             owner: init.and_then(|i| i.identity.id.clone()),
-            created_at: session.created_at.0,
+            created_at: session.created_at().0,
             updated_at: now.0,
             wake_at: commit.wake_at.map(|t| t.0),
             events,
@@ -460,7 +460,7 @@ fn read_messages(conn: &Connection, session_id: &str, from: i64) -> Result<Vec<(
 
 fn load_session(conn: &mut Connection, session_id: &str) -> Result<Option<Loaded>, StoreError> {
     let Some((mut loaded, nodes)) = load_session_since(conn, session_id, 0)? else { return Ok(None) };
-    loaded.session.tree.restore(nodes);
+    loaded.session.tree_mut().restore(nodes);
     Ok(Some(loaded))
 }
 
@@ -485,8 +485,8 @@ fn load_session_since(
     };
     let Some((version, session)) = head else { return Ok(None) };
     let session = session?;
-    if session.id != session_id {
-        return Err(corrupt(session_id, format!("the head holds session {:?}", session.id)));
+    if *session.id() != *session_id {
+        return Err(corrupt(session_id, format!("the head holds session {:?}", session.id())));
     }
     let nodes = read_messages(&tx, session_id, from)?;
     tx.finish().map_err(backend)?;

@@ -439,12 +439,12 @@ impl StreamAccumulator {
             "content_block_start" => self.block_start(obj, name, &mut delta)?,
             "content_block_delta" => self.block_delta(obj, name, &mut delta)?,
             "message_delta" => {
-                if let Some(d) = opt_object(obj, "delta", name)? {
-                    if let Some(reason) = opt_str(d, "stop_reason", &join(name, "delta"))? {
-                        let reason = finish_reason(reason);
-                        self.stop_reason = Some(reason.clone());
-                        delta.finish_reason = Some(reason);
-                    }
+                if let Some(d) = opt_object(obj, "delta", name)?
+                    && let Some(reason) = opt_str(d, "stop_reason", &join(name, "delta"))?
+                {
+                    let reason = finish_reason(reason);
+                    self.stop_reason = Some(reason.clone());
+                    delta.finish_reason = Some(reason);
                 }
                 if let Some(usage) = opt_object(obj, "usage", name)? {
                     let merged = self.usage.get_or_insert_with(Map::new);

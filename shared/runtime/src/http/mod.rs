@@ -14,6 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
+use turnstone_engine::ids::{SessionId, TurnId};
 use turnstone_engine::protocol::{Action, ClientInput, WorkerIdentity, parse_slice};
 use turnstone_engine::session::{Command, Event};
 
@@ -125,7 +126,7 @@ struct SubmitQuery {
 
 async fn submit(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(id): Path<SessionId>,
     Query(query): Query<SubmitQuery>,
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
@@ -139,7 +140,7 @@ async fn submit(
 
 async fn settle(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(id): Path<SessionId>,
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -151,7 +152,7 @@ async fn settle(
 
 async fn cancel(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(id): Path<SessionId>,
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -169,7 +170,7 @@ async fn cancel(
 
 async fn session_summary(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(id): Path<SessionId>,
     headers: HeaderMap,
 ) -> Result<Json<SessionSummary>, ApiError> {
     authenticate(&state, &headers)?;
@@ -185,16 +186,16 @@ struct MessagesQuery {
 
 async fn messages(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(id): Path<SessionId>,
     Query(query): Query<MessagesQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     authenticate(&state, &headers)?;
     let session = state.app.session(&id).await?;
     if matches!(query.tree.as_deref(), Some("1" | "true")) {
-        return Ok(Json(session.tree.to_wire()).into_response());
+        return Ok(Json(session.tree().to_wire()).into_response());
     }
-    let messages = session.tree.active_path().into_iter().cloned().collect();
+    let messages = session.tree().active_path().into_iter().cloned().collect();
     Ok(Json(ActivePath { messages }).into_response())
 }
 
@@ -209,7 +210,7 @@ const MAX_WAIT_SECS: f64 = 60.0;
 
 async fn turn(
     State(state): State<AppState>,
-    Path((id, turn_id)): Path<(String, String)>,
+    Path((id, turn_id)): Path<(SessionId, TurnId)>,
     Query(query): Query<TurnQuery>,
     headers: HeaderMap,
 ) -> Result<Json<Turn>, ApiError> {
@@ -248,7 +249,7 @@ struct EventsQuery {
 
 async fn events(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(id): Path<SessionId>,
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Json<EventPage>, ApiError> {

@@ -16,6 +16,7 @@ use futures_util::Stream;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
+use turnstone_engine::ids::{CallId, SessionId};
 use turnstone_engine::protocol::StreamDelta;
 
 use super::{ApiError, AppState, authenticate};
@@ -36,7 +37,7 @@ pub(super) struct StreamQuery {
 
 pub(super) async fn stream(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(id): Path<SessionId>,
     Query(query): Query<StreamQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
@@ -48,7 +49,7 @@ pub(super) async fn stream(
     // Subscribe before the first read, so nothing committed in between is missed.
     let notices = state.app.hub().subscribe(&id);
     let (tx, rx) = mpsc::channel::<SseEvent>(BUFFER);
-    tokio::spawn(pump(state, id, after, notices, tx));
+    tokio::spawn(pump(state, id.into_string(), after, notices, tx));
     let frames =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (Ok(f), rx)) });
     Ok(Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("keep-alive")))
@@ -93,7 +94,7 @@ async fn pump(
         match notice {
             Ok(Notice::Committed { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => {}
             Ok(Notice::Delta { call_id, delta }) => {
-                let mut gathered: BTreeMap<String, StreamDelta> = BTreeMap::new();
+                let mut gathered: BTreeMap<CallId, StreamDelta> = BTreeMap::new();
                 merge(gathered.entry(call_id).or_default(), delta);
                 let until = tokio::time::Instant::now() + COALESCE;
                 while let Ok(Ok(next)) = tokio::time::timeout_at(until, notices.recv()).await {

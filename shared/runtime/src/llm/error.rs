@@ -251,7 +251,7 @@ fn error_fields(document: &Value) -> (Option<String>, Option<String>) {
 
 fn seconds(limit: std::time::Duration) -> String {
     let ms = limit.as_millis();
-    if ms % 1000 == 0 { format!("{}s", ms / 1000) } else { format!("{:.3}s", limit.as_secs_f64()) }
+    if ms.is_multiple_of(1000) { format!("{}s", ms / 1000) } else { format!("{:.3}s", limit.as_secs_f64()) }
 }
 
 #[cfg(test)]

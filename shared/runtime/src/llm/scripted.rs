@@ -131,10 +131,11 @@ fn reply(request: &LlmRequest) -> Result<Reply, ProviderError> {
     };
     let text = last_user.content_text();
     let is_last = messages.last().is_some_and(|m| std::ptr::eq(m, last_user));
-    if is_last && text.trim_start().starts_with('/') {
-        if let Some(reply) = command(request, text.trim_start())? {
-            return Ok(reply);
-        }
+    if is_last
+        && text.trim_start().starts_with('/')
+        && let Some(reply) = command(request, text.trim_start())?
+    {
+        return Ok(reply);
     }
     Ok(Reply::text(format!("You said: {text}")))
 }
@@ -273,10 +274,11 @@ fn word_pieces(text: &str) -> Vec<&str> {
         prev_space = space;
     }
     // A last cut followed by whitespace only joins the piece before it.
-    if let Some(&last) = cuts.last() {
-        if last > 0 && text.get(last..).is_some_and(|rest| rest.trim().is_empty()) {
-            cuts.pop();
-        }
+    if let Some(&last) = cuts.last()
+        && last > 0
+        && text.get(last..).is_some_and(|rest| rest.trim().is_empty())
+    {
+        cuts.pop();
     }
     cuts.push(text.len());
     cuts.windows(2)

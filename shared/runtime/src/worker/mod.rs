@@ -141,8 +141,8 @@ impl WorkerClient {
             HeaderValue::try_from(value).map_err(|_| invalid(format!("{name} is not a valid header value")))
         };
         let idempotency_key = header("decision_id", format!("{}:{}", request.decision_id, request.attempts))?;
-        let session = header("session_id", request.session_id.clone())?;
-        let decision = header("decision_id", request.decision_id.clone())?;
+        let session = header("session_id", request.session_id.to_string())?;
+        let decision = header("decision_id", request.decision_id.to_string())?;
         let body = serde_json::to_vec(request).map_err(|e| invalid(format!("cannot serialize: {e}")))?;
         let mut builder = self
             .http
