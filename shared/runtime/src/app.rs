@@ -178,7 +178,7 @@ impl App {
                 return Ok((Session::new(session_id), 0));
             };
             let mut session = loaded.session;
-            session.tree_mut().restore_onto(&known, new);
+            session.restore_messages_onto(&known, new);
             if session.tree().is_whole() {
                 self.remember_messages(&session);
                 return Ok((session, loaded.version));

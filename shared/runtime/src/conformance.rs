@@ -96,7 +96,7 @@ pub async fn assert_stored(store: &dyn Store, driver: &Driver) {
         let mut session = head.session;
         let mut nodes = all[..from].to_vec();
         nodes.extend(rest.into_iter().map(std::sync::Arc::new));
-        session.tree_mut().restore_shared(nodes);
+        session.restore_shared_messages(nodes);
         assert_eq!(session, driver.session, "head + prefix + load_since({from}) rebuild {id}");
     }
 }

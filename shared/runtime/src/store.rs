@@ -143,7 +143,7 @@ pub trait Store: Send + Sync + 'static {
         let Some(mut loaded) = self.load(session_id).await? else { return Ok(None) };
         let skip = usize::try_from(from).unwrap_or(usize::MAX);
         let nodes: Vec<TreeNode> = loaded.session.tree().nodes().skip(skip).cloned().collect();
-        loaded.session.tree_mut().restore(Vec::new());
+        loaded.session.restore_messages(Vec::new());
         Ok(Some((loaded, nodes)))
     }
 

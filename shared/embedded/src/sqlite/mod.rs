@@ -460,7 +460,7 @@ fn read_messages(conn: &Connection, session_id: &str, from: i64) -> Result<Vec<(
 
 fn load_session(conn: &mut Connection, session_id: &str) -> Result<Option<Loaded>, StoreError> {
     let Some((mut loaded, nodes)) = load_session_since(conn, session_id, 0)? else { return Ok(None) };
-    loaded.session.tree_mut().restore(nodes);
+    loaded.session.restore_messages(nodes);
     Ok(Some(loaded))
 }
 

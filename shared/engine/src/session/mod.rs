@@ -20,6 +20,7 @@ mod tool_input;
 mod tree;
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -37,7 +38,7 @@ pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};
 
 use crate::ids::{CallId, SessionId, TurnId};
-use crate::protocol::{AgentConfig, AgentTool, WorkerIdentity};
+use crate::protocol::{AgentConfig, AgentTool, TreeNode, WorkerIdentity};
 use crate::time::Timestamp;
 
 /// How many ended turns the head keeps whole; older ones are rebuilt from the log.
@@ -209,16 +210,26 @@ impl Session {
         self.created_at
     }
 
-    /// Every recorded message. After loading a snapshot (which keeps only the head), put the
-    /// nodes back with [`Session::tree_mut`].
+    /// Every recorded message. A snapshot keeps only the tree's head: after loading one, put
+    /// the stored nodes back with [`Session::restore_messages`] (or its siblings).
     pub fn tree(&self) -> &Tree {
         &self.tree
     }
 
-    /// The tree, to restore its nodes after a load ([`Tree::restore`] and its siblings are
-    /// its only public mutators).
-    pub fn tree_mut(&mut self) -> &mut Tree {
-        &mut self.tree
+    /// Puts back the message nodes a store keeps apart from the snapshot, in tree order.
+    pub fn restore_messages(&mut self, nodes: Vec<TreeNode>) {
+        self.tree.restore(nodes);
+    }
+
+    /// [`Session::restore_messages`] with nodes shared with another copy of the session.
+    pub fn restore_shared_messages(&mut self, nodes: Vec<Arc<TreeNode>>) {
+        self.tree.restore_shared(nodes);
+    }
+
+    /// Puts back the nodes of `known` (an earlier copy of this session's tree, held by a warm
+    /// host) followed by `new`, the nodes stored since.
+    pub fn restore_messages_onto(&mut self, known: &Tree, new: Vec<TreeNode>) {
+        self.tree.restore_onto(known, new);
     }
 
     /// The parent, for a sub-agent's session.
