@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 use turnstone_embedded::{MemoryQueue, SqliteStore};
 use turnstone_runtime::api::{EventPage, LoggedEvent, SessionSummary, Submitted, Turn};
 use turnstone_runtime::app::{App, Parts};
+use turnstone_runtime::auth::Authenticator;
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
 use turnstone_runtime::http::HttpConfig;
@@ -69,7 +70,7 @@ impl TestHost {
         });
         let http_config = HttpConfig {
             max_body_bytes: config.server.max_body_bytes,
-            auth: secrets.auth_enabled().then(|| Arc::new(secrets)),
+            auth: Authenticator::new(config.auth.as_ref(), &secrets).map(Arc::new),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the host");
         let addr = listener.local_addr().expect("the host's address");
@@ -137,13 +138,29 @@ impl Drop for TestHost {
 pub struct ApiClient {
     base: String,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer <token>` with every request.
+    token: Option<String>,
 }
 
 impl ApiClient {
     /// A client for the host at `base` (`http://host:port`, no trailing slash).
     pub fn new(base: impl Into<String>) -> Self {
         let http = net::client().expect("an HTTP client");
-        ApiClient { base: base.into().trim_end_matches('/').to_owned(), http }
+        ApiClient { base: base.into().trim_end_matches('/').to_owned(), http, token: None }
+    }
+
+    /// The same client, authenticating with `token` (an API key or a JWT).
+    pub fn with_token(&self, token: impl Into<String>) -> Self {
+        ApiClient { token: Some(token.into()), ..self.clone() }
+    }
+
+    /// A request to `path`, with the token when there is one.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
     }
 
     /// The base URL, e.g. `http://127.0.0.1:8787`.
@@ -158,15 +175,14 @@ impl ApiClient {
 
     /// `GET <path>`: the status and the body as JSON (`Null` when it is not JSON).
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let response = self.http.get(format!("{}{path}", self.base)).send().await.expect("GET");
+        let response = self.request(reqwest::Method::GET, path).send().await.expect("GET");
         status_and_json(response).await
     }
 
     /// `POST <path>` with a raw body (sent as `application/json`).
     pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
         let response = self
-            .http
-            .post(format!("{}{path}", self.base))
+            .request(reqwest::Method::POST, path)
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -272,8 +288,7 @@ impl ApiClient {
     /// Opens `GET /v1/sessions/{session}/events/stream`, resuming after `last_event_id`.
     pub async fn stream(&self, session: &str, last_event_id: Option<u64>) -> EventStream {
         let mut request = self
-            .http
-            .get(format!("{}/v1/sessions/{session}/events/stream", self.base))
+            .request(reqwest::Method::GET, &format!("/v1/sessions/{session}/events/stream"))
             .header("accept", "text/event-stream");
         if let Some(id) = last_event_id {
             request = request.header("last-event-id", id.to_string());

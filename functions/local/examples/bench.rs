@@ -32,12 +32,13 @@ use clap::{Parser, ValueEnum};
 use tokio::sync::watch;
 use turnstone_embedded::{MemoryQueue, SqliteStore, StoreStats};
 use turnstone_engine::protocol::{
-    ClientInput, ClientMessageInput, DraftMessage, LlmRequest, LlmResponse, Role, StreamDelta, WorkerIdentity,
+    ClientInput, ClientMessageInput, DraftMessage, LlmRequest, LlmResponse, Role, StreamDelta,
 };
 use turnstone_engine::session::{Event, TurnStatus};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::api::{ApiError, Submitted, Turn};
 use turnstone_runtime::app::{App, Parts};
+use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
 use turnstone_runtime::http::HttpConfig;
@@ -453,7 +454,7 @@ async fn inproc_client(
         probe.mark(&session_id);
         let started = Instant::now();
         let submitted = app
-            .submit(&session_id, input(&session_id, n), false, WorkerIdentity::default())
+            .submit(&session_id, input(&session_id, n), false, &Caller::Anyone)
             .await
             .with_context(|| format!("submitting turn {n} of {session_id}"))?;
         let submit = started.elapsed();

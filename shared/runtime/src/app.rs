@@ -17,6 +17,7 @@ use turnstone_engine::session::{
 use turnstone_engine::time::Timestamp;
 
 use crate::api::Submitted;
+use crate::auth::{Access, Caller};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::hub::{Hub, Notice};
@@ -347,34 +348,30 @@ impl App {
         }
     }
 
-    /// Submits a client input; creates the session on its first input.
+    /// Submits a client input for `caller`; creates the session, owned by the caller, on its
+    /// first input. A session the caller may not drive is not found, as one that does not
+    /// exist.
     pub async fn submit(
         &self,
         session_id: &str,
         input: ClientInput,
         queue: bool,
-        owner: WorkerIdentity,
+        caller: &Caller,
     ) -> Result<Submitted> {
-        self.submit_as(session_id, input, queue, owner, TurnOrigin::Client).await
-    }
-
-    pub(crate) async fn submit_as(
-        &self,
-        session_id: &str,
-        input: ClientInput,
-        queue: bool,
-        owner: WorkerIdentity,
-        origin: TurnOrigin,
-    ) -> Result<Submitted> {
+        let not_found = || Error::SessionNotFound(session_id.to_owned());
         let build = |session: &Session| {
             let mut commands = Vec::new();
-            if !session.is_created() {
-                let agent_id =
-                    input.agent_id().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
-                let init = self.session_init(agent_id, owner.clone())?;
+            if session.is_created() {
+                if !caller.may(Access::Drive, session) {
+                    return Err(not_found());
+                }
+            } else {
+                let agent_id = input.agent_id().ok_or_else(not_found)?;
+                let owner = caller.owner().ok_or_else(not_found)?;
+                let init = self.session_init(agent_id, owner)?;
                 commands.push(Command::Create { init: Box::new(init) });
             }
-            commands.push(Command::Submit { input: input.clone(), queue, origin });
+            commands.push(Command::Submit { input: input.clone(), queue, origin: TurnOrigin::Client });
             Ok(commands)
         };
         let executed = if self.claim_ahead {
@@ -408,6 +405,24 @@ impl App {
             .and_then(|t| session.turn(t))
             .is_some_and(|t| t.status == turnstone_engine::session::TurnStatus::Queued);
         Ok(Submitted { session_id: session_id.into(), turn_id, queued })
+    }
+
+    /// Runs one command against an existing session that `caller` may `access` (any other is
+    /// not found, as one that does not exist).
+    pub async fn command_as(
+        &self,
+        session_id: &str,
+        caller: &Caller,
+        access: Access,
+        command: Command,
+    ) -> Result<Executed> {
+        self.execute(session_id, |session| {
+            if !session.is_created() || !caller.may(access, session) {
+                return Err(Error::SessionNotFound(session_id.to_owned()));
+            }
+            Ok(vec![command.clone()])
+        })
+        .await
     }
 
     /// Runs one command against an existing session.

@@ -3,6 +3,7 @@
 pub mod api;
 pub mod app;
 pub mod assemble;
+pub mod auth;
 pub mod clock;
 pub mod config;
 #[cfg(feature = "conformance")]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use turnstone_embedded::{MemoryQueue, SqliteStore};
 use turnstone_runtime::app::{App, Parts};
+use turnstone_runtime::auth::Authenticator;
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
 use turnstone_runtime::http::HttpConfig;
@@ -36,7 +37,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
     let http = HttpConfig {
         max_body_bytes: config.server.max_body_bytes,
-        auth: secrets.auth_enabled().then(|| Arc::new(secrets)),
+        auth: Authenticator::new(config.auth.as_ref(), &secrets).map(Arc::new),
     };
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let agents: Vec<&str> = app.agent_ids().collect();

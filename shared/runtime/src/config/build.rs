@@ -91,7 +91,7 @@ pub(super) fn build(raw: RawConfig, src: &Source<'_>) -> Result<Config, ConfigEr
         agents.insert(def.id.clone(), def);
     }
     if let Some(auth) = &raw.auth {
-        check_env_name(&auth.api_keys_env, path(&["auth", "api_keys_env"]), &mut problems);
+        check_auth(auth, &agent_ids, &mut problems);
     }
     if let Some(first) = problems.first() {
         return Err(first);
@@ -274,4 +274,49 @@ pub(super) fn check_url(url: &str) -> Result<(), String> {
         return Err("must not carry credentials (user:password@); secrets never go in this file".to_owned());
     }
     Ok(())
+}
+
+fn check_auth(auth: &AuthConfig, agent_ids: &[&str], problems: &mut Problems<'_>) {
+    let vars = [
+        ("api_keys_env", &auth.api_keys_env),
+        ("machine_keys_env", &auth.machine_keys_env),
+        ("admin_keys_env", &auth.admin_keys_env),
+        ("jwt_secret_env", &auth.jwt_secret_env),
+    ];
+    for (field, var) in vars {
+        if let Some(var) = var {
+            check_env_name(var, path(&["auth", field]), problems);
+        }
+    }
+    if vars.iter().all(|(_, var)| var.is_none()) {
+        problems.add(
+            path(&["auth"]),
+            "names no keys: set api_keys_env, jwt_secret_env, machine_keys_env or admin_keys_env \
+             (or leave [auth] out for an open loopback host)",
+        );
+    }
+    if auth.jwt_secret_env.is_none() {
+        for (field, set) in [
+            ("jwt_issuer", auth.jwt_issuer.is_some()),
+            ("jwt_audience", auth.jwt_audience.is_some()),
+            ("jwt_metadata_claims", !auth.jwt_metadata_claims.is_empty()),
+        ] {
+            if set {
+                problems.add(path(&["auth", field]), "needs jwt_secret_env");
+            }
+        }
+    }
+    if !auth.machines.is_empty() && auth.machine_keys_env.is_none() {
+        problems.add(path(&["auth", "machines"]), "needs machine_keys_env");
+    }
+    for (machine, agents) in &auth.machines {
+        for agent in agents {
+            if agent != "*" && !agent_ids.contains(&agent.as_str()) {
+                problems.add(
+                    path(&["auth", "machines", machine]),
+                    format!("unknown agent {agent:?} (defined: {})", agent_ids.join(", ")),
+                );
+            }
+        }
+    }
 }

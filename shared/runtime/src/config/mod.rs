@@ -22,8 +22,16 @@
 //! worker = "https://worker.example.com/decide"  # optional worker webhook
 //! worker_secret_env = "DEMO_WORKER_SECRET"      # optional: its HMAC secret's variable
 //!
-//! [auth]                        # optional; absent: no auth
-//! api_keys_env = "TURNSTONE_API_KEYS"           # `name:key,name:key`
+//! [auth]                        # optional; absent: no auth (loopback development)
+//! api_keys_env = "TURNSTONE_API_KEYS"           # clients: `name:key,name:key`
+//! machine_keys_env = "TURNSTONE_MACHINE_KEYS"   # workers: settle calls of their agents
+//! admin_keys_env = "TURNSTONE_ADMIN_KEYS"       # admins: read every session
+//! jwt_secret_env = "TURNSTONE_JWT_SECRET"       # HS256 bearer tokens; `sub` is the client
+//! jwt_issuer = "https://id.example.com"         # optional: required `iss`
+//! jwt_audience = "turnstone"                    # optional: required `aud`
+//! jwt_metadata_claims = ["plan", "org"]         # optional: claims kept in the owner's metadata
+//! [auth.machines]                               # which agents each machine key serves
+//! billing-worker = ["billing"]                  # "*": every agent
 //! ```
 //!
 //! Rules checked at load, each failure a [`ConfigError`] that names the file, the line and
@@ -183,12 +191,35 @@ impl AgentDef {
     }
 }
 
-/// API-key auth (`[auth]`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// Authentication (`[auth]`); see [`crate::auth`] for what each kind of caller may do. Each
+/// `*_env` names the environment variable holding the secret (key lists are `name:key,...`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
-    /// The environment variable holding comma-separated `name:key` pairs.
-    pub api_keys_env: String,
+    /// Client keys: a client owns the sessions it creates.
+    #[serde(default)]
+    pub api_keys_env: Option<String>,
+    /// Worker keys: settle calls (`calls/settle`) of the agents `machines` lists for them.
+    #[serde(default)]
+    pub machine_keys_env: Option<String>,
+    /// Admin keys: read every session.
+    #[serde(default)]
+    pub admin_keys_env: Option<String>,
+    /// The HS256 secret of client JWTs.
+    #[serde(default)]
+    pub jwt_secret_env: Option<String>,
+    /// The `iss` a JWT must carry.
+    #[serde(default)]
+    pub jwt_issuer: Option<String>,
+    /// The `aud` a JWT must carry.
+    #[serde(default)]
+    pub jwt_audience: Option<String>,
+    /// JWT claims copied into the session owner's `WorkerIdentity.metadata` (workers see them).
+    #[serde(default)]
+    pub jwt_metadata_claims: Vec<String>,
+    /// Machine key name -> the agents whose calls it may settle (`"*"`: every agent).
+    #[serde(default)]
+    pub machines: BTreeMap<String, Vec<String>>,
 }
 
 /// Where in the file a problem is, 1-based; the column counts characters.
@@ -311,12 +342,44 @@ impl Config {
             }
         }
         if let Some(auth) = &self.auth {
-            let var = &auth.api_keys_env;
-            let list = read(var, "auth.api_keys_env".to_owned(), "[auth]".to_owned())?;
-            let keys = parse_api_keys(&list).map_err(|m| {
-                ConfigError::at(&self.file, "auth.api_keys_env", format!("environment variable {var}: {m}"))
-            })?;
-            secrets.api_keys = Some(keys);
+            let keys = |field: &str, var: &Option<String>| -> Result<Vec<(String, String)>, ConfigError> {
+                let Some(var) = var else { return Ok(Vec::new()) };
+                let path = format!("auth.{field}");
+                let list = read(var, path.clone(), "[auth]".to_owned())?;
+                parse_api_keys(&list).map_err(|m| {
+                    ConfigError::at(&self.file, path, format!("environment variable {var}: {m}"))
+                })
+            };
+            let clients = keys("api_keys_env", &auth.api_keys_env)?;
+            let machines = keys("machine_keys_env", &auth.machine_keys_env)?;
+            let admins = keys("admin_keys_env", &auth.admin_keys_env)?;
+            let jwt_secret = match &auth.jwt_secret_env {
+                Some(var) => Some(read(var, "auth.jwt_secret_env".to_owned(), "[auth]".to_owned())?),
+                None => None,
+            };
+            let all = clients.iter().chain(&machines).chain(&admins);
+            let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+            for (name, key) in all {
+                if let Some(other) = seen.insert(key, name) {
+                    return Err(ConfigError::at(
+                        &self.file,
+                        "auth",
+                        format!("keys {other:?} and {name:?} are the same key; every key must be its own"),
+                    ));
+                }
+            }
+            for (name, _) in &machines {
+                if !auth.machines.contains_key(name) {
+                    return Err(ConfigError::at(
+                        &self.file,
+                        "auth.machines",
+                        format!(
+                            "machine key {name:?} serves no agent: add `{name} = [\"<agent>\", ...]` (or [\"*\"])"
+                        ),
+                    ));
+                }
+            }
+            secrets.auth = Some(AuthSecrets { clients, machines, admins, jwt_secret });
         }
         Ok(secrets)
     }
@@ -330,4 +393,4 @@ mod tests;
 use build::*;
 use locate::*;
 pub use secrets::Secrets;
-use secrets::parse_api_keys;
+use secrets::{AuthSecrets, parse_api_keys};

@@ -7,7 +7,16 @@ use super::*;
 pub struct Secrets {
     pub(super) llm_keys: BTreeMap<String, String>,
     pub(super) worker_secrets: BTreeMap<String, String>,
-    pub(super) api_keys: Option<Vec<(String, String)>>,
+    pub(super) auth: Option<AuthSecrets>,
+}
+
+/// The keys and the JWT secret `[auth]` names.
+#[derive(Clone, Default)]
+pub(super) struct AuthSecrets {
+    pub(super) clients: Vec<(String, String)>,
+    pub(super) machines: Vec<(String, String)>,
+    pub(super) admins: Vec<(String, String)>,
+    pub(super) jwt_secret: Option<String>,
 }
 
 impl Secrets {
@@ -21,36 +30,44 @@ impl Secrets {
         self.worker_secrets.get(agent).map(String::as_str)
     }
 
-    /// Whether clients must present an API key (`[auth]` is configured).
+    /// Whether callers must authenticate (`[auth]` is configured).
     pub fn auth_enabled(&self) -> bool {
-        self.api_keys.is_some()
+        self.auth.is_some()
     }
 
-    /// The names of the configured API keys, in the variable's order.
-    pub fn api_key_names(&self) -> impl Iterator<Item = &str> {
-        self.api_keys.iter().flatten().map(|(name, _)| name.as_str())
+    /// The client keys, `(name, key)`, in the variable's order.
+    pub fn client_keys(&self) -> &[(String, String)] {
+        self.auth.as_ref().map_or(&[], |a| &a.clients)
     }
 
-    /// The name of the API key equal to `presented`, compared in constant time per key.
-    pub fn authenticate(&self, presented: &str) -> Option<&str> {
-        let mut found = None;
-        for (name, key) in self.api_keys.iter().flatten() {
-            if constant_time_eq(key.as_bytes(), presented.as_bytes()) && found.is_none() {
-                found = Some(name.as_str());
-            }
-        }
-        found
+    /// The machine (worker) keys, `(name, key)`.
+    pub fn machine_keys(&self) -> &[(String, String)] {
+        self.auth.as_ref().map_or(&[], |a| &a.machines)
+    }
+
+    /// The admin keys, `(name, key)`.
+    pub fn admin_keys(&self) -> &[(String, String)] {
+        self.auth.as_ref().map_or(&[], |a| &a.admins)
+    }
+
+    /// The HS256 secret JWTs are verified with.
+    pub fn jwt_secret(&self) -> Option<&str> {
+        self.auth.as_ref().and_then(|a| a.jwt_secret.as_deref())
     }
 }
 
 impl fmt::Debug for Secrets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let api_keys =
-            self.api_keys.as_ref().map(|keys| Names(keys.iter().map(|(n, _)| n.as_str()).collect()));
+        fn names(keys: &[(String, String)]) -> Names<'_> {
+            Names(keys.iter().map(|(n, _)| n.as_str()).collect())
+        }
         f.debug_struct("Secrets")
             .field("llm_keys", &Names(self.llm_keys.keys().map(String::as_str).collect()))
             .field("worker_secrets", &Names(self.worker_secrets.keys().map(String::as_str).collect()))
-            .field("api_keys", &api_keys)
+            .field("client_keys", &names(self.client_keys()))
+            .field("machine_keys", &names(self.machine_keys()))
+            .field("admin_keys", &names(self.admin_keys()))
+            .field("jwt_secret", &self.jwt_secret().map(|_| "<redacted>"))
             .finish()
     }
 }
@@ -68,11 +85,6 @@ impl fmt::Debug for Names<'_> {
         }
         f.debug_map().entries(self.0.iter().map(|name| (name, Redacted))).finish()
     }
-}
-
-/// Compares two byte strings without stopping at the first difference.
-pub(super) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Parses `name:key,name:key`; messages never show a key.

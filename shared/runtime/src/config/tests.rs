@@ -118,7 +118,10 @@ fn the_demos_commented_examples_parse_once_uncommented() {
     assert!(demo.has_worker());
     assert_eq!(demo.worker_secret_env.as_deref(), Some("DEMO_WORKER_SECRET"));
     assert!(demo.config.retry.is_some());
-    assert_eq!(config.auth, Some(AuthConfig { api_keys_env: "TURNSTONE_API_KEYS".into() }));
+    assert_eq!(
+        config.auth,
+        Some(AuthConfig { api_keys_env: Some("TURNSTONE_API_KEYS".into()), ..AuthConfig::default() })
+    );
 }
 
 #[test]
@@ -212,7 +215,10 @@ fn a_full_example_parses_to_every_field() {
     assert_eq!(helper.config, AgentConfig::new("gpt-4o-mini"));
     assert_eq!(helper.llm_for(&config), Some("openai"));
     assert!(!helper.has_worker());
-    assert_eq!(config.auth, Some(AuthConfig { api_keys_env: "TURNSTONE_API_KEYS".into() }));
+    assert_eq!(
+        config.auth,
+        Some(AuthConfig { api_keys_env: Some("TURNSTONE_API_KEYS".into()), ..AuthConfig::default() })
+    );
 }
 
 #[test]
@@ -291,7 +297,8 @@ fn unknown_keys_are_named_where_they_are() {
     assert_eq!(
         err("[auth]\napi_keys = \"x\"\n"),
         "turnstone.toml:2:1: auth.api_keys: unknown key \"api_keys\" (did you mean \"api_keys_env\"?); \
-         expected one of: api_keys_env"
+         expected one of: api_keys_env, machine_keys_env, admin_keys_env, jwt_secret_env, jwt_issuer, \
+         jwt_audience, jwt_metadata_claims, machines"
     );
 }
 
@@ -507,11 +514,19 @@ fn secrets_resolve_from_the_environment() {
     assert_eq!(secrets.worker_secret("main"), Some("whsec-main"));
     assert_eq!(secrets.worker_secret("helper"), None);
     assert!(secrets.auth_enabled());
-    assert_eq!(secrets.api_key_names().collect::<Vec<_>>(), ["alice", "ci"]);
-    assert_eq!(secrets.authenticate("key-ci-2"), Some("ci"));
-    assert_eq!(secrets.authenticate("key-alice-1"), Some("alice"));
-    assert_eq!(secrets.authenticate("key-alice-"), None);
-    assert_eq!(secrets.authenticate(""), None);
+    let names: Vec<&str> = secrets.client_keys().iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(names, ["alice", "ci"]);
+    let auth = crate::auth::Authenticator::new(config.auth.as_ref(), &secrets).unwrap();
+    let client = |name: &str| {
+        Ok(crate::auth::Caller::Client(turnstone_engine::protocol::WorkerIdentity {
+            id: Some(name.to_owned()),
+            metadata: None,
+        }))
+    };
+    assert_eq!(auth.authenticate(Some("Bearer key-ci-2")), client("ci"));
+    assert_eq!(auth.authenticate(Some("Bearer key-alice-1")), client("alice"));
+    assert_eq!(auth.authenticate(Some("Bearer key-alice-")), Err(crate::auth::AuthError::Invalid));
+    assert_eq!(auth.authenticate(Some("Bearer ")), Err(crate::auth::AuthError::Missing));
 
     let debug = format!("{secrets:?}");
     for (_, value) in ALL_SET {
@@ -524,7 +539,8 @@ fn secrets_resolve_from_the_environment() {
     assert_eq!(
         debug,
         "Secrets { llm_keys: {\"claude\": <redacted>, \"openai\": <redacted>}, \
-         worker_secrets: {\"main\": <redacted>}, api_keys: Some({\"alice\": <redacted>, \"ci\": <redacted>}) }"
+         worker_secrets: {\"main\": <redacted>}, client_keys: {\"alice\": <redacted>, \"ci\": <redacted>}, \
+         machine_keys: {}, admin_keys: {}, jwt_secret: None }"
     );
 }
 
@@ -622,4 +638,49 @@ fn positions_count_characters() {
     assert_eq!(position("é = 1", 2), Position { line: 1, column: 2 });
     assert_eq!(position("é", 1), Position { line: 1, column: 1 });
     assert_eq!(position("", 10), Position { line: 1, column: 1 });
+}
+
+#[test]
+fn auth_settings_are_checked_where_they_are() {
+    let agents = "[agent.demo]\nmodel = \"m\"\n";
+    assert_eq!(
+        err(&with_llm(&format!("{agents}[auth]\njwt_issuer = \"x\"\n"))),
+        "turnstone.toml:6:2: auth: names no keys: set api_keys_env, jwt_secret_env, machine_keys_env or \
+         admin_keys_env (or leave [auth] out for an open loopback host)"
+    );
+    assert_eq!(
+        err(&with_llm(&format!("{agents}[auth]\napi_keys_env = \"K\"\njwt_audience = \"x\"\n"))),
+        "turnstone.toml:8:1: auth.jwt_audience: needs jwt_secret_env"
+    );
+    assert_eq!(
+        err(&with_llm(&format!(
+            "{agents}[auth]\nmachine_keys_env = \"M\"\n[auth.machines]\nw = [\"demo\", \"nope\"]\n"
+        ))),
+        "turnstone.toml:9:1: auth.machines.w: unknown agent \"nope\" (defined: demo)"
+    );
+    assert_eq!(
+        err(&with_llm(&format!("{agents}[auth]\napi_keys_env = \"K\"\n[auth.machines]\nw = [\"*\"]\n"))),
+        "turnstone.toml:8:7: auth.machines: needs machine_keys_env"
+    );
+}
+
+#[test]
+fn auth_keys_are_each_their_own_and_machines_serve_agents() {
+    let text = with_llm(
+        "[agent.demo]\nmodel = \"m\"\n[auth]\napi_keys_env = \"K\"\nmachine_keys_env = \"M\"\n\
+         [auth.machines]\nw1 = [\"demo\"]\n",
+    );
+    let config = Config::parse(&text, "t.toml").unwrap();
+    let fail = |vars: &[(&str, &str)]| config.resolve_secrets(env(vars)).unwrap_err().to_string();
+    assert_eq!(
+        fail(&[("K", "alice:same"), ("M", "w1:same")]),
+        "t.toml: auth: keys \"alice\" and \"w1\" are the same key; every key must be its own"
+    );
+    assert_eq!(
+        fail(&[("K", "alice:a"), ("M", "w1:m1,w2:m2")]),
+        "t.toml: auth.machines: machine key \"w2\" serves no agent: add `w2 = [\"<agent>\", ...]` (or [\"*\"])"
+    );
+    let secrets = config.resolve_secrets(env(&[("K", "alice:a"), ("M", "w1:m1")])).unwrap();
+    assert_eq!(secrets.machine_keys(), [("w1".to_owned(), "m1".to_owned())]);
+    assert!(!format!("{secrets:?}").contains("m1"), "Debug shows no key");
 }

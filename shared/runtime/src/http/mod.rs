@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use turnstone_engine::ids::{SessionId, TurnId};
-use turnstone_engine::protocol::{Action, ClientInput, WorkerIdentity, parse_slice};
-use turnstone_engine::session::{Command, Event};
+use turnstone_engine::protocol::{Action, ClientInput, parse_slice};
+use turnstone_engine::session::{Command, Event, Session};
 
 pub use crate::api::ApiError;
 
@@ -24,6 +24,7 @@ use crate::api::{
     ActivePath, CancelRequest, Cancelled, EventPage, SessionPage, SessionSummary, Settled, Submitted, Turn,
 };
 use crate::app::App;
+use crate::auth::{Access, AuthError, Authenticator, Caller, Listing};
 use crate::hub::Notice;
 use crate::store::SessionFilter;
 
@@ -32,8 +33,9 @@ use crate::store::SessionFilter;
 pub struct HttpConfig {
     /// Request bodies over this many bytes get 413.
     pub max_body_bytes: usize,
-    /// The API keys (with their owners' names); `None`: no authentication.
-    pub auth: Option<Arc<crate::config::Secrets>>,
+    /// Who may call, and what they may do; `None`: no authentication (every caller may do
+    /// everything).
+    pub auth: Option<Arc<Authenticator>>,
 }
 
 impl Default for HttpConfig {
@@ -69,23 +71,24 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
         .with_state(state)
 }
 
-/// Checks the bearer key, if keys are configured; returns the owner.
-fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<WorkerIdentity, ApiError> {
-    let Some(secrets) = state.config.auth.as_ref().filter(|s| s.auth_enabled()) else {
-        return Ok(WorkerIdentity::default());
-    };
-    let presented = headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    match secrets.authenticate(presented) {
-        Some(name) => Ok(WorkerIdentity { id: Some(name.to_owned()), metadata: None }),
-        None => Err(ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid API key is required (Authorization: Bearer <key>)",
-        )),
+/// The caller, by its bearer token when `[auth]` is configured: 401 without a valid one.
+fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let Some(auth) = state.config.auth.as_ref() else { return Ok(Caller::Anyone) };
+    let header = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    auth.authenticate(header).map_err(|e| {
+        let code = if e == AuthError::Expired { "token_expired" } else { "unauthorized" };
+        ApiError::new(StatusCode::UNAUTHORIZED, code, e.to_string())
+    })
+}
+
+/// The session `id`, if it exists and `caller` may `access` it; otherwise 404, the same
+/// answer as for a session that does not exist, so other callers' ids do not leak.
+async fn reachable(state: &AppState, caller: &Caller, id: &str, access: Access) -> Result<Session, ApiError> {
+    let session = state.app.session(id).await?;
+    if caller.may(access, &session) {
+        Ok(session)
+    } else {
+        Err(crate::error::Error::SessionNotFound(id.to_owned()).into())
     }
 }
 
@@ -131,10 +134,10 @@ async fn submit(
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let owner = authenticate(&state, &headers)?;
+    let caller = authenticate(&state, &headers)?;
     check_id(&id)?;
     let input: ClientInput = body(&state, &bytes)?;
-    let submitted: Submitted = state.app.submit(&id, input, query.queue, owner).await?;
+    let submitted: Submitted = state.app.submit(&id, input, query.queue, &caller).await?;
     Ok((StatusCode::ACCEPTED, Json(submitted)).into_response())
 }
 
@@ -144,9 +147,9 @@ async fn settle(
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers)?;
+    let caller = authenticate(&state, &headers)?;
     let action: Action = body(&state, &bytes)?;
-    state.app.command(&id, Command::Settle { action }).await?;
+    state.app.command_as(&id, &caller, Access::Settle, Command::Settle { action }).await?;
     Ok((StatusCode::ACCEPTED, Json(Settled { session_id: id })).into_response())
 }
 
@@ -156,11 +159,11 @@ async fn cancel(
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers)?;
+    let caller = authenticate(&state, &headers)?;
     let empty = bytes.as_ref().is_ok_and(Bytes::is_empty);
     let request: CancelRequest = if empty { CancelRequest::default() } else { body(&state, &bytes)? };
     let reason = request.reason.unwrap_or_else(|| "cancelled by the client".to_owned());
-    let executed = state.app.command(&id, Command::Cancel { reason }).await?;
+    let executed = state.app.command_as(&id, &caller, Access::Drive, Command::Cancel { reason }).await?;
     let turn_id = executed.events.iter().find_map(|e| match e {
         Event::TurnEnded { turn_id, .. } => Some(turn_id.clone()),
         _ => None,
@@ -173,8 +176,8 @@ async fn session_summary(
     Path(id): Path<SessionId>,
     headers: HeaderMap,
 ) -> Result<Json<SessionSummary>, ApiError> {
-    authenticate(&state, &headers)?;
-    let session = state.app.session(&id).await?;
+    let caller = authenticate(&state, &headers)?;
+    let session = reachable(&state, &caller, &id, Access::Read).await?;
     Ok(Json(SessionSummary::of(&session)))
 }
 
@@ -190,8 +193,8 @@ async fn messages(
     Query(query): Query<MessagesQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authenticate(&state, &headers)?;
-    let session = state.app.session(&id).await?;
+    let caller = authenticate(&state, &headers)?;
+    let session = reachable(&state, &caller, &id, Access::Read).await?;
     if matches!(query.tree.as_deref(), Some("1" | "true")) {
         return Ok(Json(session.tree().to_wire()).into_response());
     }
@@ -214,7 +217,8 @@ async fn turn(
     Query(query): Query<TurnQuery>,
     headers: HeaderMap,
 ) -> Result<Json<Turn>, ApiError> {
-    authenticate(&state, &headers)?;
+    let caller = authenticate(&state, &headers)?;
+    reachable(&state, &caller, &id, Access::Read).await?;
     let wait = Duration::from_secs_f64(query.wait.unwrap_or(0.0).clamp(0.0, MAX_WAIT_SECS));
     let deadline = tokio::time::Instant::now() + wait;
     // Subscribe before reading, so a commit between the two is not missed.
@@ -253,8 +257,8 @@ async fn events(
     Query(query): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Json<EventPage>, ApiError> {
-    authenticate(&state, &headers)?;
-    state.app.session(&id).await?;
+    let caller = authenticate(&state, &headers)?;
+    reachable(&state, &caller, &id, Access::Read).await?;
     let limit = query.limit.unwrap_or(500).clamp(1, 1000);
     let events =
         state.app.store().events_after(&id, query.after, limit).await.map_err(crate::error::Error::from)?;
@@ -279,9 +283,19 @@ async fn list_sessions(
     Query(query): Query<ListQuery>,
     headers: HeaderMap,
 ) -> Result<Json<SessionPage>, ApiError> {
-    let who = authenticate(&state, &headers)?;
-    // With authentication on, a caller lists only its own sessions.
-    let owner = who.id.or(query.owner);
+    let caller = authenticate(&state, &headers)?;
+    // With authentication on, a client lists only its own sessions; an admin any owner's.
+    let owner = match caller.listing() {
+        Listing::OwnedBy(me) => Some(me),
+        Listing::Any => query.owner,
+        Listing::Nothing => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "a machine key may only settle calls (POST /v1/sessions/{id}/calls/settle)",
+            ));
+        }
+    };
     let filter = SessionFilter { agent_id: query.agent, owner };
     let limit = query.limit.unwrap_or(50).clamp(1, 500);
     let page = state

@@ -19,7 +19,8 @@ use tokio::sync::{broadcast, mpsc};
 use turnstone_engine::ids::{CallId, SessionId};
 use turnstone_engine::protocol::StreamDelta;
 
-use super::{ApiError, AppState, authenticate};
+use super::{ApiError, AppState, authenticate, reachable};
+use crate::auth::Access;
 use crate::hub::Notice;
 
 /// How long deltas are gathered into one event.
@@ -41,8 +42,8 @@ pub(super) async fn stream(
     Query(query): Query<StreamQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    authenticate(&state, &headers)?;
-    state.app.session(&id).await?;
+    let caller = authenticate(&state, &headers)?;
+    reachable(&state, &caller, &id, Access::Read).await?;
     let resume =
         headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     let after = resume.or(query.after).unwrap_or(0);

@@ -1,0 +1,247 @@
+//! Who is calling, and what they may do to a session.
+//!
+//! With `[auth]` configured, every request presents `Authorization: Bearer <token>`, and the
+//! token is one of:
+//! - a **client key** (`api_keys_env`) or an **HS256 JWT** (`jwt_secret_env`, `sub` is the
+//!   identity, `exp` required, `iss`/`aud` checked when configured): a client, which owns the
+//!   sessions it creates and can reach no other;
+//! - a **machine key** (`machine_keys_env`): a worker, which may only settle calls
+//!   (`calls/settle`) of sessions whose agent it serves (`[auth.machines]`);
+//! - an **admin key** (`admin_keys_env`): may read every session, and owns what it creates.
+//!
+//! A session the caller may not reach answers exactly as one that does not exist (404
+//! `session_not_found`), so ids do not leak. Without `[auth]` (loopback development) every
+//! caller may do everything, and sessions have no owner. Keys are compared in constant time.
+
+use std::collections::BTreeMap;
+
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde_json::Value;
+use turnstone_engine::protocol::WorkerIdentity;
+use turnstone_engine::session::Session;
+
+use crate::config::{AuthConfig, Secrets};
+
+/// A verified caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// No `[auth]`: everything is allowed, sessions have no owner.
+    Anyone,
+    /// A client (API key or JWT): owns the sessions it creates.
+    Client(WorkerIdentity),
+    /// A worker's machine key: settles calls of the agents it serves.
+    Machine { name: String, agents: AgentScope },
+    /// An admin key: reads every session.
+    Admin { name: String },
+}
+
+/// The agents a machine key serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentScope {
+    /// `"*"`: every agent.
+    All,
+    Only(Vec<String>),
+}
+
+impl AgentScope {
+    fn serves(&self, agent_id: &str) -> bool {
+        match self {
+            AgentScope::All => true,
+            AgentScope::Only(agents) => agents.iter().any(|a| a == agent_id),
+        }
+    }
+}
+
+/// Which sessions a caller may list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listing {
+    /// Every session (optionally filtered by `?owner=`).
+    Any,
+    /// Only those this identity owns.
+    OwnedBy(String),
+    /// None: the caller is not a client.
+    Nothing,
+}
+
+/// What a request does to a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Summary, messages, turns, events, the event stream.
+    Read,
+    /// Inputs and cancel.
+    Drive,
+    /// `calls/settle`.
+    Settle,
+}
+
+impl Caller {
+    /// The identity that owns a session this caller creates; `None` for callers that cannot
+    /// create sessions (machines).
+    pub fn owner(&self) -> Option<WorkerIdentity> {
+        match self {
+            Caller::Anyone => Some(WorkerIdentity::default()),
+            Caller::Client(identity) => Some(identity.clone()),
+            Caller::Admin { name } => Some(WorkerIdentity { id: Some(name.clone()), metadata: None }),
+            Caller::Machine { .. } => None,
+        }
+    }
+
+    /// Whether this caller may `access` `session` (which exists).
+    pub fn may(&self, access: Access, session: &Session) -> bool {
+        let owns = || self.owner().is_some_and(|me| me.id.is_some() && me.id == session.identity().id);
+        match self {
+            Caller::Anyone => true,
+            Caller::Client(_) => owns(),
+            Caller::Admin { .. } => access == Access::Read || owns(),
+            Caller::Machine { agents, .. } => access == Access::Settle && agents.serves(session.agent_id()),
+        }
+    }
+
+    /// Whose sessions `GET /v1/sessions` lists for this caller.
+    pub fn listing(&self) -> Listing {
+        match self {
+            Caller::Anyone | Caller::Admin { .. } => Listing::Any,
+            Caller::Client(identity) => identity.id.clone().map_or(Listing::Nothing, Listing::OwnedBy),
+            Caller::Machine { .. } => Listing::Nothing,
+        }
+    }
+}
+
+/// Why a request is not authenticated. The text is safe to show: it never echoes the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("a valid API key or token is required (Authorization: Bearer <key>)")]
+    Missing,
+    #[error("the API key or token is not valid")]
+    Invalid,
+    #[error("the token has expired")]
+    Expired,
+}
+
+/// Checks bearer tokens against the configured keys and JWT settings.
+pub struct Authenticator {
+    clients: Vec<(String, String)>,
+    machines: Vec<(String, String, AgentScope)>,
+    admins: Vec<(String, String)>,
+    jwt: Option<Jwt>,
+}
+
+struct Jwt {
+    key: DecodingKey,
+    validation: Validation,
+    metadata_claims: Vec<String>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("clients", &self.clients.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .field("machines", &self.machines.iter().map(|(n, _, _)| n).collect::<Vec<_>>())
+            .field("admins", &self.admins.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .field("jwt", &self.jwt.is_some())
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// The authenticator `[auth]` describes, with the keys `secrets` read; `None` without
+    /// `[auth]` (every caller is [`Caller::Anyone`]).
+    pub fn new(auth: Option<&AuthConfig>, secrets: &Secrets) -> Option<Self> {
+        let auth = auth?;
+        let scope = |name: &str| match auth.machines.get(name) {
+            Some(agents) if agents.iter().any(|a| a == "*") => AgentScope::All,
+            Some(agents) => AgentScope::Only(agents.clone()),
+            None => AgentScope::Only(Vec::new()),
+        };
+        let jwt = secrets.jwt_secret().map(|secret| {
+            let mut validation = Validation::new(Algorithm::HS256);
+            validation.leeway = 30;
+            validation.set_required_spec_claims(&["exp", "sub"]);
+            if let Some(issuer) = &auth.jwt_issuer {
+                validation.set_issuer(&[issuer]);
+            }
+            match &auth.jwt_audience {
+                Some(audience) => validation.set_audience(&[audience]),
+                None => validation.validate_aud = false,
+            }
+            Jwt {
+                key: DecodingKey::from_secret(secret.as_bytes()),
+                validation,
+                metadata_claims: auth.jwt_metadata_claims.clone(),
+            }
+        });
+        Some(Authenticator {
+            clients: secrets.client_keys().to_vec(),
+            machines: secrets.machine_keys().iter().map(|(n, k)| (n.clone(), k.clone(), scope(n))).collect(),
+            admins: secrets.admin_keys().to_vec(),
+            jwt,
+        })
+    }
+
+    /// The caller presenting `authorization` (the header's value, if any).
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, AuthError> {
+        let token = authorization
+            .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(AuthError::Missing)?;
+        // Every key is compared, whatever matched first, so timing does not tell which list or
+        // which position holds a key.
+        let mut found: Option<Caller> = None;
+        for (name, key) in &self.clients {
+            if constant_time_eq(key.as_bytes(), token.as_bytes()) && found.is_none() {
+                found = Some(Caller::Client(WorkerIdentity { id: Some(name.clone()), metadata: None }));
+            }
+        }
+        for (name, key, agents) in &self.machines {
+            if constant_time_eq(key.as_bytes(), token.as_bytes()) && found.is_none() {
+                found = Some(Caller::Machine { name: name.clone(), agents: agents.clone() });
+            }
+        }
+        for (name, key) in &self.admins {
+            if constant_time_eq(key.as_bytes(), token.as_bytes()) && found.is_none() {
+                found = Some(Caller::Admin { name: name.clone() });
+            }
+        }
+        if let Some(caller) = found {
+            return Ok(caller);
+        }
+        match &self.jwt {
+            Some(jwt) if token.split('.').count() == 3 => jwt.verify(token),
+            _ => Err(AuthError::Invalid),
+        }
+    }
+}
+
+impl Jwt {
+    fn verify(&self, token: &str) -> Result<Caller, AuthError> {
+        use jsonwebtoken::errors::ErrorKind;
+        let claims = jsonwebtoken::decode::<BTreeMap<String, Value>>(token, &self.key, &self.validation)
+            .map_err(|e| match e.kind() {
+                ErrorKind::ExpiredSignature => AuthError::Expired,
+                _ => AuthError::Invalid,
+            })?
+            .claims;
+        let sub =
+            claims.get("sub").and_then(Value::as_str).filter(|s| !s.is_empty()).ok_or(AuthError::Invalid)?;
+        let metadata: BTreeMap<String, String> = self
+            .metadata_claims
+            .iter()
+            .filter_map(|name| {
+                let value = match claims.get(name)? {
+                    Value::String(text) => text.clone(),
+                    Value::Null => return None,
+                    other => other.to_string(),
+                };
+                Some((name.clone(), value))
+            })
+            .collect();
+        let metadata = (!metadata.is_empty()).then_some(metadata);
+        Ok(Caller::Client(WorkerIdentity { id: Some(sub.to_owned()), metadata }))
+    }
+}
+
+/// Compares two byte strings without stopping at the first difference.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
