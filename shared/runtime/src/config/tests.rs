@@ -118,10 +118,10 @@ fn the_demos_commented_examples_parse_once_uncommented() {
     assert!(demo.has_worker());
     assert_eq!(demo.worker_secret_env.as_deref(), Some("DEMO_WORKER_SECRET"));
     assert!(demo.config.retry.is_some());
-    assert_eq!(
-        config.auth,
-        Some(AuthConfig { api_keys_env: Some("TURNSTONE_API_KEYS".into()), ..AuthConfig::default() })
-    );
+    let auth = config.auth.unwrap();
+    assert_eq!(auth.api_keys_env.as_deref(), Some("TURNSTONE_API_KEYS"));
+    assert_eq!(auth.jwt_secret_env.as_deref(), Some("TURNSTONE_JWT_SECRET"));
+    assert_eq!(auth.machines, BTreeMap::from([("billing_worker".to_owned(), vec!["demo".to_owned()])]));
 }
 
 #[test]
