@@ -1106,3 +1106,27 @@ async fn old_turns_are_answered_from_the_log() {
     assert_eq!(host.summary("s-old").await.last_seq, last_seq);
     host.stop().await;
 }
+
+/// Prices in `[llm.<id>.prices]` give every call of a priced model its cost from the tokens
+/// the provider reports (a model name takes the prices of the longest priced name it starts
+/// with); the session's and the turn's cost add up exactly.
+#[tokio::test(flavor = "multi_thread")]
+async fn priced_models_give_calls_their_cost() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::text("one").usage(1000, 200));
+    openai.push(Reply::text("two").usage(3, 1));
+    let agents = "[agent.paid]\nmodel = \"gpt-fake\"\nllm = \"fake\"\n";
+    let prices = "prices.\"gpt\" = { input = 1.0, output = 1.0 }\n\
+                  prices.\"gpt-fake\" = { input = 2.5, output = 10.0 }\n";
+    let text = config(&openai, agents).replace("\n\n[agent.paid]", &format!("\n{prices}\n[agent.paid]"));
+    let (host, _dir) = host(&text).await;
+    let first = host.submit_ok("s-paid", &message_as("paid", "a", "t1")).await;
+    let turn = host.wait_turn("s-paid", &first).await;
+    // 1000 * 2.5 + 200 * 10 = 4500 dollars per million tokens.
+    assert_eq!(turn.usage.cost(), "0.0045", "{turn:?}");
+    let second = host.submit_ok("s-paid", &message_as("paid", "b", "t2")).await;
+    host.wait_turn("s-paid", &second).await;
+    // + 3 * 2.5 + 1 * 10 = 17.5 per million.
+    assert_eq!(host.summary("s-paid").await.usage.cost, "0.0045175");
+    host.stop().await;
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::app::AgentRuntime;
 use crate::config::{Config, Secrets};
+use crate::llm::pricing::{ModelPrices, Priced};
 use crate::llm::{ModelProvider, ProviderSetupError, provider_for};
 use crate::worker::WorkerEndpoint;
 
@@ -28,6 +29,22 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
         let key = secrets.llm_api_key(id).map(str::to_owned);
         let provider = provider_for(llm.kind.provider_kind(), llm.base_url.as_deref(), key)
             .map_err(|source| SetupError { file: config.file.clone(), llm: id.clone(), source })?;
+        let provider = match llm.kind.format() {
+            Some(format) if !llm.prices.is_empty() => {
+                let prices = llm
+                    .prices
+                    .iter()
+                    .map(|(model, p)| {
+                        (
+                            model.clone(),
+                            ModelPrices::per_million(p.input, p.output, p.cache_read, p.cache_write),
+                        )
+                    })
+                    .collect();
+                Arc::new(Priced::new(provider, format, prices)) as Arc<dyn ModelProvider>
+            }
+            _ => provider,
+        };
         providers.insert(id, provider);
     }
     Ok(config

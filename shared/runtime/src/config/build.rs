@@ -138,6 +138,27 @@ pub(super) fn check_llm(id: &str, llm: &LlmConfig, problems: &mut Problems<'_>) 
             check_env_name(var, at("api_key_env"), problems);
         }
     }
+    if llm.kind == LlmKind::Scripted && !llm.prices.is_empty() {
+        problems.add(at("prices"), "the scripted model is free: it takes no prices");
+    }
+    for (model, price) in &llm.prices {
+        let fields = [
+            ("input", Some(price.input)),
+            ("output", Some(price.output)),
+            ("cache_read", price.cache_read),
+            ("cache_write", price.cache_write),
+        ];
+        for (field, value) in fields {
+            if let Some(value) = value
+                && !(value.is_finite() && (0.0..=1e6).contains(&value))
+            {
+                problems.add(
+                    path(&["llm", id, "prices", model, field]),
+                    "must be a price in dollars per million tokens, from 0 to 1000000",
+                );
+            }
+        }
+    }
 }
 
 pub(super) fn build_agent(

@@ -15,6 +15,7 @@
 //! type = "openai"               # openai | anthropic | scripted
 //! base_url = "https://api.openai.com/v1"  # optional: the provider's public API
 //! api_key_env = "OPENAI_API_KEY"          # the NAME of the variable holding the key
+//! prices."gpt-4o" = { input = 2.5, output = 10.0, cache_read = 1.25 }  # $ per million tokens
 //!
 //! [agent.demo]                  # the seed's AgentConfig fields, plus:
 //! model = "gpt-4o"
@@ -108,7 +109,7 @@ impl Default for ServerConfig {
 }
 
 /// A model provider the engine calls for server LLM calls (`[llm.<id>]`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmConfig {
     /// The provider's wire protocol (`type`).
@@ -120,6 +121,24 @@ pub struct LlmConfig {
     /// The name of the environment variable holding the API key; `None`: no key is sent.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// Prices by model name (a model the provider answers as `gpt-4o-2024-08-06` takes the
+    /// prices of `gpt-4o`), so calls get a cost; models without prices cost nothing.
+    #[serde(default)]
+    pub prices: BTreeMap<String, PriceConfig>,
+}
+
+/// A model's prices in dollars per million tokens (`[llm.<id>.prices."<model>"]`).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    pub input: f64,
+    pub output: f64,
+    /// Cached input read back (OpenAI cached tokens, Anthropic cache reads); default `input`.
+    #[serde(default)]
+    pub cache_read: Option<f64>,
+    /// Input written to the cache (Anthropic); default `input`.
+    #[serde(default)]
+    pub cache_write: Option<f64>,
 }
 
 /// The kinds of model provider, by their `type` name.
@@ -135,6 +154,15 @@ pub enum LlmKind {
 }
 
 impl LlmKind {
+    /// The wire format of an HTTP provider; `None` for the scripted model.
+    pub fn format(self) -> Option<turnstone_engine::protocol::LlmFormat> {
+        match self {
+            LlmKind::Openai => Some(turnstone_engine::protocol::LlmFormat::Openai),
+            LlmKind::Anthropic => Some(turnstone_engine::protocol::LlmFormat::Anthropic),
+            LlmKind::Scripted => None,
+        }
+    }
+
     /// The `type` name.
     pub fn name(self) -> &'static str {
         match self {

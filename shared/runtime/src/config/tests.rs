@@ -155,11 +155,17 @@ fn a_full_example_parses_to_every_field() {
             kind: LlmKind::Openai,
             base_url: Some("http://localhost:11434/v1".into()),
             api_key_env: Some("OPENAI_API_KEY".into()),
+            prices: BTreeMap::new(),
         }
     );
     assert_eq!(
         config.llms["claude"],
-        LlmConfig { kind: LlmKind::Anthropic, base_url: None, api_key_env: Some("ANTHROPIC_API_KEY".into()) }
+        LlmConfig {
+            kind: LlmKind::Anthropic,
+            base_url: None,
+            api_key_env: Some("ANTHROPIC_API_KEY".into()),
+            prices: BTreeMap::new()
+        }
     );
     assert_eq!(config.llms["claude"].kind.provider_kind(), crate::llm::ProviderKind::Anthropic);
 
@@ -683,4 +689,27 @@ fn auth_keys_are_each_their_own_and_machines_serve_agents() {
     let secrets = config.resolve_secrets(env(&[("K", "alice:a"), ("M", "w1:m1")])).unwrap();
     assert_eq!(secrets.machine_keys(), [("w1".to_owned(), "m1".to_owned())]);
     assert!(!format!("{secrets:?}").contains("m1"), "Debug shows no key");
+}
+
+#[test]
+fn prices_are_dollars_per_million_tokens_of_http_providers() {
+    let config = Config::parse(
+        "[llm.o]\ntype = \"openai\"\nprices.\"gpt-4o\" = { input = 2.5, output = 10.0, cache_read = 1.25 }\n",
+        "t.toml",
+    )
+    .unwrap();
+    let price = config.llms["o"].prices["gpt-4o"];
+    assert_eq!(
+        (price.input, price.output, price.cache_read, price.cache_write),
+        (2.5, 10.0, Some(1.25), None)
+    );
+    assert_eq!(
+        err("[llm.o]\ntype = \"openai\"\nprices.\"gpt-4o\" = { input = -1.0, output = 10.0 }\n"),
+        "turnstone.toml:3:21: llm.o.prices.gpt-4o.input: must be a price in dollars per million tokens, \
+         from 0 to 1000000"
+    );
+    assert_eq!(
+        err("[llm.s]\ntype = \"scripted\"\nprices.m = { input = 1.0, output = 1.0 }\n"),
+        "turnstone.toml:3:1: llm.s.prices: the scripted model is free: it takes no prices"
+    );
 }

@@ -20,6 +20,7 @@ pub mod anthropic;
 pub mod error;
 mod http;
 pub mod openai;
+pub mod pricing;
 pub mod provider;
 pub mod scripted;
 
