@@ -294,7 +294,7 @@ fn unknown_keys_are_named_where_they_are() {
     assert_eq!(
         err("[llm.openai]\ntype = \"openai\"\napi_key = \"x\"\n"),
         "turnstone.toml:3:1: llm.openai.api_key: unknown key \"api_key\" (did you mean \"api_key_env\"?); \
-         expected one of: type, base_url, api_key_env"
+         expected one of: type, base_url, api_key_env, prices"
     );
     assert_eq!(
         err("[server]\nport = 8787\n"),
