@@ -24,7 +24,7 @@ impl Tx {
     ) {
         if let Err(problem) = self.validate_response(decision, &response) {
             let who = if by == Resolver::Worker { "invalid_response" } else { "invalid proposal" };
-            self.fail_decision(decision, format!("{who}: {problem}"));
+            self.fail_decision(decision, format!("{who}: {problem}"), false);
             return;
         }
         let start = base.as_ref().and_then(|b| b.head.as_ref());
@@ -94,7 +94,9 @@ impl Tx {
         } else {
             format!("model call {} was refused", finished.id)
         };
-        self.end_turn(&turn_id, TurnStatus::Failed, None, Some(error));
+        // Transient: the call ran out of time or was rate limited (after its own retries).
+        let transient = matches!(finished.code, Some(ErrorCode::RateLimited | ErrorCode::DeadlineExceeded));
+        self.end_turn(&turn_id, TurnStatus::Failed, None, Some(error), !finished.ok && transient);
     }
 
     /// Checks what the types cannot, so an invalid response writes nothing.
@@ -107,14 +109,8 @@ impl Tx {
             config.validate().map_err(|e| ProtocolError::new(format!("agent.{}", e.path), e.message))?;
         }
         let agent = response.agent.as_ref().or(self.session.current_agent());
-        let spawned: Vec<&SessionId> = response
-            .actions()
-            .iter()
-            .filter_map(|a| match a {
-                Action::SubAgentSpawn(s) => Some(&s.session_id),
-                _ => None,
-            })
-            .collect();
+        // Children spawned by earlier actions of this response, with their tool calls.
+        let mut spawned: Vec<(&SessionId, &CallId)> = Vec::new();
         for (i, action) in response.actions().iter().enumerate() {
             let at =
                 |field: &str, message: String| ProtocolError::new(format!("actions[{i}].{field}"), message);
@@ -150,13 +146,20 @@ impl Tx {
                     }
                 }
                 Action::MessageSend(a) => {
-                    let child = self.session.calls.iter().any(|c| {
-                        matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id)
+                    // A child: spawned by an earlier response (its delegation still open) or by
+                    // an earlier action of this one.
+                    let open = self.session.calls.iter().any(|c| {
+                        !c.is_settled()
+                            && matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id)
                     });
-                    if !child && !spawned.contains(&&a.session_id) {
+                    if !open && !spawned.iter().any(|(s, _)| **s == a.session_id) {
                         return Err(at(
                             "session_id",
-                            format!("{:?} is not a sub-agent session of this session", a.session_id),
+                            format!(
+                                "{:?} is not a child of this session: message.send reaches only a session \
+                                 spawned by an earlier sub_agent.spawn whose delegation is still open",
+                                a.session_id
+                            ),
                         ));
                     }
                 }
@@ -167,9 +170,36 @@ impl Tx {
                     if a.session_id == self.session.id || self.session.ancestry().contains(&a.session_id) {
                         return Err(at(
                             "session_id",
-                            "a sub-agent cannot be this session or one of its ancestors".into(),
+                            format!(
+                                "{:?} is this session or one of its ancestors, which cannot be a sub-agent",
+                                a.session_id
+                            ),
                         ));
                     }
+                    let earlier =
+                        spawned.iter().find(|(s, _)| **s == a.session_id).map(|(_, c)| (*c).clone());
+                    let other = earlier.or_else(|| {
+                        self.session.calls.iter().find_map(|c| match &c.spec {
+                            CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id => {
+                                Some(c.id.clone())
+                            }
+                            _ => None,
+                        })
+                    });
+                    if let Some(other) = other.filter(|c| *c != a.tool_call_id) {
+                        return Err(at(
+                            "session_id",
+                            format!(
+                                "{:?} is already the child of delegation {other:?}: each delegation \
+                                 needs its own session",
+                                a.session_id
+                            ),
+                        ));
+                    }
+                    if let Some(policy) = &a.retry {
+                        policy.validate().map_err(|e| at(&format!("retry.{}", e.path), e.message))?;
+                    }
+                    spawned.push((&a.session_id, &a.tool_call_id));
                 }
                 Action::Interrupt(_) | Action::Done(_) => {}
             }
@@ -331,8 +361,13 @@ impl Tx {
             Action::Done(a) => {
                 let active = self.session.active_turn.clone();
                 match turn_id {
+                    // With interrupts of the turn open, the turn waits for them: `done` takes
+                    // effect when the last is resumed.
+                    Some(t) if active.as_ref() == Some(&t) && self.turn_has_open_interrupts(&t) => {
+                        self.emit(Event::TurnDone { turn_id: t, data: a.data.clone() });
+                    }
                     Some(t) if active.as_ref() == Some(&t) => {
-                        self.end_turn(&t, TurnStatus::Completed, a.data.clone(), None);
+                        self.end_turn(&t, TurnStatus::Completed, a.data.clone(), None, false);
                     }
                     _ => return Err("no active turn to end: this decision is outside its turn".into()),
                 }
