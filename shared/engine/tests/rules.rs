@@ -978,6 +978,25 @@ fn done_with_an_open_interrupt_ends_the_turn_when_the_interrupt_is_resumed() {
 }
 
 #[test]
+fn done_before_an_interrupt_of_the_same_response_waits_for_it_too() {
+    let mut h = worker_in_turn();
+    let i = Action::Interrupt(InterruptAction {
+        interrupt_id: Some("i1".into()),
+        reason: "ok?".into(),
+        payload: None,
+    });
+    h.answer(respond(vec![Action::Done(DoneAction::default()), i]));
+    let turn_id = h.session.active_turn_id().cloned().expect("the turn waits for i1");
+    let resume = submit(
+        ClientInput::InterruptResume(InterruptResumeInput { interrupt_id: "i1".into(), payload: None }),
+        false,
+    );
+    h.exec(resume);
+    assert_eq!(h.session.turn(&turn_id).map(|t| t.status), Some(TurnStatus::Completed));
+    assert!(!h.session.is_paused());
+}
+
+#[test]
 fn done_after_an_interrupt_of_an_earlier_response_waits_for_it_too() {
     let mut h = worker_in_turn();
     let interrupt = |id: &str| {

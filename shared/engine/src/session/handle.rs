@@ -302,15 +302,22 @@ impl Tx {
         let turn_id = interrupt.turn_id;
         self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: turn_id.clone() } });
         // A `done` that waited for the turn's interrupts takes effect with the last resume.
-        if let Some(turn_id) = turn_id
-            && self.session.active_turn.as_ref() == Some(&turn_id)
-            && let Some(turn) = self.session.turns.get(&turn_id).filter(|t| t.done_pending)
-            && !self.turn_has_open_interrupts(&turn_id)
-        {
-            let data = turn.data.clone();
-            self.end_turn(&turn_id, TurnStatus::Completed, data, None, false);
+        if let Some(turn_id) = turn_id {
+            self.complete_if_done(&turn_id);
         }
         Ok(())
+    }
+
+    /// Ends active turn `turn_id`, completed, if its `done` waits and no interrupt of the turn
+    /// is open any more.
+    pub(super) fn complete_if_done(&mut self, turn_id: &TurnId) {
+        if self.session.active_turn.as_ref() == Some(turn_id)
+            && let Some(turn) = self.session.turns.get(turn_id).filter(|t| t.done_pending)
+            && !self.turn_has_open_interrupts(turn_id)
+        {
+            let data = turn.data.clone();
+            self.end_turn(turn_id, TurnStatus::Completed, data, None, false);
+        }
     }
 
     /// Whether interrupts raised in turn `turn_id` are still open.

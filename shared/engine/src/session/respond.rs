@@ -65,9 +65,15 @@ impl Tx {
         }
         let actions = response.actions.unwrap_or_default();
         for (index, action) in actions.iter().enumerate() {
-            if let Err(reason) = self.run_action(decision, index, action) {
+            // `done` followed by an `interrupt` waits for it like one raised before it.
+            let interrupt_follows = actions[index + 1..].iter().any(|a| matches!(a, Action::Interrupt(_)));
+            if let Err(reason) = self.run_action(decision, index, action, interrupt_follows) {
                 self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
             }
+        }
+        if let Some(turn_id) = &decision.turn_id {
+            // A `done` that waited for an interrupt that was not opened after all.
+            self.complete_if_done(turn_id);
         }
         self.end_turn_after_failed_model_call(decision, actions.is_empty());
     }
@@ -258,7 +264,13 @@ impl Tx {
     }
 
     /// Runs one action; `Err` says why it was not carried out.
-    fn run_action(&mut self, decision: &Decision, index: usize, action: &Action) -> Result<(), String> {
+    fn run_action(
+        &mut self,
+        decision: &Decision,
+        index: usize,
+        action: &Action,
+        interrupt_follows: bool,
+    ) -> Result<(), String> {
         let anchor = self.session.tree.head().cloned();
         let turn_id = decision.turn_id.clone();
         match action {
@@ -363,7 +375,10 @@ impl Tx {
                 match turn_id {
                     // With interrupts of the turn open, the turn waits for them: `done` takes
                     // effect when the last is resumed.
-                    Some(t) if active.as_ref() == Some(&t) && self.turn_has_open_interrupts(&t) => {
+                    Some(t)
+                        if active.as_ref() == Some(&t)
+                            && (interrupt_follows || self.turn_has_open_interrupts(&t)) =>
+                    {
                         self.emit(Event::TurnDone { turn_id: t, data: a.data.clone() });
                     }
                     Some(t) if active.as_ref() == Some(&t) => {
