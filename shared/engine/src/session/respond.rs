@@ -152,18 +152,20 @@ impl Tx {
                     }
                 }
                 Action::MessageSend(a) => {
-                    // A child: spawned by an earlier response (its delegation still open) or by
-                    // an earlier action of this one.
+                    // A child: spawned by an earlier response (its delegation not yet reported)
+                    // or by an earlier action of this one. A delegation that settled meanwhile
+                    // (its report still queued) is a child the worker could not know was done:
+                    // the send is ignored (`action.ignored`), not an invalid response.
                     let open = self.session.calls.iter().any(|c| {
-                        !c.is_settled()
-                            && matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id)
+                        matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id)
                     });
                     if !open && !spawned.iter().any(|(s, _)| **s == a.session_id) {
                         return Err(at(
                             "session_id",
                             format!(
                                 "{:?} is not a child of this session: message.send reaches only a session \
-                                 spawned by an earlier sub_agent.spawn whose delegation is still open",
+                                 spawned by an earlier sub_agent.spawn of this session (delegation not yet reported) \
+                                 or an earlier action of this response",
                                 a.session_id
                             ),
                         ));
