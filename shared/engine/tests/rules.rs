@@ -494,8 +494,9 @@ fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
             true,
         ),
     );
-    h.accept();
-    h.exec(message("w", "go"));
+    // Raised outside any turn (at session.start), the interrupt pauses the branch with no
+    // turn running. (Raised in a turn, it keeps the turn open: see
+    // `done_with_an_open_interrupt_ends_the_turn_when_the_interrupt_is_resumed`.)
     let c = Action::ToolCall(ToolCallAction {
         id: Some("c1".into()),
         name: "pick".into(),
@@ -508,7 +509,14 @@ fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
         reason: "wait".into(),
         payload: None,
     });
-    h.answer(respond(vec![c, i, Action::Done(DoneAction::default())]));
+    let req = h.deliver();
+    let mut response = req.proposed.clone();
+    response.actions = Some(vec![c, i]);
+    h.exec(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: req.attempts,
+        response: Box::new(response),
+    });
     assert!(h.session.active_turn_id().is_none() && h.session.is_paused());
     let err = h.try_exec(message("w", "next")).unwrap_err();
     assert_eq!(err, Rejection::BranchPaused { interrupt_ids: vec!["i1".into()] });
@@ -748,4 +756,325 @@ fn the_head_does_not_grow_with_the_number_of_turns() {
     assert!(last <= full + full / 20, "the head grew from {full} to {last} bytes");
     assert_eq!(h.session.past_turn_ids().len(), PAST_TURN_IDS);
     assert!(h.session.closed_calls().len() <= RECENT_CLOSED_CALLS);
+}
+
+// ----- sub-agents reach only their own children --------------------------------------------
+
+fn sid(id: &str) -> turnstone_engine::ids::SessionId {
+    id.into()
+}
+
+fn spawn(session_id: &str, tool_call_id: &str, retry: Option<RetryPolicy>) -> Action {
+    Action::SubAgentSpawn(SubAgentSpawnAction {
+        session_id: session_id.into(),
+        agent_id: "helper".into(),
+        tool_call_id: tool_call_id.into(),
+        retry,
+    })
+}
+
+fn send(session_id: &str, text: &str) -> Action {
+    Action::MessageSend(MessageSendAction {
+        session_id: session_id.into(),
+        message: DraftMessage::user(text),
+    })
+}
+
+/// A worker session `p` with a turn running and a live client.messages decision.
+fn worker_in_turn() -> Harness {
+    let mut h = harness("p", init("w", Some(agent("m")), true));
+    h.accept();
+    h.exec(message("w", "go"));
+    h
+}
+
+fn assert_invalid_response(h: &Harness, path: &str) {
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed, "{turn:?}");
+    let error = turn.error.clone().unwrap();
+    assert!(error.contains(&format!("invalid_response: {path}")), "{error}");
+    assert!(h.session.outbox().is_empty(), "nothing of the response is written: {:?}", h.session.outbox());
+}
+
+#[test]
+fn a_message_send_reaches_only_a_child_spawned_before_it() {
+    // The send comes before its spawn: at that point the session is no child of this one.
+    let mut h = worker_in_turn();
+    h.answer(respond(vec![send("c", "task"), spawn("c", "t1", None)]));
+    assert_invalid_response(&h, "actions[0].session_id");
+    // A session this one never spawned.
+    let mut h = worker_in_turn();
+    h.answer(respond(vec![spawn("c", "t1", None), send("elsewhere", "task")]));
+    assert_invalid_response(&h, "actions[1].session_id");
+}
+
+#[test]
+fn a_spawn_naming_another_delegations_child_or_an_ancestor_is_refused() {
+    let mut h = worker_in_turn();
+    h.answer(respond(vec![spawn("c", "t1", None), spawn("c", "t2", None)]));
+    assert_invalid_response(&h, "actions[1].session_id");
+    // A child spawned by an earlier response, for another tool call.
+    let mut h = worker_in_turn();
+    let action = |name: &str| Command::Submit {
+        input: ClientInput::Action(ClientActionInput {
+            agent_id: "w".into(),
+            turn_id: None,
+            name: name.into(),
+            args: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    };
+    h.answer(respond(vec![spawn("c", "t1", None), send("c", "task")]));
+    h.exec(action("more"));
+    h.answer(respond(vec![spawn("c", "t2", None)]));
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed, "{turn:?}");
+    assert!(turn.error.as_deref().unwrap().contains("invalid_response: actions[0].session_id"), "{turn:?}");
+    // This session itself.
+    let mut h = worker_in_turn();
+    h.answer(respond(vec![spawn("p", "t1", None)]));
+    assert_invalid_response(&h, "actions[0].session_id");
+}
+
+#[test]
+fn a_spawn_the_runtime_refuses_settles_the_delegation_and_the_turn_goes_on() {
+    // The runtime finds the spawn's target exists and is not this session's child: it reports
+    // the failure before the spawn is acknowledged. The delegation settles as a terminal error,
+    // the message for the foreign session is withdrawn, nothing cancels it, the turn goes on.
+    let mut h = worker_in_turn();
+    h.answer(respond(vec![spawn("foreign", "t1", None), send("foreign", "task")]));
+    let (seq, item) = h.session.outbox().iter().next().map(|(s, i)| (*s, i.clone())).unwrap();
+    let Route::Spawn(spawned) = route(h.session.id(), item) else { panic!("a spawn") };
+    // The runtime's check: the existing session is someone else's child (or a top-level one).
+    let foreign = harness("foreign", init("helper", Some(agent("m")), false));
+    let why = spawned.check_existing(&foreign.session).unwrap_err();
+    assert!(why.contains("\"foreign\"") && why.contains("a top-level session"), "{why}");
+    let mut ours = init("helper", Some(agent("m")), false);
+    ours.parent = Some(spawned.parent.clone());
+    assert_eq!(spawned.check_existing(&harness("foreign", ours).session), Ok(()), "a redelivered spawn");
+    let (target, command) =
+        spawned.failed(why.replace("already exists", "exists and is not this session's child"));
+    assert_eq!(target, "p");
+    h.exec(command);
+    h.exec(Command::OutboxDelivered { seq });
+    assert!(h.session.outbox().is_empty(), "{:?}", h.session.outbox());
+    assert_eq!(h.session.active_turn().map(|t| t.status), Some(TurnStatus::Active));
+    let (req, _) = h.accept();
+    let Trigger::SubAgentFinished(f) = &req.trigger else { panic!("{:?}", req.trigger) };
+    assert!(!f.ok && f.error.as_deref().unwrap().contains("not this session's child"), "{f:?}");
+    assert!(matches!(req.proposed.actions(), [Action::LlmCall(_)]), "{:?}", req.proposed);
+    assert_eq!(h.session.calls().len(), 1, "the model is called again");
+}
+
+// ----- sub-agent retries -----------------------------------------------------------------
+
+#[test]
+fn a_delegation_with_retry_resends_the_task_after_a_timeout_or_a_retryable_failure() {
+    let policy = RetryPolicy {
+        timeout_secs: Some(10.0),
+        max_retries: 2,
+        backoff_base_secs: 1.0,
+        backoff_max_secs: 1.0,
+    };
+    let mut world = World::default();
+    let mut helper = agent("m");
+    helper.retry = Some(RetryPolicy::NONE);
+    world.configs.insert("helper".into(), helper);
+    let mut parent = worker_in_turn();
+    parent.answer(respond(vec![spawn("c", "t1", Some(policy)), send("c", "task")]));
+    world.sessions.insert(sid("p"), parent);
+    world.route();
+    assert!(world.sessions[&sid("c")].session.active_turn().is_some());
+    // Attempt 1 times out: the child's turn is cancelled and the task sent again after backoff.
+    world.sessions.get_mut(&sid("p")).unwrap().advance(10_001);
+    let events = world.sessions.get_mut(&sid("p")).unwrap().exec(Command::Tick);
+    assert!(names(&events).contains(&"call.retry_scheduled"), "{:?}", names(&events));
+    world.sessions.get_mut(&sid("p")).unwrap().advance(1_100);
+    world.sessions.get_mut(&sid("p")).unwrap().exec(Command::Tick);
+    let call = world.sessions[&sid("p")].session.call(&"t1".into()).cloned().unwrap();
+    assert_eq!((call.attempt, call.status), (2, CallStatus::Pending));
+    let routed = world.route();
+    assert!(routed.contains(&"p:cancel_child".to_owned()), "{routed:?}");
+    // The cancelled first turn reports back; the parent's attempt 2 does not take it for its own.
+    assert!(routed.contains(&"c:notify_parent".to_owned()), "{routed:?}");
+    let call = world.sessions[&sid("p")].session.call(&"t1".into()).cloned().unwrap();
+    assert_eq!((call.attempt, call.status), (2, CallStatus::Pending));
+    // Attempt 2: the child's model call fails with a retryable error (its own retries are none).
+    let child = world.sessions.get_mut(&sid("c")).unwrap();
+    assert_eq!(child.session.active_turn().map(|t| t.origin), Some(TurnOrigin::Parent));
+    child.fail_llm(CallError {
+        error: "slow down".into(),
+        code: Some(ErrorCode::RateLimited),
+        detail: None,
+        retryable: true,
+    });
+    world.route();
+    let call = world.sessions[&sid("p")].session.call(&"t1".into()).cloned().unwrap();
+    assert_eq!(call.status, CallStatus::RetryScheduled, "{call:?}");
+    world.sessions.get_mut(&sid("p")).unwrap().advance(1_100);
+    world.sessions.get_mut(&sid("p")).unwrap().exec(Command::Tick);
+    world.route();
+    // Attempt 3 succeeds.
+    world.sessions.get_mut(&sid("c")).unwrap().run_llm(reply("found it"));
+    world.route();
+    let child = &world.sessions[&sid("c")];
+    let users = child.path_texts().into_iter().filter(|t| t == "User:task").count();
+    assert_eq!(users, 3, "{:?}", child.path_texts());
+    let (req, _) = world.sessions.get_mut(&sid("p")).unwrap().accept();
+    let Trigger::SubAgentFinished(f) = &req.trigger else { panic!("{:?}", req.trigger) };
+    assert!(f.ok && f.result.as_deref() == Some("found it"), "{f:?}");
+}
+
+#[test]
+fn a_child_failure_that_is_not_retryable_settles_the_delegation_at_once() {
+    let policy =
+        RetryPolicy { timeout_secs: None, max_retries: 3, backoff_base_secs: 1.0, backoff_max_secs: 1.0 };
+    let mut world = World::default();
+    let mut parent = worker_in_turn();
+    parent.answer(respond(vec![spawn("c", "t1", Some(policy)), send("c", "task")]));
+    world.sessions.insert(sid("p"), parent);
+    world.route();
+    let child = world.sessions.get_mut(&sid("c")).unwrap();
+    child.fail_llm(CallError::terminal("bad request"));
+    world.route();
+    let (req, _) = world.sessions.get_mut(&sid("p")).unwrap().accept();
+    let Trigger::SubAgentFinished(f) = &req.trigger else { panic!("{:?}", req.trigger) };
+    assert!(!f.ok && f.error.as_deref().unwrap().contains("bad request"), "{f:?}");
+}
+
+// ----- done with an open interrupt -------------------------------------------------------
+
+#[test]
+fn done_with_an_open_interrupt_ends_the_turn_when_the_interrupt_is_resumed() {
+    let mut h = worker_in_turn();
+    let i = Action::Interrupt(InterruptAction {
+        interrupt_id: Some("i1".into()),
+        reason: "approve?".into(),
+        payload: None,
+    });
+    h.answer(respond(vec![i, Action::Done(DoneAction { data: Some(json!("bye")) })]));
+    // The turn waits for the interrupt: a new message is told which turn runs, not paused for good.
+    let turn_id = h.session.active_turn_id().cloned().expect("the turn stays open");
+    let err = h.try_exec(message("w", "next")).unwrap_err();
+    assert_eq!(err, Rejection::TurnAlreadyActive { turn_id: turn_id.clone() });
+    // The resume ends the turn with done's data; the worker still gets the answer.
+    let resume = submit(
+        ClientInput::InterruptResume(InterruptResumeInput {
+            interrupt_id: "i1".into(),
+            payload: Some(json!("yes")),
+        }),
+        false,
+    );
+    h.exec(resume);
+    let turn = h.session.turn(&turn_id).unwrap();
+    assert_eq!((turn.status, turn.data.clone()), (TurnStatus::Completed, Some(json!("bye"))));
+    let (req, _) = h.accept();
+    assert!(matches!(req.trigger, Trigger::InterruptResumed(ref t) if t.payload == Some(json!("yes"))));
+    assert!(req.proposed.actions().is_empty(), "outside its turn: {:?}", req.proposed);
+    // And the next message starts a turn.
+    h.exec(message("w", "next"));
+    assert!(h.session.active_turn_id().is_some_and(|t| *t != turn_id));
+}
+
+#[test]
+fn done_before_an_interrupt_of_the_same_response_waits_for_it_too() {
+    let mut h = worker_in_turn();
+    let i = Action::Interrupt(InterruptAction {
+        interrupt_id: Some("i1".into()),
+        reason: "ok?".into(),
+        payload: None,
+    });
+    h.answer(respond(vec![Action::Done(DoneAction::default()), i]));
+    let turn_id = h.session.active_turn_id().cloned().expect("the turn waits for i1");
+    let resume = submit(
+        ClientInput::InterruptResume(InterruptResumeInput { interrupt_id: "i1".into(), payload: None }),
+        false,
+    );
+    h.exec(resume);
+    assert_eq!(h.session.turn(&turn_id).map(|t| t.status), Some(TurnStatus::Completed));
+    assert!(!h.session.is_paused());
+}
+
+#[test]
+fn done_after_an_interrupt_of_an_earlier_response_waits_for_it_too() {
+    let mut h = worker_in_turn();
+    let interrupt = |id: &str| {
+        Action::Interrupt(InterruptAction {
+            interrupt_id: Some(id.into()),
+            reason: "wait".into(),
+            payload: None,
+        })
+    };
+    h.answer(respond(vec![interrupt("i1"), interrupt("i2")]));
+    let resume = |id: &str| {
+        submit(
+            ClientInput::InterruptResume(InterruptResumeInput { interrupt_id: id.into(), payload: None }),
+            false,
+        )
+    };
+    h.exec(resume("i1"));
+    h.answer(respond(vec![Action::Done(DoneAction::default())]));
+    assert!(h.session.active_turn_id().is_some(), "i2 is still open");
+    h.exec(resume("i2"));
+    assert!(h.session.active_turn_id().is_none());
+    assert_eq!(h.last_turn().status, TurnStatus::Completed);
+    assert!(!h.session.is_paused());
+}
+
+// ----- worker-run calls are bounded by their own timeout ----------------------------------
+
+#[test]
+fn a_worker_tool_is_bounded_by_its_own_timeout_not_the_decision_delivery_timeout() {
+    let policy = RetryPolicy {
+        timeout_secs: Some(60.0),
+        max_retries: 0,
+        backoff_base_secs: 1.0,
+        backoff_max_secs: 1.0,
+    };
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("slow")])), true));
+    h.accept();
+    h.exec(message("w", "go"));
+    let c = Action::ToolCall(ToolCallAction {
+        id: Some("c1".into()),
+        name: "slow".into(),
+        arguments: json!({}),
+        handler: None,
+        retry: Some(policy),
+    });
+    h.answer(respond(vec![c]));
+    let req = h.deliver();
+    assert!(matches!(req.trigger, Trigger::ToolExecute(_)));
+    assert_eq!(h.session.delivery_timeout_ms(), Some(60_000), "the runtime's HTTP bound");
+    let deadline =
+        turnstone_engine::time::Timestamp::parse_rfc3339(req.deadline.as_deref().unwrap()).unwrap();
+    assert_eq!(deadline.0 - h.now.0, 60_000, "the delivery is bounded by the tool's timeout");
+    // At 31 s the tool is still running: nothing happens, nothing is redelivered.
+    h.advance(31_000);
+    assert!(h.exec(Command::Tick).is_empty());
+    assert!(h.due_decision().is_none());
+    // At 60 s it times out, once, as the tool call's deadline_exceeded.
+    h.advance(29_001);
+    let events = h.exec(Command::Tick);
+    assert!(names(&events).contains(&"call.settled"), "{:?}", names(&events));
+    assert!(!names(&events).contains(&"decision.retry_scheduled"), "{:?}", names(&events));
+    let (req, _) = h.accept();
+    let Trigger::ToolFinished(f) = &req.trigger else { panic!("{:?}", req.trigger) };
+    assert!(!f.ok && f.error.as_deref().unwrap().contains("deadline"), "{f:?}");
+    assert_eq!(h.session.active_turn().map(|t| t.status), Some(TurnStatus::Active));
+    assert_eq!(h.session.delivery_timeout_ms(), Some(30_000), "other decisions: the decision policy's");
+}
+
+#[test]
+fn a_message_is_delivered_only_to_a_child_of_its_sender() {
+    let mut h = worker_in_turn();
+    h.answer(respond(vec![spawn("c", "t1", None), send("c", "task")]));
+    let item = h.session.outbox().values().nth(1).cloned().unwrap();
+    let Route::Send(sent) = route(h.session.id(), item) else { panic!("a send") };
+    let stranger = harness("c", init("helper", Some(agent("m")), false));
+    let why = sent.check_target(&stranger.session).unwrap_err();
+    assert!(why.contains("is not a child of session \"p\""), "{why}");
+    let mut child = init("helper", Some(agent("m")), false);
+    child.parent = Some(ParentLink { session_id: "p".into(), tool_call_id: "t1".into() });
+    assert_eq!(sent.check_target(&harness("c", child).session), Ok(()));
 }

@@ -181,7 +181,23 @@ fn worker_answer(rng: &mut Rng, req: &DecisionRequest) -> Command {
             response.actions.get_or_insert_with(Vec::new).push(interrupt);
             answer(response)
         }
-        _ => answer(req.proposed.clone()),
+        _ => {
+            // Now and then a delegation with retries (timeouts and retryable child failures).
+            let mut response = req.proposed.clone();
+            if rng.chance(50) {
+                for action in response.actions.iter_mut().flatten() {
+                    if let Action::SubAgentSpawn(spawn) = action {
+                        spawn.retry = Some(RetryPolicy {
+                            timeout_secs: Some(20.0),
+                            max_retries: 2,
+                            backoff_base_secs: 1.0,
+                            backoff_max_secs: 2.0,
+                        });
+                    }
+                }
+            }
+            answer(response)
+        }
     }
 }
 

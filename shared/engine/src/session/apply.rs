@@ -1,10 +1,11 @@
 //! Folding an event into the session. Events are facts: apply never fails and never mints.
 
 use super::event::Event;
-use super::records::{CallSpec, TurnStatus, Versioned};
+use super::outbox::OutboxItem;
+use super::records::{CallSpec, ChildTask, TurnStatus, Versioned};
 use super::{CallClosure, Session};
-use crate::ids::{CallId, DecisionId};
-use crate::protocol::CallStatus;
+use crate::ids::{CallId, DecisionId, SessionId, TurnId};
+use crate::protocol::{CallStatus, DraftMessage};
 
 impl Session {
     /// Folds one event in.
@@ -48,6 +49,7 @@ impl Session {
                     turn.ended_at = Some(*at);
                     turn.input = None;
                     turn.client_tools = Vec::new();
+                    turn.done_pending = false;
                     self.ended_order.push_back(turn_id.clone());
                 }
                 while self.ended_order.len() > super::RECENT_TURNS {
@@ -58,6 +60,12 @@ impl Session {
                             self.past_turns.pop_front();
                         }
                     }
+                }
+            }
+            Event::TurnDone { turn_id, data } => {
+                if let Some(turn) = self.turns.get_mut(turn_id) {
+                    turn.data = data.clone();
+                    turn.done_pending = true;
                 }
             }
             Event::TriggerQueued { trigger } => self.triggers.push(trigger.clone()),
@@ -146,10 +154,12 @@ impl Session {
             }
             Event::CallReported { call_id } => {
                 self.calls.retain(|c| &c.id != call_id);
+                self.tasks.remove(call_id);
                 self.close_call(call_id, CallClosure::Reported);
             }
             Event::CallVoided { call_id, .. } => {
                 self.calls.retain(|c| &c.id != call_id);
+                self.tasks.remove(call_id);
                 self.triggers.retain(|t| t.source.call_id() != Some(call_id));
                 self.close_call(call_id, CallClosure::Voided);
             }
@@ -158,12 +168,28 @@ impl Session {
                 self.interrupts.retain(|i| &i.id != interrupt_id)
             }
             Event::OutboxQueued { seq, item } => {
+                if let OutboxItem::SendMessage { session_id, message, turn_id } = item {
+                    self.remember_task(session_id, message, turn_id);
+                }
                 self.outbox.insert(*seq, item.clone());
                 self.next_outbox_seq = self.next_outbox_seq.max(seq + 1);
             }
-            Event::OutboxDelivered { seq } => {
+            Event::OutboxDelivered { seq } | Event::OutboxWithdrawn { seq, .. } => {
                 self.outbox.remove(seq);
             }
+        }
+    }
+
+    /// The first message sent to a child is its delegation's task (a retry sends it again).
+    fn remember_task(&mut self, child: &SessionId, message: &DraftMessage, turn_id: &TurnId) {
+        let delegation = self.calls.iter().find(|c| {
+            !c.is_settled() && matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if session_id == child)
+        });
+        if let Some(call) = delegation
+            && !self.tasks.contains_key(&call.id)
+        {
+            let task = ChildTask { message: message.clone(), turn_id: turn_id.clone() };
+            self.tasks.insert(call.id.clone(), task);
         }
     }
 

@@ -9,9 +9,18 @@ use super::event::Event;
 use super::handle::Tx;
 use super::outbox::OutboxItem;
 use super::records::*;
-use crate::ids::{CallId, DecisionId, SessionId};
+use crate::ids::{CallId, DecisionId, SessionId, TurnId};
 use crate::protocol::*;
 use crate::time::Timestamp;
+
+/// What a child reported about the turn a delegation started (see `Command::SubAgentFinished`).
+pub(super) struct ChildReport {
+    pub ok: bool,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub retryable: bool,
+    pub turn_id: Option<TurnId>,
+}
 
 /// How a refused settle is treated.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -87,11 +96,16 @@ impl Tx {
         };
         let outcome = self.check_result(&call, outcome);
         match outcome {
-            Err(error)
-                if error.retryable
-                    && call.attempt <= call.policy.max_retries
-                    && call.kind() != CallKind::SubAgent =>
-            {
+            Err(error) if error.retryable && call.attempt <= call.policy.max_retries => {
+                // A timed-out delegation's child may still be running the task: cancel that
+                // turn before the retry sends the task again (a child not yet created is not).
+                if let CallSpec::SubAgent { session_id, .. } = &call.spec
+                    && error.code == Some(ErrorCode::DeadlineExceeded)
+                    && !self.spawn_pending(&call.id)
+                {
+                    let reason = format!("delegation {} attempt {} timed out", call.id, call.attempt);
+                    self.outbox(OutboxItem::CancelChild { session_id: session_id.clone(), reason });
+                }
                 let retry_at = self.backoff(&call.policy, call.attempt);
                 self.emit(Event::CallRetryScheduled {
                     call_id: call.id.clone(),
@@ -102,8 +116,7 @@ impl Tx {
             }
             outcome => {
                 if let (Err(_), CallSpec::SubAgent { session_id, .. }) = (&outcome, &call.spec) {
-                    let reason = "the delegation failed".to_owned();
-                    self.outbox(OutboxItem::CancelChild { session_id: session_id.clone(), reason });
+                    self.cancel_child(&call.id, session_id, "the delegation failed");
                 }
                 self.emit(Event::CallSettled { call_id: call.id.clone(), attempt: call.attempt, outcome });
                 let source = TriggerSource::CallFinished { call_id: call.id.clone() };
@@ -113,6 +126,13 @@ impl Tx {
             }
         }
         Ok(())
+    }
+
+    /// Whether delegation `call_id`'s child is still to be created (its spawn undelivered).
+    fn spawn_pending(&self, call_id: &CallId) -> bool {
+        self.session.outbox.values().any(
+            |item| matches!(item, OutboxItem::SpawnChild { tool_call_id, .. } if tool_call_id == call_id),
+        )
     }
 
     /// A tool result that violates the tool's output schema settles as a terminal error.
@@ -199,21 +219,30 @@ impl Tx {
         &mut self,
         tool_call_id: &CallId,
         session_id: &SessionId,
-        ok: bool,
-        result: Option<String>,
-        error: Option<String>,
+        report: ChildReport,
     ) {
-        let matches = self.session.call(tool_call_id).is_some_and(|c| {
+        let Some(call) = self.session.call(tool_call_id).filter(|c| {
             matches!(&c.spec, CallSpec::SubAgent { session_id: s, .. } if s == session_id) && c.is_pending()
-        });
-        if !matches {
+        }) else {
             // Redelivered, or the delegation was voided: at most once, quietly.
             return;
+        };
+        // A report from another turn than the current attempt's (a timed-out attempt's turn,
+        // cancelled when the task was sent again) does not settle this attempt.
+        if let (Some(turn_id), Some(task)) = (&report.turn_id, self.session.tasks.get(tool_call_id))
+            && *turn_id != task.turn_id_for(call.attempt)
+        {
+            return;
         }
-        let outcome = if ok {
-            Ok(CallValue::Text(result.unwrap_or_default()))
+        let outcome = if report.ok {
+            Ok(CallValue::Text(report.result.unwrap_or_default()))
         } else {
-            Err(CallError::terminal(error.unwrap_or_else(|| "the sub-agent failed".to_owned())))
+            Err(CallError {
+                error: report.error.unwrap_or_else(|| "the sub-agent failed".to_owned()),
+                code: None,
+                detail: None,
+                retryable: report.retryable,
+            })
         };
         let _ = self.settle(tool_call_id, None, outcome, Fence::Drop);
     }
@@ -231,7 +260,8 @@ impl Tx {
         if due.is_none() {
             return Err(Rejection::StaleClaim(format!("decision {decision_id} attempt {attempt}")));
         }
-        let deadline = self.session.defaults().decision.timeout_ms().map(|ms| self.now.plus_ms(ms));
+        // An execute decision runs its call inside the delivery: the call's timeout bounds it.
+        let deadline = self.session.delivery_timeout_ms().map(|ms| self.now.plus_ms(ms));
         self.emit(Event::DecisionDispatched { decision_id: decision_id.clone(), attempt, deadline });
         Ok(())
     }
@@ -266,17 +296,20 @@ impl Tx {
             self.emit(Event::DecisionRetryScheduled { decision_id: decision.id, attempt, error, retry_at });
         } else {
             let error = if retryable { format!("{error} (after {attempt} attempts)") } else { error };
-            self.fail_decision(&decision, error);
+            self.fail_decision(&decision, error, retryable);
         }
     }
 
-    /// A decision failed for good: the active turn it belongs to ends with the error.
-    pub(super) fn fail_decision(&mut self, decision: &Decision, error: String) {
+    /// A decision failed for good: the active turn it belongs to ends with the error
+    /// (`retryable`: a transient failure, such as a worker that could not be reached).
+    pub(super) fn fail_decision(&mut self, decision: &Decision, error: String, retryable: bool) {
         let error = format!("decision {} ({}) failed: {error}", decision.id, decision.trigger.name());
         self.emit(Event::DecisionFailed { decision_id: decision.id.clone(), error: error.clone() });
         let turn_active = decision.turn_id.is_some() && decision.turn_id == self.session.active_turn;
         match (turn_active, &decision.turn_id) {
-            (true, Some(turn_id)) => self.end_turn(&turn_id.clone(), TurnStatus::Failed, None, Some(error)),
+            (true, Some(turn_id)) => {
+                self.end_turn(&turn_id.clone(), TurnStatus::Failed, None, Some(error), retryable)
+            }
             _ => {
                 if let Some(call_id) = decision.call_id.as_ref().filter(|id| self.session.call(id).is_some())
                 {
@@ -288,9 +321,12 @@ impl Tx {
 
     pub(super) fn tick(&mut self) {
         let now = self.now;
+        // An execute decision's delivery is bounded by its call's timeout: the call's own
+        // deadline (never later) expires it below, as the call's attempt, not as a delivery.
         if let Some(d) = self.session.decision.clone()
             && d.in_flight
             && d.deadline.is_some_and(|t| t <= now)
+            && self.session.executing_call(&d).is_none()
         {
             let error = format!("delivery attempt {} timed out", d.attempts);
             self.delivery_failed(&d.id, d.attempts, error, true);
@@ -304,6 +340,7 @@ impl Tx {
             .collect();
         for (id, attempt) in expired {
             let _ = self.settle(&id, Some(attempt), Err(CallError::deadline_exceeded(attempt)), Fence::Drop);
+            self.withdraw_execute_decision(&id, attempt);
         }
         let due: Vec<CallRecord> = self
             .session
@@ -315,6 +352,22 @@ impl Tx {
         for call in due {
             self.emit(Event::CallRequeued { call_id: call.id.clone() });
             self.start_queued_call(&call);
+        }
+    }
+
+    /// The live decision delivering attempt `attempt` of call `call_id` to the worker is
+    /// withdrawn once that attempt timed out: a retry is a new `tool.execute`/`llm.execute`,
+    /// never a redelivery of the old one (which would run the call twice).
+    fn withdraw_execute_decision(&mut self, call_id: &CallId, attempt: u32) {
+        let Some(d) = self.session.decision.clone() else { return };
+        let delivers = match &d.trigger {
+            Trigger::ToolExecute(t) => &t.id == call_id && t.attempt == attempt,
+            Trigger::LlmExecute(t) => &t.id == call_id && t.attempt == attempt,
+            _ => false,
+        };
+        if delivers {
+            let reason = format!("call {call_id} attempt {attempt} ran past its deadline");
+            self.emit(Event::DecisionVoided { decision_id: d.id, reason });
         }
     }
 
@@ -330,11 +383,19 @@ impl Tx {
             }
             CallSpec::ToolCall { handler: ToolHandler::Client, .. } | CallSpec::SubAgent { .. } => {
                 let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
-                self.emit(Event::CallDispatched {
-                    call_id: call.id.clone(),
-                    attempt: call.attempt + 1,
-                    deadline,
-                });
+                let attempt = call.attempt + 1;
+                self.emit(Event::CallDispatched { call_id: call.id.clone(), attempt, deadline });
+                // A delegation's retry sends its task again, as a fresh turn of the child.
+                if let CallSpec::SubAgent { session_id, .. } = &call.spec
+                    && attempt > 1
+                    && let Some(task) = self.session.tasks.get(&call.id).cloned()
+                {
+                    self.outbox(OutboxItem::SendMessage {
+                        session_id: session_id.clone(),
+                        message: task.message.clone(),
+                        turn_id: task.turn_id_for(attempt),
+                    });
+                }
                 return;
             }
             CallSpec::LlmCall { handler: LlmHandler::Server, .. } => return,

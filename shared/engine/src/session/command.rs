@@ -73,6 +73,15 @@ pub enum Command {
         result: Option<String>,
         /// When not ok.
         error: Option<String>,
+        /// When not ok: the failure was transient (the child's turn timed out its model call,
+        /// was rate limited, or could not reach its worker), so a delegation with retries left
+        /// sends the task again.
+        #[serde(default)]
+        retryable: bool,
+        /// The child's turn that ended; a report for another turn than the delegation's
+        /// current attempt is ignored. `None`: not fenced (a failure reported by the runtime).
+        #[serde(default)]
+        turn_id: Option<TurnId>,
     },
     /// End the active turn and void its open work.
     Cancel {

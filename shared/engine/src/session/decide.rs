@@ -81,7 +81,7 @@ impl Tx {
                     self.session.agent_id(),
                     describe(&decision.trigger)
                 );
-                self.fail_decision(&decision, error);
+                self.fail_decision(&decision, error, false);
             } else {
                 let (proposed, base) = (decision.proposed.clone(), decision.proposal_base.clone());
                 self.resolve(&decision, proposed, base, Resolver::Engine);

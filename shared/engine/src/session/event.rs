@@ -50,6 +50,13 @@ pub enum Event {
         error: Option<String>,
         at: Timestamp,
     },
+    /// `done` was recorded while interrupts of the turn are open: the turn ends, completed with
+    /// `data`, when the last of them is resumed.
+    TurnDone {
+        turn_id: TurnId,
+        /// `done`'s data.
+        data: Option<Value>,
+    },
     /// News waits for a decision.
     TriggerQueued { trigger: PendingTrigger },
     /// The pending trigger at `queue_index` was dropped: there is nothing to decide.
@@ -176,6 +183,9 @@ pub enum Event {
     OutboxQueued { seq: u64, item: OutboxItem },
     /// Work for another session was delivered.
     OutboxDelivered { seq: u64 },
+    /// Undelivered work for another session was withdrawn (a delegation that failed or was
+    /// voided before its child was created: its spawn and message are not delivered).
+    OutboxWithdrawn { seq: u64, reason: String },
 }
 
 impl Event {
@@ -188,6 +198,7 @@ impl Event {
             Event::TurnActivated { .. } => "turn.activated",
             Event::TurnAliased { .. } => "turn.aliased",
             Event::TurnEnded { .. } => "turn.ended",
+            Event::TurnDone { .. } => "turn.done",
             Event::TriggerQueued { .. } => "trigger.queued",
             Event::TriggerDropped { .. } => "trigger.dropped",
             Event::DecisionOpened { .. } => "decision.opened",
@@ -213,6 +224,7 @@ impl Event {
             Event::InterruptClosed { .. } => "interrupt.closed",
             Event::OutboxQueued { .. } => "outbox.queued",
             Event::OutboxDelivered { .. } => "outbox.delivered",
+            Event::OutboxWithdrawn { .. } => "outbox.withdrawn",
         }
     }
 }

@@ -5,13 +5,13 @@
 
 use serde_json::Value;
 
-use super::calls::{Fence, result_text};
+use super::calls::{ChildReport, Fence, result_text};
 use super::command::{Command, Rejection};
 use super::event::Event;
 use super::outbox::OutboxItem;
 use super::records::*;
 use super::{Ctx, Session};
-use crate::ids::{CallId, IdMinter, InterruptId, TurnId};
+use crate::ids::{CallId, IdMinter, InterruptId, SessionId, TurnId};
 use crate::protocol::*;
 use crate::time::Timestamp;
 
@@ -58,12 +58,13 @@ impl Tx {
                 self.settle(&call_id, Some(attempt), outcome.map(CallValue::Llm), Fence::Reject)?
             }
             Command::Settle { action } => self.external_settle(action)?,
-            Command::SubAgentFinished { tool_call_id, session_id, ok, result, error } => {
-                self.sub_agent_finished(&tool_call_id, &session_id, ok, result, error)
+            Command::SubAgentFinished { tool_call_id, session_id, ok, result, error, retryable, turn_id } => {
+                let report = ChildReport { ok, result, error, retryable, turn_id };
+                self.sub_agent_finished(&tool_call_id, &session_id, report)
             }
             Command::Cancel { reason } => {
                 let turn_id = self.session.active_turn.clone().ok_or(Rejection::NoActiveTurn)?;
-                self.end_turn(&turn_id, TurnStatus::Cancelled, None, Some(reason));
+                self.end_turn(&turn_id, TurnStatus::Cancelled, None, Some(reason), false);
             }
             Command::Tick => self.tick(),
             Command::OutboxDelivered { seq } => {
@@ -245,6 +246,7 @@ impl Tx {
             data: None,
             error: None,
             usage: Usage::default(),
+            done_pending: false,
         };
         if let Some(active) = &self.session.active_turn {
             if !queue {
@@ -297,20 +299,45 @@ impl Tx {
             payload: resume.payload.clone(),
         });
         let source = TriggerSource::InterruptResumed { interrupt_id: interrupt.id, payload: resume.payload };
-        self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: interrupt.turn_id } });
+        let turn_id = interrupt.turn_id;
+        self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: turn_id.clone() } });
+        // A `done` that waited for the turn's interrupts takes effect with the last resume.
+        if let Some(turn_id) = turn_id {
+            self.complete_if_done(&turn_id);
+        }
         Ok(())
+    }
+
+    /// Ends active turn `turn_id`, completed, if its `done` waits and no interrupt of the turn
+    /// is open any more.
+    pub(super) fn complete_if_done(&mut self, turn_id: &TurnId) {
+        if self.session.active_turn.as_ref() == Some(turn_id)
+            && let Some(turn) = self.session.turns.get(turn_id).filter(|t| t.done_pending)
+            && !self.turn_has_open_interrupts(turn_id)
+        {
+            let data = turn.data.clone();
+            self.end_turn(turn_id, TurnStatus::Completed, data, None, false);
+        }
+    }
+
+    /// Whether interrupts raised in turn `turn_id` are still open.
+    pub(super) fn turn_has_open_interrupts(&self, turn_id: &TurnId) -> bool {
+        self.session.interrupts.iter().any(|i| i.turn_id.as_ref() == Some(turn_id))
     }
 
     // ----- turns ending ----------------------------------------------------------------
 
     /// Ends a turn. A failed or cancelled turn voids the session's open work and answers
     /// every tool call left unanswered on the active path, so the transcript stays valid.
+    /// `retryable`: a failure is transient (a parent's delegation with retries left sends its
+    /// task again).
     pub(super) fn end_turn(
         &mut self,
         turn_id: &TurnId,
         status: TurnStatus,
         data: Option<Value>,
         error: Option<String>,
+        retryable: bool,
     ) {
         if status != TurnStatus::Completed {
             let reason = error.clone().unwrap_or_else(|| "the turn ended".to_owned());
@@ -337,6 +364,8 @@ impl Tx {
                 ok,
                 result,
                 error: if ok { None } else { error },
+                retryable: !ok && status == TurnStatus::Failed && retryable,
+                turn_id: Some(turn_id.clone()),
             });
         }
         self.start_next_queued_turn();
@@ -393,7 +422,35 @@ impl Tx {
         if !call.is_settled()
             && let CallSpec::SubAgent { session_id, .. } = call.spec
         {
-            self.outbox(OutboxItem::CancelChild { session_id, reason: reason.to_owned() });
+            self.cancel_child(call_id, &session_id, reason);
+        }
+    }
+
+    /// Stops the child of delegation `call_id`: a child not yet created (its spawn still in
+    /// the outbox) is never created, its spawn and messages withdrawn (so a session that
+    /// turns out not to be ours is never touched); a created one is cancelled.
+    pub(super) fn cancel_child(&mut self, call_id: &CallId, child: &SessionId, reason: &str) {
+        let unspawned = self.session.outbox.values().any(|item| {
+            matches!(item, OutboxItem::SpawnChild { session_id, tool_call_id, .. }
+                if session_id == child && tool_call_id == call_id)
+        });
+        if !unspawned {
+            self.outbox(OutboxItem::CancelChild { session_id: child.clone(), reason: reason.to_owned() });
+            return;
+        }
+        let withdrawn: Vec<u64> = self
+            .session
+            .outbox
+            .iter()
+            .filter(|(_, item)| {
+                matches!(item, OutboxItem::SpawnChild { session_id, .. } | OutboxItem::SendMessage { session_id, .. }
+                    if session_id == child)
+            })
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in withdrawn {
+            let reason = format!("the delegation {call_id} ended before its child was created: {reason}");
+            self.emit(Event::OutboxWithdrawn { seq, reason });
         }
     }
 

@@ -30,9 +30,9 @@ pub use event::Event;
 pub use outbox::{OutboxItem, Route, Send, Spawn, child_failed, route};
 pub use plan::{Effect, Plan};
 pub use records::{
-    CallError, CallOutcome, CallRecord, CallSpec, CallValue, Decision, Defaults, Interrupt, ParentLink,
-    PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput, TurnOrigin, TurnRecord,
-    TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
+    CallError, CallOutcome, CallRecord, CallSpec, CallValue, ChildTask, Decision, Defaults, Interrupt,
+    ParentLink, PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput, TurnOrigin,
+    TurnRecord, TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
 };
 pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};
@@ -158,6 +158,9 @@ pub struct Session {
     usage: Usage,
     /// How many events have been applied (the log's length).
     events_applied: u64,
+    /// The task each open delegation sent its child (what a retry sends again), by call id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    tasks: BTreeMap<CallId, ChildTask>,
 }
 
 /// The result of handling a command: the events to persist, and the session after them.
@@ -351,6 +354,34 @@ impl Session {
     /// How a recently closed call left the open set.
     pub fn closed_call(&self, id: &CallId) -> Option<CallClosure> {
         self.closed_calls.iter().rev().find(|(c, _)| c == id).map(|(_, how)| *how)
+    }
+
+    /// The task an open delegation sent its child (what a retry sends again).
+    pub fn task(&self, call_id: &CallId) -> Option<&ChildTask> {
+        self.tasks.get(call_id)
+    }
+
+    /// How long one delivery of the live decision may take, in milliseconds (`None`: no
+    /// limit): for a `tool.execute` or `llm.execute` decision the executing call's own timeout
+    /// (its policy's `timeout_secs`: action > agent > engine default), since the worker runs the
+    /// call inside the delivery; otherwise, and with no live decision, the engine's decision
+    /// policy. The runtime bounds its HTTP request to the worker by it; the engine sets the
+    /// delivery's deadline from it when the delivery is claimed.
+    pub fn delivery_timeout_ms(&self) -> Option<u64> {
+        match self.decision.as_ref().and_then(|d| self.executing_call(d)) {
+            Some(call) => call.policy.timeout_ms(),
+            None => self.defaults().decision.timeout_ms(),
+        }
+    }
+
+    /// The call an execute decision (`tool.execute`, `llm.execute`) runs.
+    pub(crate) fn executing_call(&self, decision: &Decision) -> Option<&CallRecord> {
+        match &decision.trigger {
+            crate::protocol::Trigger::ToolExecute(_) | crate::protocol::Trigger::LlmExecute(_) => {
+                decision.call_id.as_ref().and_then(|id| self.call(id))
+            }
+            _ => None,
+        }
     }
 
     /// Tool and sub-agent calls not yet reported (the protocol's `pending_calls`).

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Session;
 use super::command::Command;
 use super::records::{ParentLink, SessionInit, TurnOrigin};
 use crate::ids::{CallId, SessionId, TurnId};
@@ -55,6 +56,13 @@ pub enum OutboxItem {
         result: Option<String>,
         /// When not ok.
         error: Option<String>,
+        /// When not ok: whether the failure was transient, so a delegation with retries left
+        /// may send the task again (see [`Command::SubAgentFinished`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        retryable: bool,
+        /// The sender's turn that ended (the parent fences its delegation's attempts by it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<TurnId>,
     },
 }
 
@@ -108,6 +116,31 @@ impl Spawn {
         Command::Create { init: Box::new(base) }
     }
 
+    /// Whether `existing`, a session that already has the child's id, is this delegation's
+    /// child (a redelivered spawn: nothing to do). `Err` says why not (another parent, another
+    /// tool call, another agent, or no parent at all): report it with [`Spawn::failed`] and
+    /// do not touch `existing`.
+    pub fn check_existing(&self, existing: &Session) -> Result<(), String> {
+        let ours = existing.parent() == Some(&self.parent) && existing.agent_id() == self.agent_id;
+        if ours {
+            return Ok(());
+        }
+        let whose = match existing.parent() {
+            Some(link) => {
+                format!("the child of session {:?} for tool call {:?}", link.session_id, link.tool_call_id)
+            }
+            None => "a top-level session".to_owned(),
+        };
+        Err(format!(
+            "cannot spawn sub-agent session {:?}: it already exists as {whose} (agent {:?}), \
+             not as session {:?}'s child for tool call {:?}",
+            self.session_id,
+            existing.agent_id(),
+            self.parent.session_id,
+            self.parent.tool_call_id
+        ))
+    }
+
     /// What the parent handles when the child cannot be created: see [`child_failed`].
     pub fn failed(&self, error: String) -> (SessionId, Command) {
         (self.parent.session_id.clone(), child_failed(&self.parent, &self.session_id, error))
@@ -127,6 +160,19 @@ pub struct Send {
 }
 
 impl Send {
+    /// Whether `target` is a child of the sender, so the message may start a turn there.
+    /// `Err` says why not: drop the message (the sender's delegation settles through the
+    /// spawn's failure) and never submit it to a session that is not the sender's child.
+    pub fn check_target(&self, target: &Session) -> Result<(), String> {
+        match target.parent() {
+            Some(link) if link.session_id == self.from => Ok(()),
+            _ => Err(format!(
+                "session {:?} is not a child of session {:?}: the message is not delivered",
+                self.session_id, self.from
+            )),
+        }
+    }
+
     /// The `Submit` the child handles, `agent_id` being the child's agent: queued behind its
     /// active turn, with origin [`TurnOrigin::Parent`] (so the child reports back when the
     /// turn ends).
@@ -158,10 +204,25 @@ pub fn route(from: &SessionId, item: OutboxItem) -> Route {
             Route::Deliver { target: session_id, command: Command::Cancel { reason } }
         }
         OutboxItem::NotifyParent {
-            session_id, tool_call_id, child_session_id, ok, result, error, ..
+            session_id,
+            tool_call_id,
+            child_session_id,
+            ok,
+            result,
+            error,
+            retryable,
+            turn_id,
+            ..
         } => {
-            let command =
-                Command::SubAgentFinished { tool_call_id, session_id: child_session_id, ok, result, error };
+            let command = Command::SubAgentFinished {
+                tool_call_id,
+                session_id: child_session_id,
+                ok,
+                result,
+                error,
+                retryable,
+                turn_id,
+            };
             Route::Deliver { target: session_id, command }
         }
     }
@@ -177,6 +238,8 @@ pub fn child_failed(link: &ParentLink, child: &SessionId, error: String) -> Comm
         ok: false,
         result: None,
         error: Some(error),
+        retryable: false,
+        turn_id: None,
     }
 }
 

@@ -35,7 +35,10 @@ fn proposal(
     decision_id: &DecisionId,
 ) -> DecisionResponse {
     // Outside its turn (a late result after `done`), news is recorded but starts no model call.
-    let in_turn = turn_id.is_some() && turn_id == s.active_turn.as_ref();
+    // A turn whose `done` waits for its interrupts proposes nothing more either.
+    let in_turn = turn_id.is_some()
+        && turn_id == s.active_turn.as_ref()
+        && !s.active_turn().is_some_and(|t| t.done_pending);
     match trigger {
         Trigger::SessionStart => DecisionResponse {
             agent: s.init.as_ref().and_then(|i| i.declared.clone()),

@@ -415,6 +415,31 @@ pub struct TurnRecord {
     pub error: Option<String>,
     /// Model usage of the turn's LLM calls.
     pub usage: Usage,
+    /// `done` was recorded (its data in `data`) while interrupts of the turn were open: the
+    /// turn ends, completed, when the last of them is resumed. Its decisions propose nothing
+    /// more meanwhile.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub done_pending: bool,
+}
+
+/// What a delegation sent its child: the message of its `message.send` and the turn id of
+/// the first attempt. A retry sends the message again as a fresh turn, [`ChildTask::turn_id_for`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildTask {
+    pub message: DraftMessage,
+    /// The first attempt's turn id in the child (`<decision id>.<action index>`).
+    pub turn_id: TurnId,
+}
+
+impl ChildTask {
+    /// The child's turn id for `attempt` of the delegation: the first attempt's, then
+    /// `<first>.retry<n>` for the n-th retry (deterministic, so a redelivery is a no-op).
+    pub fn turn_id_for(&self, attempt: u32) -> TurnId {
+        if attempt <= 1 {
+            return self.turn_id.clone();
+        }
+        TurnId::new(format!("{}.retry{}", self.turn_id, attempt - 1))
+    }
 }
 
 /// An open interrupt.

@@ -24,7 +24,7 @@ impl Tx {
     ) {
         if let Err(problem) = self.validate_response(decision, &response) {
             let who = if by == Resolver::Worker { "invalid_response" } else { "invalid proposal" };
-            self.fail_decision(decision, format!("{who}: {problem}"));
+            self.fail_decision(decision, format!("{who}: {problem}"), false);
             return;
         }
         let start = base.as_ref().and_then(|b| b.head.as_ref());
@@ -65,9 +65,15 @@ impl Tx {
         }
         let actions = response.actions.unwrap_or_default();
         for (index, action) in actions.iter().enumerate() {
-            if let Err(reason) = self.run_action(decision, index, action) {
+            // `done` followed by an `interrupt` waits for it like one raised before it.
+            let interrupt_follows = actions[index + 1..].iter().any(|a| matches!(a, Action::Interrupt(_)));
+            if let Err(reason) = self.run_action(decision, index, action, interrupt_follows) {
                 self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
             }
+        }
+        if let Some(turn_id) = &decision.turn_id {
+            // A `done` that waited for an interrupt that was not opened after all.
+            self.complete_if_done(turn_id);
         }
         self.end_turn_after_failed_model_call(decision, actions.is_empty());
     }
@@ -94,7 +100,9 @@ impl Tx {
         } else {
             format!("model call {} was refused", finished.id)
         };
-        self.end_turn(&turn_id, TurnStatus::Failed, None, Some(error));
+        // Transient: the call ran out of time or was rate limited (after its own retries).
+        let transient = matches!(finished.code, Some(ErrorCode::RateLimited | ErrorCode::DeadlineExceeded));
+        self.end_turn(&turn_id, TurnStatus::Failed, None, Some(error), !finished.ok && transient);
     }
 
     /// Checks what the types cannot, so an invalid response writes nothing.
@@ -107,14 +115,8 @@ impl Tx {
             config.validate().map_err(|e| ProtocolError::new(format!("agent.{}", e.path), e.message))?;
         }
         let agent = response.agent.as_ref().or(self.session.current_agent());
-        let spawned: Vec<&SessionId> = response
-            .actions()
-            .iter()
-            .filter_map(|a| match a {
-                Action::SubAgentSpawn(s) => Some(&s.session_id),
-                _ => None,
-            })
-            .collect();
+        // Children spawned by earlier actions of this response, with their tool calls.
+        let mut spawned: Vec<(&SessionId, &CallId)> = Vec::new();
         for (i, action) in response.actions().iter().enumerate() {
             let at =
                 |field: &str, message: String| ProtocolError::new(format!("actions[{i}].{field}"), message);
@@ -150,13 +152,22 @@ impl Tx {
                     }
                 }
                 Action::MessageSend(a) => {
-                    let child = self.session.calls.iter().any(|c| {
+                    // A child: spawned by an earlier response (its delegation not yet reported)
+                    // or by an earlier action of this one. A delegation that settled meanwhile
+                    // (its report still queued) is a child the worker could not know was done:
+                    // the send is ignored (`action.ignored`), not an invalid response.
+                    let open = self.session.calls.iter().any(|c| {
                         matches!(&c.spec, CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id)
                     });
-                    if !child && !spawned.contains(&&a.session_id) {
+                    if !open && !spawned.iter().any(|(s, _)| **s == a.session_id) {
                         return Err(at(
                             "session_id",
-                            format!("{:?} is not a sub-agent session of this session", a.session_id),
+                            format!(
+                                "{:?} is not a child of this session: message.send reaches only a session \
+                                 spawned by an earlier sub_agent.spawn of this session (delegation not yet reported) \
+                                 or an earlier action of this response",
+                                a.session_id
+                            ),
                         ));
                     }
                 }
@@ -167,9 +178,36 @@ impl Tx {
                     if a.session_id == self.session.id || self.session.ancestry().contains(&a.session_id) {
                         return Err(at(
                             "session_id",
-                            "a sub-agent cannot be this session or one of its ancestors".into(),
+                            format!(
+                                "{:?} is this session or one of its ancestors, which cannot be a sub-agent",
+                                a.session_id
+                            ),
                         ));
                     }
+                    let earlier =
+                        spawned.iter().find(|(s, _)| **s == a.session_id).map(|(_, c)| (*c).clone());
+                    let other = earlier.or_else(|| {
+                        self.session.calls.iter().find_map(|c| match &c.spec {
+                            CallSpec::SubAgent { session_id, .. } if *session_id == a.session_id => {
+                                Some(c.id.clone())
+                            }
+                            _ => None,
+                        })
+                    });
+                    if let Some(other) = other.filter(|c| *c != a.tool_call_id) {
+                        return Err(at(
+                            "session_id",
+                            format!(
+                                "{:?} is already the child of delegation {other:?}: each delegation \
+                                 needs its own session",
+                                a.session_id
+                            ),
+                        ));
+                    }
+                    if let Some(policy) = &a.retry {
+                        policy.validate().map_err(|e| at(&format!("retry.{}", e.path), e.message))?;
+                    }
+                    spawned.push((&a.session_id, &a.tool_call_id));
                 }
                 Action::Interrupt(_) | Action::Done(_) => {}
             }
@@ -228,7 +266,13 @@ impl Tx {
     }
 
     /// Runs one action; `Err` says why it was not carried out.
-    fn run_action(&mut self, decision: &Decision, index: usize, action: &Action) -> Result<(), String> {
+    fn run_action(
+        &mut self,
+        decision: &Decision,
+        index: usize,
+        action: &Action,
+        interrupt_follows: bool,
+    ) -> Result<(), String> {
         let anchor = self.session.tree.head().cloned();
         let turn_id = decision.turn_id.clone();
         match action {
@@ -331,8 +375,16 @@ impl Tx {
             Action::Done(a) => {
                 let active = self.session.active_turn.clone();
                 match turn_id {
+                    // With interrupts of the turn open, the turn waits for them: `done` takes
+                    // effect when the last is resumed.
+                    Some(t)
+                        if active.as_ref() == Some(&t)
+                            && (interrupt_follows || self.turn_has_open_interrupts(&t)) =>
+                    {
+                        self.emit(Event::TurnDone { turn_id: t, data: a.data.clone() });
+                    }
                     Some(t) if active.as_ref() == Some(&t) => {
-                        self.end_turn(&t, TurnStatus::Completed, a.data.clone(), None);
+                        self.end_turn(&t, TurnStatus::Completed, a.data.clone(), None, false);
                     }
                     _ => return Err("no active turn to end: this decision is outside its turn".into()),
                 }
