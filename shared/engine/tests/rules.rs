@@ -749,3 +749,99 @@ fn the_head_does_not_grow_with_the_number_of_turns() {
     assert_eq!(h.session.past_turn_ids().len(), PAST_TURN_IDS);
     assert!(h.session.closed_calls().len() <= RECENT_CLOSED_CALLS);
 }
+
+// ----- client tools ----------------------------------------------------------------------
+
+fn client_messages_with_tools(agent_id: &str, text: &str, tools: Vec<AgentTool>) -> Command {
+    submit(
+        ClientInput::Messages(ClientMessagesInput {
+            agent_id: agent_id.into(),
+            turn_id: None,
+            messages: vec![DraftMessage::user(text)],
+            stream: None,
+            client: Some(ClientContext { tools: Some(tools), ..Default::default() }),
+        }),
+        false,
+    )
+}
+
+#[test]
+fn client_tools_are_run_by_the_client_whatever_their_handler_says() {
+    // No worker: a client tool that says nothing of its handler (or says worker) is still the
+    // client's, so the model's call to it waits for the client instead of failing the turn.
+    for handler in [None, Some(ToolHandler::Worker)] {
+        let mut h = harness("s", init("demo", Some(agent("m")), false));
+        let pick = AgentTool { handler, ..tool("pick") };
+        h.exec(client_messages_with_tools("demo", "pick a color", vec![pick]));
+        h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+        let turn = h.last_turn();
+        assert_eq!(turn.status, TurnStatus::Active, "{:?}", turn.error);
+        let call = h.session.call(&"c1".into()).expect("an open call");
+        assert!(call.is_client_tool(), "{:?}", call.spec);
+        assert_eq!((call.status, call.attempt), (CallStatus::Pending, 1));
+    }
+}
+
+#[test]
+fn a_worker_sees_the_turns_client_tools_in_agent_and_in_the_proposed_agent() {
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("search")])), true));
+    h.accept();
+    h.exec(client_messages_with_tools("w", "pick a color", vec![tool("pick")]));
+    let layered = vec![tool("search"), AgentTool { handler: Some(ToolHandler::Client), ..tool("pick") }];
+    let (request, _) = h.accept();
+    assert_eq!(request.agent.as_ref().map(|a| a.tools().to_vec()), Some(layered.clone()), "agent");
+    assert_eq!(
+        request.proposed.agent.as_ref().map(|a| a.tools().to_vec()),
+        Some(layered.clone()),
+        "proposed agent"
+    );
+    // Accepting the proposal keeps the client tools a layer of this turn, not the config's.
+    assert_eq!(h.session.current_agent().map(|a| a.tools().to_vec()), Some(vec![tool("search")]));
+    // Later decisions of the turn show them too; the model's call to one is the client's.
+    h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+    let (request, _) = h.accept();
+    assert_eq!(request.agent.as_ref().map(|a| a.tools().to_vec()), Some(layered));
+    assert!(h.session.call(&"c1".into()).expect("an open call").is_client_tool());
+    // Once the turn is over, the layer is gone.
+    h.exec(Command::Cancel { reason: "enough".into() });
+    h.exec(message("w", "next"));
+    let (request, _) = h.accept();
+    assert_eq!(request.agent.as_ref().map(|a| a.tools().to_vec()), Some(vec![tool("search")]));
+    assert_eq!(request.proposed.agent, None);
+}
+
+// ----- images ----------------------------------------------------------------------------
+
+#[test]
+fn images_of_a_model_response_reach_the_assistant_message() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(message("demo", "draw a cat"));
+    let image = UrlRef { url: "data:image/png;base64,iVBORw0KGgo=".into() };
+    let mut response = reply("Here it is");
+    response.images = Some(vec![image.clone()]);
+    h.run_llm(response);
+    let path = h.session.tree().active_path();
+    let assistant = path.last().expect("the assistant message");
+    assert_eq!(
+        assistant.content,
+        Some(Content::Parts(vec![
+            ContentPart::Text { text: "Here it is".into() },
+            ContentPart::ImageUrl { image_url: image.clone() },
+        ]))
+    );
+    // The turn's output is still the text, and the message round-trips.
+    assert_eq!(h.last_turn().data, Some(json!("Here it is")));
+    let text = serde_json::to_string(*assistant).unwrap();
+    assert_eq!(&parse_str::<Message>(&text).unwrap(), *assistant);
+    // An image without text: the parts are the images alone.
+    h.exec(message("demo", "another, no words"));
+    let mut response = reply("");
+    response.content = None;
+    response.images = Some(vec![image.clone()]);
+    h.run_llm(response);
+    let path = h.session.tree().active_path();
+    assert_eq!(
+        path.last().unwrap().content,
+        Some(Content::Parts(vec![ContentPart::ImageUrl { image_url: image }]))
+    );
+}

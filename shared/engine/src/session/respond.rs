@@ -57,7 +57,8 @@ impl Tx {
             let anchor = self.session.tree.head().cloned();
             self.emit(Event::StateWritten { anchor, value: state });
         }
-        if let Some(config) = response.agent
+        if let Some(config) =
+            response.agent.map(|c| self.session.unlayered_agent(decision.turn_id.as_ref(), c))
             && Some(&config) != self.session.current_agent()
         {
             let anchor = self.session.tree.head().cloned();
