@@ -225,6 +225,7 @@ impl Driver {
             decision_id: request.decision_id.clone(),
             attempt: request.attempts,
             response: Box::new(response),
+            ignored_fields: Vec::new(),
         });
         (request, events)
     }
@@ -237,6 +238,7 @@ impl Driver {
             decision_id: request.decision_id.clone(),
             attempt: request.attempts,
             response: Box::new(response),
+            ignored_fields: Vec::new(),
         });
         (request, events)
     }

@@ -159,8 +159,12 @@ fn triggers_wait_behind_the_live_decision() {
 #[test]
 fn a_response_to_a_decision_that_is_not_live_is_a_no_op() {
     let mut h = harness("s", init("w", Some(agent("m")), true));
-    let events =
-        h.exec(Command::Answer { decision_id: "dec_unknown".into(), attempt: 1, response: Box::default() });
+    let events = h.exec(Command::Answer {
+        decision_id: "dec_unknown".into(),
+        attempt: 1,
+        response: Box::default(),
+        ignored_fields: Vec::new(),
+    });
     assert!(events.is_empty());
 }
 
@@ -296,8 +300,12 @@ fn an_echo_of_known_ids_writes_nothing_and_the_request_carries_path_and_tree() {
         messages: Some(req.messages.iter().map(Message::to_draft).collect()),
         ..Default::default()
     };
-    let events =
-        h.exec(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::new(echo) });
+    let events = h.exec(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: 1,
+        response: Box::new(echo),
+        ignored_fields: Vec::new(),
+    });
     assert_eq!(names(&events), ["decision.resolved"], "the worker vetoed the reply by not echoing it");
 }
 
@@ -379,7 +387,12 @@ fn a_timeout_is_a_retryable_deadline_exceeded_until_retries_run_out() {
     h.exec(Command::Tick);
     let req = h.deliver();
     assert!(matches!(req.trigger, Trigger::ToolExecute(ref t) if t.attempt == 2));
-    h.exec(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::default() });
+    h.exec(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: 1,
+        response: Box::default(),
+        ignored_fields: Vec::new(),
+    });
     // A late result for attempt 1 is refused by the fence.
     let late = Action::ToolResult(ToolResultAction {
         id: Some("c1".into()),
@@ -452,6 +465,7 @@ fn a_result_violating_the_output_schema_settles_as_a_terminal_error() {
         decision_id: req.decision_id,
         attempt: 1,
         response: Box::new(respond(vec![result])),
+        ignored_fields: Vec::new(),
     });
     let (req, _) = h.accept();
     let Trigger::ToolFinished(f) = &req.trigger else { panic!() };
@@ -477,6 +491,7 @@ fn a_worker_llm_call_in_openai_format_goes_out_and_comes_back_native() {
         decision_id: req.decision_id,
         attempt: 1,
         response: Box::new(respond(vec![result])),
+        ignored_fields: Vec::new(),
     });
     h.accept();
     assert_eq!(h.path_texts(), ["User:hi", "Assistant:hey"]);
@@ -844,4 +859,39 @@ fn images_of_a_model_response_reach_the_assistant_message() {
         path.last().unwrap().content,
         Some(Content::Parts(vec![ContentPart::ImageUrl { image_url: image }]))
     );
+}
+
+// ----- worker answers are read leniently ---------------------------------------------------
+
+#[test]
+fn a_worker_answer_with_unknown_fields_is_accepted_and_its_resolution_names_them() {
+    let mut h = harness("s", init("w", Some(agent("m")), true));
+    h.accept();
+    h.exec(message("w", "hi"));
+    let request = h.deliver();
+    // Many workers echo the request's ids for their own logs, and add their own fields.
+    let body = format!(
+        r#"{{"session_id": "{}", "decision_id": "{}", "actions": [{{"type": "done", "data": "bye", "trace": "t-1"}}]}}"#,
+        request.session_id, request.decision_id
+    );
+    let (response, ignored) = parse_response(body.as_bytes()).expect("a lenient parse");
+    assert_eq!(ignored, ["session_id", "decision_id", "actions[0].trace"]);
+    let events = h.exec(Command::Answer {
+        decision_id: request.decision_id.clone(),
+        attempt: request.attempts,
+        response: Box::new(response),
+        ignored_fields: ignored,
+    });
+    let recorded = events.iter().find_map(|e| match e {
+        Event::DecisionResolved { ignored_fields, .. } => Some(ignored_fields.clone()),
+        _ => None,
+    });
+    assert_eq!(recorded.unwrap(), ["session_id", "decision_id", "actions[0].trace"]);
+    assert_eq!(h.last_turn().status, TurnStatus::Completed);
+    assert_eq!(h.last_turn().data, Some(json!("bye")));
+    // Old events (without the field) still parse, and an empty list is not written.
+    let resolved = h.log.iter().filter(|e| e.name() == "decision.resolved").collect::<Vec<_>>();
+    let first = serde_json::to_value(resolved[0]).unwrap();
+    assert!(first.get("ignored_fields").is_none(), "{first}");
+    assert_eq!(&serde_json::from_value::<Event>(first).unwrap(), resolved[0]);
 }

@@ -84,7 +84,7 @@ impl Tx {
                 self.fail_decision(&decision, error);
             } else {
                 let (proposed, base) = (decision.proposed.clone(), decision.proposal_base.clone());
-                self.resolve(&decision, proposed, base, Resolver::Engine);
+                self.resolve(&decision, proposed, base, Resolver::Engine, Vec::new());
             }
         }
     }

@@ -92,6 +92,10 @@ pub enum Event {
         /// How many leading messages of the answer were left out.
         #[serde(default, skip_serializing_if = "is_zero")]
         omitted_messages: usize,
+        /// The paths of the unknown fields the worker's answer carried, which the lenient
+        /// parse ignored (e.g. `session_id`, `actions[1].trace`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ignored_fields: Vec<String>,
     },
     /// The live decision failed for good.
     DecisionFailed { decision_id: DecisionId, error: String },

@@ -43,11 +43,11 @@ impl Tx {
             _ if !self.session.is_created() => return Err(Rejection::NotFound(self.session.id.clone())),
             Command::Submit { input, queue, origin } => self.submit(input, queue, origin)?,
             Command::ClaimDecision { decision_id, attempt } => self.claim_decision(&decision_id, attempt)?,
-            Command::Answer { decision_id, attempt: _, response } => {
+            Command::Answer { decision_id, attempt: _, response, ignored_fields } => {
                 // Any attempt's answer resolves the live decision; once resolved, later
                 // answers (redeliveries, stragglers) find it no longer live and are no-ops.
                 if let Some(decision) = self.session.decision.clone().filter(|d| d.id == decision_id) {
-                    self.resolve(&decision, *response, None, Resolver::Worker);
+                    self.resolve(&decision, *response, None, Resolver::Worker, ignored_fields);
                 }
             }
             Command::DeliveryFailed { decision_id, attempt, error, retryable } => {

@@ -14,13 +14,15 @@ use crate::protocol::*;
 impl Tx {
     /// Resolves the live decision with `response`, whose messages follow the path `base`
     /// when given (a proposal kept by reference). An invalid response fails the decision (and
-    /// its turn) before anything of it is written.
+    /// its turn) before anything of it is written. `ignored_fields` are the paths of unknown
+    /// fields the worker's answer carried (recorded, never acted on).
     pub(super) fn resolve(
         &mut self,
         decision: &Decision,
         mut response: DecisionResponse,
         base: Option<PathRef>,
         by: Resolver,
+        ignored_fields: Vec<String>,
     ) {
         if let Err(problem) = self.validate_response(decision, &response) {
             let who = if by == Resolver::Worker { "invalid_response" } else { "invalid proposal" };
@@ -47,6 +49,7 @@ impl Tx {
             by,
             response: response.clone(),
             omitted_messages,
+            ignored_fields,
         });
         if let Some(reconciled) = reconciled {
             self.record_messages(reconciled);
