@@ -895,3 +895,99 @@ fn a_worker_answer_with_unknown_fields_is_accepted_and_its_resolution_names_them
     assert!(first.get("ignored_fields").is_none(), "{first}");
     assert_eq!(&serde_json::from_value::<Event>(first).unwrap(), resolved[0]);
 }
+
+// ----- budgets -----------------------------------------------------------------------------
+
+fn costing(mut response: LlmResponse, cost: &str) -> LlmResponse {
+    response.cost = Some(cost.into());
+    response
+}
+
+#[test]
+fn a_turn_whose_cost_passes_max_cost_fails_with_budget_exceeded_and_voids_its_work() {
+    let mut init = init("w", Some(with_tools(vec![tool("t")])), true);
+    init.budget = Budget { max_cost_picodollars: parse_picodollars("0.0015"), max_llm_calls: None };
+    let mut h = harness("s", init);
+    h.accept();
+    h.exec(message("w", "go"));
+    h.accept();
+    h.run_llm(costing(tool_calls(&[("c1", "t", "{}")]), "0.001"));
+    // The worker runs the tool and calls the model again at once (in parallel).
+    let request = h.deliver();
+    let mut response = request.proposed.clone();
+    response.actions.get_or_insert_with(Vec::new).push(Action::LlmCall(LlmCallAction::default()));
+    h.exec(Command::Answer {
+        decision_id: request.decision_id,
+        attempt: request.attempts,
+        response: Box::new(response),
+        ignored_fields: Vec::new(),
+    });
+    assert_eq!(h.last_turn().status, TurnStatus::Active, "0.001 is within the budget");
+    // The second call takes the turn to 0.002: past 0.0015.
+    let events = h.run_llm(costing(reply("more"), "0.001"));
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed);
+    assert_eq!(turn.code, Some(ErrorCode::BudgetExceeded));
+    let error = turn.error.clone().unwrap();
+    assert!(error.starts_with("budget_exceeded: "), "{error}");
+    assert!(error.contains("0.002") && error.contains("0.0015"), "{error}");
+    assert_eq!(turn.usage.cost(), "0.002");
+    assert!(names(&events).contains(&"turn.ended"));
+    // Its open work is voided as for any failed turn: the tool call gets a synthetic result,
+    // and the reply that passed the budget is not recorded.
+    assert!(h.session.calls().is_empty() && h.session.decision().is_none());
+    let path = h.path_texts();
+    assert_eq!(path.len(), 3, "{path:?}");
+    assert!(
+        path[2].starts_with("Tool:error: the turn failed before this tool call finished: budget_exceeded")
+    );
+}
+
+#[test]
+fn a_turn_may_make_max_llm_calls_and_fails_when_it_asks_for_one_more() {
+    // An engine-hosted agent whose model calls a client tool, then wants to answer.
+    let run = |max_llm_calls: u64| {
+        let mut init = init("demo", Some(agent("m")), false);
+        init.budget = Budget { max_cost_picodollars: None, max_llm_calls: Some(max_llm_calls) };
+        let mut h = harness("s", init);
+        h.exec(client_messages_with_tools("demo", "pick a color", vec![tool("pick")]));
+        h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+        let settle = ClientInput::ToolResult(ToolResultInput {
+            id: "c1".into(),
+            attempt: None,
+            result: Some(json!("blue")),
+        });
+        h.exec(submit(settle, false));
+        h
+    };
+    let mut h = run(2);
+    h.run_llm(reply("Blue it is"));
+    assert_eq!(h.last_turn().status, TurnStatus::Completed);
+    assert_eq!(h.last_turn().usage.llm_calls, 2);
+    // With one call allowed, the second is never started.
+    let h = run(1);
+    assert_eq!(h.due_llm(), None);
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed);
+    assert_eq!(turn.code, Some(ErrorCode::BudgetExceeded));
+    let error = turn.error.clone().unwrap();
+    assert!(error.starts_with("budget_exceeded: "), "{error}");
+    assert!(error.contains("max_llm_calls 1"), "{error}");
+    assert_eq!(h.path_texts(), ["User:pick a color", "Assistant:", "Tool:blue"]);
+    assert!(h.session.calls().is_empty());
+}
+
+#[test]
+fn a_budget_survives_the_log_and_an_unlimited_one_is_not_written() {
+    let mut limited = init("demo", Some(agent("m")), false);
+    limited.budget = Budget { max_cost_picodollars: Some(1_500_000_000), max_llm_calls: Some(3) };
+    let json = serde_json::to_value(&limited).unwrap();
+    assert_eq!(json["budget"], json!({ "max_cost_picodollars": "1500000000", "max_llm_calls": 3 }));
+    assert_eq!(serde_json::from_value::<SessionInit>(json).unwrap(), limited);
+    let event =
+        Event::SessionCreated { session_id: "s".into(), init: limited.clone(), at: Default::default() };
+    let back: Event = serde_json::from_value(serde_json::to_value(&event).unwrap()).unwrap();
+    assert_eq!(back, event);
+    let plain = serde_json::to_value(init("demo", None, false)).unwrap();
+    assert!(plain.get("budget").is_none(), "{plain}");
+}

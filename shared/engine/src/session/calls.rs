@@ -105,11 +105,15 @@ impl Tx {
                     let reason = "the delegation failed".to_owned();
                     self.outbox(OutboxItem::CancelChild { session_id: session_id.clone(), reason });
                 }
+                let used = matches!(outcome, Ok(CallValue::Llm(_)));
                 self.emit(Event::CallSettled { call_id: call.id.clone(), attempt: call.attempt, outcome });
                 let source = TriggerSource::CallFinished { call_id: call.id.clone() };
                 self.emit(Event::TriggerQueued {
                     trigger: PendingTrigger { source, turn_id: call.turn_id.clone() },
                 });
+                if used {
+                    self.check_budget_after_call(call.turn_id.as_ref());
+                }
             }
         }
         Ok(())

@@ -9,7 +9,7 @@ use super::records::{
     TurnRecord, TurnStatus,
 };
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
-use crate::protocol::{AgentConfig, DecisionResponse, Message};
+use crate::protocol::{AgentConfig, DecisionResponse, ErrorCode, Message};
 use crate::time::Timestamp;
 
 /// One fact in a session's log.
@@ -48,6 +48,9 @@ pub enum Event {
         data: Option<Value>,
         /// Why it failed or was cancelled.
         error: Option<String>,
+        /// The class of the failure, when it has one (`budget_exceeded`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<ErrorCode>,
         at: Timestamp,
     },
     /// News waits for a decision.

@@ -30,9 +30,9 @@ pub use event::Event;
 pub use outbox::{OutboxItem, Route, Send, Spawn, child_failed, route};
 pub use plan::{Effect, Plan};
 pub use records::{
-    CallError, CallOutcome, CallRecord, CallSpec, CallValue, Decision, Defaults, Interrupt, ParentLink,
-    PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput, TurnOrigin, TurnRecord,
-    TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
+    Budget, CallError, CallOutcome, CallRecord, CallSpec, CallValue, Decision, Defaults, Interrupt,
+    ParentLink, PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput, TurnOrigin,
+    TurnRecord, TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
 };
 pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};
@@ -71,11 +71,12 @@ pub fn turn_from_log<'a>(
                     t.input = None;
                 }
             }
-            Event::TurnEnded { turn_id: id, status, data, error, at } if id == turn_id => {
+            Event::TurnEnded { turn_id: id, status, data, error, code, at } if id == turn_id => {
                 if let Some(t) = turn.as_mut() {
                     t.status = *status;
                     t.data = data.clone();
                     t.error = error.clone();
+                    t.code = *code;
                     t.ended_at = Some(*at);
                 }
             }

@@ -68,7 +68,18 @@ impl Tx {
             self.emit(Event::AgentWritten { anchor, config });
         }
         let actions = response.actions.unwrap_or_default();
+        let turn = decision.turn_id.clone().filter(|t| self.session.active_turn.as_ref() == Some(t));
         for (index, action) in actions.iter().enumerate() {
+            if let Some(failed) = turn
+                .as_ref()
+                .and_then(|t| self.session.turns.get(t))
+                .filter(|t| t.status == TurnStatus::Failed)
+            {
+                // The turn failed on the way (a budget ran out): the rest is not carried out.
+                let reason = format!("its turn failed: {}", failed.error.clone().unwrap_or_default());
+                self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
+                continue;
+            }
             if let Err(reason) = self.run_action(decision, index, action) {
                 self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
             }
@@ -239,6 +250,7 @@ impl Tx {
             Action::LlmCall(a) => {
                 let id = a.id.clone().unwrap_or_else(|| self.ids.llm_call_id());
                 self.check_fresh(&id)?;
+                self.check_budget_before_call(turn_id.as_ref())?;
                 let call = self.llm_call_record(id, a, anchor, turn_id)?;
                 self.create_call(call);
             }
