@@ -453,7 +453,7 @@ impl Tx {
         let calls = turn.usage.llm_calls + open;
         let problem = match (budget.max_cost_picodollars, budget.max_llm_calls) {
             (_, Some(max)) if calls >= max => Some(format!(
-                "the turn has made {calls} model calls (max_llm_calls {max}): another is not started"
+                "the turn has {calls} model calls made or under way (max_llm_calls {max}): another is not started"
             )),
             (Some(max), _) if turn.usage.cost_picodollars >= max => Some(format!(
                 "the turn's model calls cost ${}, all of its max_cost of ${}: another is not started",
