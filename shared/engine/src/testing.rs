@@ -17,7 +17,7 @@ use crate::protocol::{
     LlmResponse, Role, ToolCall, WorkerIdentity,
 };
 use crate::session::{
-    CallError, Command, Ctx, Defaults, Effect, Event, Rejection, Session, SessionInit, TurnOrigin,
+    Budget, CallError, Command, Ctx, Defaults, Effect, Event, Rejection, Session, SessionInit, TurnOrigin,
     TurnRecord, handle,
 };
 use crate::time::Timestamp;
@@ -225,6 +225,7 @@ impl Driver {
             decision_id: request.decision_id.clone(),
             attempt: request.attempts,
             response: Box::new(response),
+            ignored_fields: Vec::new(),
         });
         (request, events)
     }
@@ -237,6 +238,7 @@ impl Driver {
             decision_id: request.decision_id.clone(),
             attempt: request.attempts,
             response: Box::new(response),
+            ignored_fields: Vec::new(),
         });
         (request, events)
     }
@@ -292,6 +294,7 @@ pub fn init(agent_id: &str, declared: Option<AgentConfig>, has_worker: bool) -> 
         parent: None,
         ancestry: Vec::new(),
         defaults: Defaults::default(),
+        budget: Budget::default(),
     }
 }
 

@@ -110,6 +110,7 @@ fn tool_loop_with_two_parallel_worker_tools() {
         decision_id: req.decision_id.clone(),
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
+        ignored_fields: Vec::new(),
     });
     // tool.execute for c2 is live now; the tool.finished for c1 waits behind it.
     let req = h.deliver();
@@ -121,6 +122,7 @@ fn tool_loop_with_two_parallel_worker_tools() {
         decision_id: req.decision_id.clone(),
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
+        ignored_fields: Vec::new(),
     });
     // tool.finished c1: c2 not yet reported, so pending_calls = 1 and no llm.call proposed.
     let (req, _) = h.accept();
@@ -327,6 +329,7 @@ fn results_queue_while_interrupted() {
         decision_id: req.decision_id,
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
+        ignored_fields: Vec::new(),
     });
     // The resume does not call the model while the step's result is still to be reported...
     let (req, _) = h.accept();
@@ -577,6 +580,7 @@ fn a_timed_out_delivery_is_retried_with_the_same_decision() {
         decision_id: first.decision_id.clone(),
         attempt: 1,
         response: Box::new(first.proposed.clone()),
+        ignored_fields: Vec::new(),
     };
     assert!(!h.exec(answer.clone()).is_empty());
     assert!(h.exec(answer).is_empty());

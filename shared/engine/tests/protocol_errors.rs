@@ -710,3 +710,100 @@ fn structs_are_objects_never_arrays() {
         "invalid type: string \"high\", expected struct ReasoningConfig",
     );
 }
+
+// ---- worker answers are read leniently ----
+
+/// The lenient parse of a worker's answer: the response and the ignored fields' paths.
+fn lenient(doc: &Value) -> (DecisionResponse, Vec<String>) {
+    parse_response(doc.to_string().as_bytes()).unwrap_or_else(|e| panic!("{e}\nfor {doc}"))
+}
+
+#[test]
+fn unknown_fields_in_a_worker_answer_are_ignored_and_named() {
+    // Unknown fields everywhere a response reaches: the response, an action, its messages,
+    // tools, reasoning and retry, an agent config with its tools and retry, a message, its
+    // content parts and tool calls.
+    let doc = with(response(), "/session_id", json!("s1"));
+    let doc = with(doc, "/actions/0/trace", json!({ "span": 1 }));
+    let doc = with(doc, "/actions/0/messages/1/x_name", json!("bob"));
+    let doc = with(doc, "/actions/0/tools/0/strict", json!(true));
+    let doc = with(doc, "/actions/0/reasoning/summary", json!("auto"));
+    let doc = with(
+        doc,
+        "/actions/1/retry",
+        json!({ "timeout_secs": null, "max_retries": 0, "backoff_base_secs": 0, "backoff_max_secs": 0, "jitter": true }),
+    );
+    let doc = with(
+        doc,
+        "/agent",
+        json!({ "model": "m", "mcp": [], "tools": [{ "name": "t", "defer": true }], "sub_agents": [{ "id": "poet", "x": 1 }] }),
+    );
+    let doc = with(
+        doc,
+        "/messages",
+        json!([
+            { "role": "user", "content": [{ "type": "text", "text": "hi", "cache_control": {} }], "refusal": null },
+            { "role": "assistant", "tool_calls": [{ "id": "c1", "type": "function", "index": 0, "function": { "name": "f", "arguments": "{}", "parsed": {} } }] }
+        ]),
+    );
+    let (parsed, mut ignored) = lenient(&doc);
+    ignored.sort();
+    let mut expected = vec![
+        "session_id",
+        "actions[0].trace",
+        "actions[0].messages[1].x_name",
+        "actions[0].tools[0].strict",
+        "actions[0].reasoning.summary",
+        "actions[1].retry.jitter",
+        "agent.mcp",
+        "agent.tools[0].defer",
+        "agent.sub_agents[0].x",
+        "messages[0].content[0].cache_control",
+        "messages[0].refusal",
+        "messages[1].tool_calls[0].index",
+        "messages[1].tool_calls[0].function.parsed",
+    ];
+    expected.sort();
+    assert_eq!(ignored, expected);
+    // What is known is read as usual.
+    assert_eq!(parsed.actions().len(), 3);
+    assert_eq!(parsed.agent.as_ref().map(|a| a.tools()[0].name.as_str()), Some("t"));
+    assert_eq!(parsed.messages.as_ref().map(Vec::len), Some(2));
+    // A clean answer ignores nothing.
+    assert_eq!(lenient(&response()).1, Vec::<String>::new());
+}
+
+#[test]
+fn unknown_variants_in_a_worker_answer_still_fail_with_their_path() {
+    let cases = [
+        with(response(), "/actions/0/type", json!("tool.cal")),
+        with(response(), "/actions/1/handler", json!("server")),
+        with(response(), "/actions/0/reasoning/effort", json!("extreme")),
+        with(response(), "/messages", json!([{ "role": "robot" }])),
+        with(response(), "/messages", json!([{ "role": "user", "content": [{ "type": "audio" }] }])),
+        with(response(), "/agent", json!({ "model": "m", "format": "gemini" })),
+        with(response(), "/actions/0/model", json!(7)),
+    ];
+    for doc in cases {
+        let strict = error::<DecisionResponse>(&doc.to_string());
+        let lenient = parse_response(doc.to_string().as_bytes()).expect_err("refused");
+        assert_eq!(lenient, strict, "for {doc}");
+    }
+    let doc = with(response(), "/actions/0/type", json!("tool.cal"));
+    let err = parse_response(doc.to_string().as_bytes()).unwrap_err();
+    assert_eq!(err.path, "actions[0].type");
+    assert!(err.message.starts_with("unknown action \"tool.cal\""), "{err}");
+}
+
+#[test]
+fn client_inputs_stay_strict_after_a_lenient_parse() {
+    lenient(&with(response(), "/session_id", json!("s1")));
+    let input =
+        json!({ "type": "client.message", "agent_id": "a", "message": { "role": "user" }, "queue": true });
+    let err = parse_slice::<ClientInput>(input.to_string().as_bytes()).unwrap_err();
+    assert_eq!(err.path, "queue");
+    assert!(err.message.starts_with("unknown field `queue`"), "{err}");
+    // And the strict parse of a response (what the engine's own documents use) is unchanged.
+    let err = error::<DecisionResponse>(&with(response(), "/session_id", json!("s1")).to_string());
+    assert_eq!(err.path, "session_id");
+}

@@ -159,8 +159,12 @@ fn triggers_wait_behind_the_live_decision() {
 #[test]
 fn a_response_to_a_decision_that_is_not_live_is_a_no_op() {
     let mut h = harness("s", init("w", Some(agent("m")), true));
-    let events =
-        h.exec(Command::Answer { decision_id: "dec_unknown".into(), attempt: 1, response: Box::default() });
+    let events = h.exec(Command::Answer {
+        decision_id: "dec_unknown".into(),
+        attempt: 1,
+        response: Box::default(),
+        ignored_fields: Vec::new(),
+    });
     assert!(events.is_empty());
 }
 
@@ -296,8 +300,12 @@ fn an_echo_of_known_ids_writes_nothing_and_the_request_carries_path_and_tree() {
         messages: Some(req.messages.iter().map(Message::to_draft).collect()),
         ..Default::default()
     };
-    let events =
-        h.exec(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::new(echo) });
+    let events = h.exec(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: 1,
+        response: Box::new(echo),
+        ignored_fields: Vec::new(),
+    });
     assert_eq!(names(&events), ["decision.resolved"], "the worker vetoed the reply by not echoing it");
 }
 
@@ -379,7 +387,12 @@ fn a_timeout_is_a_retryable_deadline_exceeded_until_retries_run_out() {
     h.exec(Command::Tick);
     let req = h.deliver();
     assert!(matches!(req.trigger, Trigger::ToolExecute(ref t) if t.attempt == 2));
-    h.exec(Command::Answer { decision_id: req.decision_id, attempt: 1, response: Box::default() });
+    h.exec(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: 1,
+        response: Box::default(),
+        ignored_fields: Vec::new(),
+    });
     // A late result for attempt 1 is refused by the fence.
     let late = Action::ToolResult(ToolResultAction {
         id: Some("c1".into()),
@@ -452,6 +465,7 @@ fn a_result_violating_the_output_schema_settles_as_a_terminal_error() {
         decision_id: req.decision_id,
         attempt: 1,
         response: Box::new(respond(vec![result])),
+        ignored_fields: Vec::new(),
     });
     let (req, _) = h.accept();
     let Trigger::ToolFinished(f) = &req.trigger else { panic!() };
@@ -477,6 +491,7 @@ fn a_worker_llm_call_in_openai_format_goes_out_and_comes_back_native() {
         decision_id: req.decision_id,
         attempt: 1,
         response: Box::new(respond(vec![result])),
+        ignored_fields: Vec::new(),
     });
     h.accept();
     assert_eq!(h.path_texts(), ["User:hi", "Assistant:hey"]);
@@ -516,6 +531,7 @@ fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
         decision_id: req.decision_id,
         attempt: req.attempts,
         response: Box::new(response),
+        ignored_fields: Vec::new(),
     });
     assert!(h.session.active_turn_id().is_none() && h.session.is_paused());
     let err = h.try_exec(message("w", "next")).unwrap_err();
@@ -1077,4 +1093,231 @@ fn a_message_is_delivered_only_to_a_child_of_its_sender() {
     let mut child = init("helper", Some(agent("m")), false);
     child.parent = Some(ParentLink { session_id: "p".into(), tool_call_id: "t1".into() });
     assert_eq!(sent.check_target(&harness("c", child).session), Ok(()));
+}
+
+// ----- client tools ----------------------------------------------------------------------
+
+fn client_messages_with_tools(agent_id: &str, text: &str, tools: Vec<AgentTool>) -> Command {
+    submit(
+        ClientInput::Messages(ClientMessagesInput {
+            agent_id: agent_id.into(),
+            turn_id: None,
+            messages: vec![DraftMessage::user(text)],
+            stream: None,
+            client: Some(ClientContext { tools: Some(tools), ..Default::default() }),
+        }),
+        false,
+    )
+}
+
+#[test]
+fn client_tools_are_run_by_the_client_whatever_their_handler_says() {
+    // No worker: a client tool that says nothing of its handler (or says worker) is still the
+    // client's, so the model's call to it waits for the client instead of failing the turn.
+    for handler in [None, Some(ToolHandler::Worker)] {
+        let mut h = harness("s", init("demo", Some(agent("m")), false));
+        let pick = AgentTool { handler, ..tool("pick") };
+        h.exec(client_messages_with_tools("demo", "pick a color", vec![pick]));
+        h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+        let turn = h.last_turn();
+        assert_eq!(turn.status, TurnStatus::Active, "{:?}", turn.error);
+        let call = h.session.call(&"c1".into()).expect("an open call");
+        assert!(call.is_client_tool(), "{:?}", call.spec);
+        assert_eq!((call.status, call.attempt), (CallStatus::Pending, 1));
+    }
+}
+
+#[test]
+fn a_worker_sees_the_turns_client_tools_in_agent_and_in_the_proposed_agent() {
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("search")])), true));
+    h.accept();
+    h.exec(client_messages_with_tools("w", "pick a color", vec![tool("pick")]));
+    let layered = vec![tool("search"), AgentTool { handler: Some(ToolHandler::Client), ..tool("pick") }];
+    let (request, _) = h.accept();
+    assert_eq!(request.agent.as_ref().map(|a| a.tools().to_vec()), Some(layered.clone()), "agent");
+    assert_eq!(
+        request.proposed.agent.as_ref().map(|a| a.tools().to_vec()),
+        Some(layered.clone()),
+        "proposed agent"
+    );
+    // Accepting the proposal keeps the client tools a layer of this turn, not the config's.
+    assert_eq!(h.session.current_agent().map(|a| a.tools().to_vec()), Some(vec![tool("search")]));
+    // Later decisions of the turn show them too; the model's call to one is the client's.
+    h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+    let (request, _) = h.accept();
+    assert_eq!(request.agent.as_ref().map(|a| a.tools().to_vec()), Some(layered));
+    assert!(h.session.call(&"c1".into()).expect("an open call").is_client_tool());
+    // Once the turn is over, the layer is gone.
+    h.exec(Command::Cancel { reason: "enough".into() });
+    h.exec(message("w", "next"));
+    let (request, _) = h.accept();
+    assert_eq!(request.agent.as_ref().map(|a| a.tools().to_vec()), Some(vec![tool("search")]));
+    assert_eq!(request.proposed.agent, None);
+}
+
+// ----- images ----------------------------------------------------------------------------
+
+#[test]
+fn images_of_a_model_response_reach_the_assistant_message() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(message("demo", "draw a cat"));
+    let image = UrlRef { url: "data:image/png;base64,iVBORw0KGgo=".into() };
+    let mut response = reply("Here it is");
+    response.images = Some(vec![image.clone()]);
+    h.run_llm(response);
+    let path = h.session.tree().active_path();
+    let assistant = path.last().expect("the assistant message");
+    assert_eq!(
+        assistant.content,
+        Some(Content::Parts(vec![
+            ContentPart::Text { text: "Here it is".into() },
+            ContentPart::ImageUrl { image_url: image.clone() },
+        ]))
+    );
+    // The turn's output is still the text, and the message round-trips.
+    assert_eq!(h.last_turn().data, Some(json!("Here it is")));
+    let text = serde_json::to_string(*assistant).unwrap();
+    assert_eq!(&parse_str::<Message>(&text).unwrap(), *assistant);
+    // An image without text: the parts are the images alone.
+    h.exec(message("demo", "another, no words"));
+    let mut response = reply("");
+    response.content = None;
+    response.images = Some(vec![image.clone()]);
+    h.run_llm(response);
+    let path = h.session.tree().active_path();
+    assert_eq!(
+        path.last().unwrap().content,
+        Some(Content::Parts(vec![ContentPart::ImageUrl { image_url: image }]))
+    );
+}
+
+// ----- worker answers are read leniently ---------------------------------------------------
+
+#[test]
+fn a_worker_answer_with_unknown_fields_is_accepted_and_its_resolution_names_them() {
+    let mut h = harness("s", init("w", Some(agent("m")), true));
+    h.accept();
+    h.exec(message("w", "hi"));
+    let request = h.deliver();
+    // Many workers echo the request's ids for their own logs, and add their own fields.
+    let body = format!(
+        r#"{{"session_id": "{}", "decision_id": "{}", "actions": [{{"type": "done", "data": "bye", "trace": "t-1"}}]}}"#,
+        request.session_id, request.decision_id
+    );
+    let (response, ignored) = parse_response(body.as_bytes()).expect("a lenient parse");
+    assert_eq!(ignored, ["session_id", "decision_id", "actions[0].trace"]);
+    let events = h.exec(Command::Answer {
+        decision_id: request.decision_id.clone(),
+        attempt: request.attempts,
+        response: Box::new(response),
+        ignored_fields: ignored,
+    });
+    let recorded = events.iter().find_map(|e| match e {
+        Event::DecisionResolved { ignored_fields, .. } => Some(ignored_fields.clone()),
+        _ => None,
+    });
+    assert_eq!(recorded.unwrap(), ["session_id", "decision_id", "actions[0].trace"]);
+    assert_eq!(h.last_turn().status, TurnStatus::Completed);
+    assert_eq!(h.last_turn().data, Some(json!("bye")));
+    // Old events (without the field) still parse, and an empty list is not written.
+    let resolved = h.log.iter().filter(|e| e.name() == "decision.resolved").collect::<Vec<_>>();
+    let first = serde_json::to_value(resolved[0]).unwrap();
+    assert!(first.get("ignored_fields").is_none(), "{first}");
+    assert_eq!(&serde_json::from_value::<Event>(first).unwrap(), resolved[0]);
+}
+
+// ----- budgets -----------------------------------------------------------------------------
+
+fn costing(mut response: LlmResponse, cost: &str) -> LlmResponse {
+    response.cost = Some(cost.into());
+    response
+}
+
+#[test]
+fn a_turn_whose_cost_passes_max_cost_fails_with_budget_exceeded_and_voids_its_work() {
+    let mut init = init("w", Some(with_tools(vec![tool("t")])), true);
+    init.budget = Budget { max_cost_picodollars: parse_picodollars("0.0015"), max_llm_calls: None };
+    let mut h = harness("s", init);
+    h.accept();
+    h.exec(message("w", "go"));
+    h.accept();
+    h.run_llm(costing(tool_calls(&[("c1", "t", "{}")]), "0.001"));
+    // The worker runs the tool and calls the model again at once (in parallel).
+    let request = h.deliver();
+    let mut response = request.proposed.clone();
+    response.actions.get_or_insert_with(Vec::new).push(Action::LlmCall(LlmCallAction::default()));
+    h.exec(Command::Answer {
+        decision_id: request.decision_id,
+        attempt: request.attempts,
+        response: Box::new(response),
+        ignored_fields: Vec::new(),
+    });
+    assert_eq!(h.last_turn().status, TurnStatus::Active, "0.001 is within the budget");
+    // The second call takes the turn to 0.002: past 0.0015.
+    let events = h.run_llm(costing(reply("more"), "0.001"));
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed);
+    assert_eq!(turn.code, Some(ErrorCode::BudgetExceeded));
+    let error = turn.error.clone().unwrap();
+    assert!(error.starts_with("budget_exceeded: "), "{error}");
+    assert!(error.contains("0.002") && error.contains("0.0015"), "{error}");
+    assert_eq!(turn.usage.cost(), "0.002");
+    assert!(names(&events).contains(&"turn.ended"));
+    // Its open work is voided as for any failed turn: the tool call gets a synthetic result,
+    // and the reply that passed the budget is not recorded.
+    assert!(h.session.calls().is_empty() && h.session.decision().is_none());
+    let path = h.path_texts();
+    assert_eq!(path.len(), 3, "{path:?}");
+    assert!(
+        path[2].starts_with("Tool:error: the turn failed before this tool call finished: budget_exceeded")
+    );
+}
+
+#[test]
+fn a_turn_may_make_max_llm_calls_and_fails_when_it_asks_for_one_more() {
+    // An engine-hosted agent whose model calls a client tool, then wants to answer.
+    let run = |max_llm_calls: u64| {
+        let mut init = init("demo", Some(agent("m")), false);
+        init.budget = Budget { max_cost_picodollars: None, max_llm_calls: Some(max_llm_calls) };
+        let mut h = harness("s", init);
+        h.exec(client_messages_with_tools("demo", "pick a color", vec![tool("pick")]));
+        h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+        let settle = ClientInput::ToolResult(ToolResultInput {
+            id: "c1".into(),
+            attempt: None,
+            result: Some(json!("blue")),
+        });
+        h.exec(submit(settle, false));
+        h
+    };
+    let mut h = run(2);
+    h.run_llm(reply("Blue it is"));
+    assert_eq!(h.last_turn().status, TurnStatus::Completed);
+    assert_eq!(h.last_turn().usage.llm_calls, 2);
+    // With one call allowed, the second is never started.
+    let h = run(1);
+    assert_eq!(h.due_llm(), None);
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed);
+    assert_eq!(turn.code, Some(ErrorCode::BudgetExceeded));
+    let error = turn.error.clone().unwrap();
+    assert!(error.starts_with("budget_exceeded: "), "{error}");
+    assert!(error.contains("max_llm_calls 1"), "{error}");
+    assert_eq!(h.path_texts(), ["User:pick a color", "Assistant:", "Tool:blue"]);
+    assert!(h.session.calls().is_empty());
+}
+
+#[test]
+fn a_budget_survives_the_log_and_an_unlimited_one_is_not_written() {
+    let mut limited = init("demo", Some(agent("m")), false);
+    limited.budget = Budget { max_cost_picodollars: Some(1_500_000_000), max_llm_calls: Some(3) };
+    let json = serde_json::to_value(&limited).unwrap();
+    assert_eq!(json["budget"], json!({ "max_cost_picodollars": "1500000000", "max_llm_calls": 3 }));
+    assert_eq!(serde_json::from_value::<SessionInit>(json).unwrap(), limited);
+    let event =
+        Event::SessionCreated { session_id: "s".into(), init: limited.clone(), at: Default::default() };
+    let back: Event = serde_json::from_value(serde_json::to_value(&event).unwrap()).unwrap();
+    assert_eq!(back, event);
+    let plain = serde_json::to_value(init("demo", None, false)).unwrap();
+    assert!(plain.get("budget").is_none(), "{plain}");
 }

@@ -117,6 +117,7 @@ fn worker_answer(rng: &mut Rng, req: &DecisionRequest) -> Command {
         decision_id: decision_id.clone(),
         attempt,
         response: Box::new(response),
+        ignored_fields: Vec::new(),
     };
     let roll = rng.below(100);
     if roll < 6 {

@@ -151,26 +151,35 @@ pub struct AudioData {
     pub format: String,
 }
 
-#[derive(Deserialize)]
+// The parts' bodies, read through `objects_only!` like every protocol struct (so a lenient
+// parse names their unknown fields too); never serialized (`ContentPart` serializes itself).
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Self")]
 struct TextPart {
     text: String,
 }
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Self")]
 struct ImageUrlPart {
     image_url: UrlRef,
 }
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Self")]
 struct FilePart {
     file: FileData,
 }
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Self")]
 struct InputAudioPart {
     input_audio: AudioData,
 }
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
+#[serde(remote = "Self")]
 struct VideoUrlPart {
     video_url: UrlRef,
 }
+
+super::parse::objects_only!(TextPart, ImageUrlPart, FilePart, InputAudioPart, VideoUrlPart);
 
 super::parse::tagged_deserialize! {
     ContentPart, "content part", {

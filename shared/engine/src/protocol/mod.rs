@@ -2,7 +2,10 @@
 //!
 //! Optional fields are omitted when absent; `unknown` fields are `serde_json::Value`; a
 //! `T | null` field is required and may be `null`. Parse untrusted documents with [`parse`],
-//! [`parse_str`] or [`parse_slice`]: their errors name the path of the offending field.
+//! [`parse_str`] or [`parse_slice`]: their errors name the path of the offending field, and
+//! the strict types refuse unknown fields. A worker's answer is read with [`parse_response`]
+//! instead: unknown fields (at any depth) are ignored and their paths returned; unknown
+//! variants are still errors.
 //!
 //! Every struct is read from a JSON object only: each derives with `#[serde(remote = "Self")]`
 //! and gets its trait impls from `parse::objects_only!`, which refuses the array form serde's
@@ -33,7 +36,7 @@ pub use message::{
     AudioData, Content, ContentPart, DraftMessage, FileData, FunctionCall, Message, MessageTree, Role,
     ToolCall, TreeNode, UrlRef,
 };
-pub use parse::{ProtocolError, parse, parse_slice, parse_str};
+pub use parse::{ProtocolError, parse, parse_response, parse_slice, parse_str};
 pub use trigger::{
     ClientActionTrigger, ClientContext, ClientMessagesTrigger, ErrorCode, InterruptResumedTrigger,
     LlmExecuteTrigger, LlmFinishedTrigger, SubAgentFinishedTrigger, ToolExecuteTrigger, ToolFinishedTrigger,

@@ -37,7 +37,7 @@ impl Session {
             Event::TurnAliased { alias, turn_id } => {
                 self.turn_aliases.insert(alias.clone(), turn_id.clone());
             }
-            Event::TurnEnded { turn_id, status, data, error, at } => {
+            Event::TurnEnded { turn_id, status, data, error, code, at } => {
                 if self.active_turn.as_ref() == Some(turn_id) {
                     self.active_turn = None;
                 }
@@ -46,6 +46,7 @@ impl Session {
                     turn.status = *status;
                     turn.data = data.clone();
                     turn.error = error.clone();
+                    turn.code = *code;
                     turn.ended_at = Some(*at);
                     turn.input = None;
                     turn.client_tools = Vec::new();

@@ -118,11 +118,15 @@ impl Tx {
                 if let (Err(_), CallSpec::SubAgent { session_id, .. }) = (&outcome, &call.spec) {
                     self.cancel_child(&call.id, session_id, "the delegation failed");
                 }
+                let used = matches!(outcome, Ok(CallValue::Llm(_)));
                 self.emit(Event::CallSettled { call_id: call.id.clone(), attempt: call.attempt, outcome });
                 let source = TriggerSource::CallFinished { call_id: call.id.clone() };
                 self.emit(Event::TriggerQueued {
                     trigger: PendingTrigger { source, turn_id: call.turn_id.clone() },
                 });
+                if used {
+                    self.check_budget_after_call(call.turn_id.as_ref());
+                }
             }
         }
         Ok(())

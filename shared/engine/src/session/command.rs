@@ -37,6 +37,11 @@ pub enum Command {
         /// The delivery attempt that got the answer.
         attempt: u32,
         response: Box<DecisionResponse>,
+        /// The paths of the fields the worker's answer carried that the protocol does not
+        /// know (`session_id`, `actions[1].trace`), ignored by the lenient parse
+        /// ([`crate::protocol::parse_response`]); recorded on `decision.resolved`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ignored_fields: Vec<String>,
     },
     /// A delivery of a decision failed.
     DeliveryFailed {

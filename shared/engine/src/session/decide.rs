@@ -84,7 +84,7 @@ impl Tx {
                 self.fail_decision(&decision, error, false);
             } else {
                 let (proposed, base) = (decision.proposed.clone(), decision.proposal_base.clone());
-                self.resolve(&decision, proposed, base, Resolver::Engine);
+                self.resolve(&decision, proposed, base, Resolver::Engine, Vec::new());
             }
         }
     }
@@ -283,12 +283,25 @@ fn finished_trigger(call: &CallRecord) -> Option<Trigger> {
     })
 }
 
-/// The assistant message an LLM response records; its id is the call's (rule 20).
+/// The assistant message an LLM response records; its id is the call's (rule 20). Text
+/// alone is a string; with images the content is parts: the text (when there is any), then
+/// one `image_url` part per image, in order.
 pub(super) fn assistant_message(call_id: &CallId, response: &LlmResponse) -> DraftMessage {
+    let images = response.images.as_deref().unwrap_or_default();
+    let content = if images.is_empty() {
+        response.content.clone().map(Content::Text)
+    } else {
+        let text = response.content.iter().filter(|t| !t.is_empty());
+        let parts = text
+            .map(|t| ContentPart::Text { text: t.clone() })
+            .chain(images.iter().map(|image| ContentPart::ImageUrl { image_url: image.clone() }))
+            .collect();
+        Some(Content::Parts(parts))
+    };
     DraftMessage {
         id: Some(MessageId::new(call_id.as_str())),
         role: Role::Assistant,
-        content: response.content.clone().map(Content::Text),
+        content,
         tool_calls: response.tool_calls.clone().filter(|t| !t.is_empty()),
         tool_call_id: None,
         name: None,

@@ -9,7 +9,7 @@ use super::records::{
     TurnRecord, TurnStatus,
 };
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
-use crate::protocol::{AgentConfig, DecisionResponse, Message};
+use crate::protocol::{AgentConfig, DecisionResponse, ErrorCode, Message};
 use crate::time::Timestamp;
 
 /// One fact in a session's log.
@@ -48,6 +48,9 @@ pub enum Event {
         data: Option<Value>,
         /// Why it failed or was cancelled.
         error: Option<String>,
+        /// The class of the failure, when it has one (`budget_exceeded`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<ErrorCode>,
         at: Timestamp,
     },
     /// `done` was recorded while interrupts of the turn are open: the turn ends, completed with
@@ -99,6 +102,10 @@ pub enum Event {
         /// How many leading messages of the answer were left out.
         #[serde(default, skip_serializing_if = "is_zero")]
         omitted_messages: usize,
+        /// The paths of the unknown fields the worker's answer carried, which the lenient
+        /// parse ignored (e.g. `session_id`, `actions[1].trace`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        ignored_fields: Vec<String>,
     },
     /// The live decision failed for good.
     DecisionFailed { decision_id: DecisionId, error: String },

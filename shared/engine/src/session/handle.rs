@@ -43,11 +43,11 @@ impl Tx {
             _ if !self.session.is_created() => return Err(Rejection::NotFound(self.session.id.clone())),
             Command::Submit { input, queue, origin } => self.submit(input, queue, origin)?,
             Command::ClaimDecision { decision_id, attempt } => self.claim_decision(&decision_id, attempt)?,
-            Command::Answer { decision_id, attempt: _, response } => {
+            Command::Answer { decision_id, attempt: _, response, ignored_fields } => {
                 // Any attempt's answer resolves the live decision; once resolved, later
                 // answers (redeliveries, stragglers) find it no longer live and are no-ops.
                 if let Some(decision) = self.session.decision.clone().filter(|d| d.id == decision_id) {
-                    self.resolve(&decision, *response, None, Resolver::Worker);
+                    self.resolve(&decision, *response, None, Resolver::Worker, ignored_fields);
                 }
             }
             Command::DeliveryFailed { decision_id, attempt, error, retryable } => {
@@ -245,6 +245,7 @@ impl Tx {
             ended_at: None,
             data: None,
             error: None,
+            code: None,
             usage: Usage::default(),
             done_pending: false,
         };
@@ -339,6 +340,19 @@ impl Tx {
         error: Option<String>,
         retryable: bool,
     ) {
+        self.end_turn_coded(turn_id, status, data, error, None, retryable);
+    }
+
+    /// [`Tx::end_turn`] with the failure's class.
+    pub(super) fn end_turn_coded(
+        &mut self,
+        turn_id: &TurnId,
+        status: TurnStatus,
+        data: Option<Value>,
+        error: Option<String>,
+        code: Option<ErrorCode>,
+        retryable: bool,
+    ) {
         if status != TurnStatus::Completed {
             let reason = error.clone().unwrap_or_else(|| "the turn ended".to_owned());
             self.close_open_work(turn_id, &reason, status);
@@ -348,6 +362,7 @@ impl Tx {
             status,
             data: data.clone(),
             error: error.clone(),
+            code,
             at: self.now,
         });
         let turn = self.session.turns.get(turn_id).cloned();
@@ -452,6 +467,74 @@ impl Tx {
             let reason = format!("the delegation {call_id} ended before its child was created: {reason}");
             self.emit(Event::OutboxWithdrawn { seq, reason });
         }
+    }
+
+    // ----- budgets ---------------------------------------------------------------------
+
+    /// After an LLM call of the active turn `turn_id` settled: a turn whose usage now passes
+    /// its budget (cost above `max_cost`, more calls than `max_llm_calls`) fails with
+    /// `budget_exceeded`, voiding its open work (the settled call with it: its response is not
+    /// recorded). Returns whether it did.
+    pub(super) fn check_budget_after_call(&mut self, turn_id: Option<&TurnId>) -> bool {
+        let Some((turn, budget)) = self.budgeted_turn(turn_id) else { return false };
+        let usage = &turn.usage;
+        let problem = match (budget.max_cost_picodollars, budget.max_llm_calls) {
+            (Some(max), _) if usage.cost_picodollars > max => Some(format!(
+                "the turn's model calls cost ${}, past its max_cost of ${}",
+                usage.cost(),
+                format_picodollars(max)
+            )),
+            (_, Some(max)) if usage.llm_calls > max => {
+                Some(format!("the turn made {} model calls, past its max_llm_calls {max}", usage.llm_calls))
+            }
+            _ => None,
+        };
+        let Some(problem) = problem else { return false };
+        self.fail_over_budget(&turn.id, problem);
+        true
+    }
+
+    /// Before an LLM call of the active turn `turn_id` is made: when the call would pass the
+    /// turn's budget (its calls made and still open already reach `max_llm_calls`, or its cost
+    /// has reached `max_cost`), the turn fails with `budget_exceeded` instead and the call is
+    /// not made. `Err` says why.
+    pub(super) fn check_budget_before_call(&mut self, turn_id: Option<&TurnId>) -> Result<(), String> {
+        let Some((turn, budget)) = self.budgeted_turn(turn_id) else { return Ok(()) };
+        let open = self
+            .session
+            .calls
+            .iter()
+            .filter(|c| {
+                c.kind() == CallKind::LlmCall && !c.is_settled() && c.turn_id.as_ref() == Some(&turn.id)
+            })
+            .count() as u64;
+        let calls = turn.usage.llm_calls + open;
+        let problem = match (budget.max_cost_picodollars, budget.max_llm_calls) {
+            (_, Some(max)) if calls >= max => Some(format!(
+                "the turn has {calls} model calls made or under way (max_llm_calls {max}): another is not started"
+            )),
+            (Some(max), _) if turn.usage.cost_picodollars >= max => Some(format!(
+                "the turn's model calls cost ${}, all of its max_cost of ${}: another is not started",
+                turn.usage.cost(),
+                format_picodollars(max)
+            )),
+            _ => None,
+        };
+        let Some(problem) = problem else { return Ok(()) };
+        self.fail_over_budget(&turn.id, problem.clone());
+        Err(format!("budget_exceeded: {problem}"))
+    }
+
+    /// The active turn `turn_id` names, with the session's budget, when one limits it.
+    fn budgeted_turn(&self, turn_id: Option<&TurnId>) -> Option<(TurnRecord, Budget)> {
+        let budget = self.session.init.as_ref().map(|i| i.budget).filter(|b| !b.is_unlimited())?;
+        let turn_id = turn_id.filter(|t| self.session.active_turn.as_ref() == Some(*t))?;
+        Some((self.session.turns.get(turn_id)?.clone(), budget))
+    }
+
+    fn fail_over_budget(&mut self, turn_id: &TurnId, problem: String) {
+        let error = format!("budget_exceeded: {problem}");
+        self.end_turn_coded(turn_id, TurnStatus::Failed, None, Some(error), Some(ErrorCode::BudgetExceeded), false);
     }
 
     pub(super) fn outbox(&mut self, item: OutboxItem) {

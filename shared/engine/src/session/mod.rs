@@ -30,7 +30,8 @@ pub use event::Event;
 pub use outbox::{OutboxItem, Route, Send, Spawn, child_failed, route};
 pub use plan::{Effect, Plan};
 pub use records::{
-    CallError, CallOutcome, CallRecord, CallSpec, CallValue, ChildTask, Decision, Defaults, Interrupt,
+    Budget, CallError, CallOutcome, CallRecord, CallSpec, CallValue, ChildTask, Decision, Defaults,
+    Interrupt,
     ParentLink, PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput, TurnOrigin,
     TurnRecord, TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
 };
@@ -71,11 +72,12 @@ pub fn turn_from_log<'a>(
                     t.input = None;
                 }
             }
-            Event::TurnEnded { turn_id: id, status, data, error, at } if id == turn_id => {
+            Event::TurnEnded { turn_id: id, status, data, error, code, at } if id == turn_id => {
                 if let Some(t) = turn.as_mut() {
                     t.status = *status;
                     t.data = data.clone();
                     t.error = error.clone();
+                    t.code = *code;
                     t.ended_at = Some(*at);
                 }
             }
@@ -416,21 +418,67 @@ impl Session {
     }
 
     /// The declaration of tool `name` for a call in `turn_id`: the agent's tools, then the
-    /// client tools the turn brought.
+    /// client tools the turn brought (always run by the client, see [`client_tool`]).
     pub fn tool_declaration(&self, name: &str, turn_id: Option<&TurnId>) -> Option<AgentTool> {
         let agent = self.current_agent().and_then(|a| a.tools().iter().find(|t| t.name == name)).cloned();
-        agent.or_else(|| {
-            turn_id
-                .and_then(|t| self.turns.get(t))
-                .and_then(|turn| turn.client_tools.iter().find(|t| t.name == name))
-                .cloned()
-        })
+        agent.or_else(|| self.client_tools(turn_id).iter().find(|t| t.name == name).map(client_tool))
+    }
+
+    /// The client tools turn `turn_id` brought, as the client declared them; empty once the
+    /// turn has ended.
+    pub fn client_tools(&self, turn_id: Option<&TurnId>) -> &[AgentTool] {
+        turn_id.and_then(|t| self.turns.get(t)).map(|t| t.client_tools.as_slice()).unwrap_or_default()
+    }
+
+    /// The agent config as decisions of turn `turn_id` see it: the config on the active path
+    /// with the turn's client tools layered onto its tools (as client tools; a name the agent
+    /// already declares as a tool or sub-agent keeps the agent's declaration). Without client
+    /// tools, or without a config to layer them onto, the config itself.
+    pub fn layered_agent(&self, turn_id: Option<&TurnId>) -> Option<AgentConfig> {
+        let mut config = self.current_agent()?.clone();
+        let extra: Vec<AgentTool> = self
+            .client_tools(turn_id)
+            .iter()
+            .filter(|c| !config.tools().iter().any(|t| t.name == c.name))
+            .filter(|c| !config.sub_agents().iter().any(|s| s.id == c.name))
+            .map(client_tool)
+            .collect();
+        if !extra.is_empty() {
+            config.tools.get_or_insert_with(Vec::new).extend(extra);
+        }
+        Some(config)
+    }
+
+    /// `config` (from a response in turn `turn_id`) without the turn's layered client tools,
+    /// as it is stored: echoing the layered config writes nothing, and the client tools stay
+    /// the turn's.
+    pub(crate) fn unlayered_agent(&self, turn_id: Option<&TurnId>, mut config: AgentConfig) -> AgentConfig {
+        if self.layered_agent(turn_id).as_ref() == Some(&config)
+            && let Some(current) = self.current_agent()
+        {
+            return current.clone();
+        }
+        let layer: Vec<AgentTool> = self.client_tools(turn_id).iter().map(client_tool).collect();
+        if let Some(tools) = config.tools.as_mut() {
+            let before = tools.len();
+            tools.retain(|t| !layer.contains(t));
+            if tools.is_empty() && before > 0 {
+                config.tools = None;
+            }
+        }
+        config
     }
 
     /// Whether `name` is a sub-agent of the current config.
     pub fn is_sub_agent(&self, name: &str) -> bool {
         self.current_agent().is_some_and(|a| a.sub_agents().iter().any(|s| s.id == name))
     }
+}
+
+/// A client tool's declaration as the engine uses it: the client runs it, whatever its
+/// `handler` says (a client tool cannot be a worker's).
+pub(crate) fn client_tool(tool: &AgentTool) -> AgentTool {
+    AgentTool { handler: Some(crate::protocol::ToolHandler::Client), ..tool.clone() }
 }
 
 fn newest_on_path<'a, T>(tree: &Tree, versions: &'a [Versioned<T>]) -> Option<&'a T> {

@@ -266,6 +266,7 @@ mod tests {
             parent: None,
             ancestry: Vec::new(),
             defaults: Default::default(),
+            budget: Default::default(),
         };
         let Command::Create { init } = spawn.command(base) else { unreachable!("a create") };
         let link = init.parent.clone();

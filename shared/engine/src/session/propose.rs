@@ -44,9 +44,11 @@ fn proposal(
             agent: s.init.as_ref().and_then(|i| i.declared.clone()),
             ..DecisionResponse::default()
         },
+        // The turn's client tools are layered onto the proposed config (rule 11).
         Trigger::ClientMessages(t) => DecisionResponse {
             messages: Some(t.messages.clone()),
             actions: in_turn.then(|| vec![llm_call()]),
+            agent: s.layered_agent(turn_id).filter(|_| in_turn && !s.client_tools(turn_id).is_empty()),
             ..DecisionResponse::default()
         },
         Trigger::ClientAction(_) | Trigger::LlmExecute(_) => DecisionResponse::default(),

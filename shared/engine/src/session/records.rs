@@ -413,6 +413,9 @@ pub struct TurnRecord {
     pub data: Option<Value>,
     /// Why it failed or was cancelled.
     pub error: Option<String>,
+    /// The class of the failure, when it has one (`budget_exceeded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorCode>,
     /// Model usage of the turn's LLM calls.
     pub usage: Usage,
     /// `done` was recorded (its data in `data`) while interrupts of the turn were open: the
@@ -578,6 +581,49 @@ pub struct SessionInit {
     /// Ancestor session ids, nearest last.
     pub ancestry: Vec<SessionId>,
     pub defaults: Defaults,
+    /// The agent's limits on each turn's model use (none: unlimited).
+    #[serde(default, skip_serializing_if = "Budget::is_unlimited")]
+    pub budget: Budget,
+}
+
+/// An agent's limits on what one turn may spend on model calls. A turn whose usage passes one
+/// ends as failed with code `budget_exceeded`: checked after each of its model calls settles
+/// and before each new one is made (ARCHITECTURE.md, "Decisions where the design was silent").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Budget {
+    /// The most a turn's model calls may cost, in pico-dollars (10^-12 dollars, as
+    /// [`Usage::cost_picodollars`]; [`parse_picodollars`] reads a dollar string such as
+    /// `"0.50"`). Serialized as a decimal string, like the usage's cost.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_i128_string")]
+    pub max_cost_picodollars: Option<i128>,
+    /// The most model calls a turn may make.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_llm_calls: Option<u64>,
+}
+
+impl Budget {
+    /// Whether it limits nothing.
+    pub fn is_unlimited(&self) -> bool {
+        self.max_cost_picodollars.is_none() && self.max_llm_calls.is_none()
+    }
+}
+
+mod opt_i128_string {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<i128>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i128>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => text.parse().map(Some).map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ impl Session {
             trigger: d.wire_trigger(&self.tree),
             proposed: d.wire_proposal(&self.tree),
             state: self.current_state(),
-            agent: self.current_agent().cloned(),
+            agent: self.layered_agent(d.turn_id.as_ref()),
             calls: self.calls.iter().map(|c| self.wire_call(c)).collect(),
             pending_calls: self.pending_calls(),
             messages: self.tree.active_path().into_iter().cloned().collect(),
@@ -93,8 +93,7 @@ impl Session {
     /// per sub-agent (taking a `message`), and the client tools the turn brought.
     pub fn offered_tools(&self, turn_id: Option<&TurnId>) -> Option<Vec<LlmTool>> {
         let mut tools = Vec::new();
-        let client_tools =
-            turn_id.and_then(|t| self.turns.get(t)).map(|t| t.client_tools.as_slice()).unwrap_or_default();
+        let client_tools = self.client_tools(turn_id);
         let agent = self.current_agent();
         let declared = agent.map(AgentConfig::tools).unwrap_or_default();
         for tool in

@@ -14,13 +14,15 @@ use crate::protocol::*;
 impl Tx {
     /// Resolves the live decision with `response`, whose messages follow the path `base`
     /// when given (a proposal kept by reference). An invalid response fails the decision (and
-    /// its turn) before anything of it is written.
+    /// its turn) before anything of it is written. `ignored_fields` are the paths of unknown
+    /// fields the worker's answer carried (recorded, never acted on).
     pub(super) fn resolve(
         &mut self,
         decision: &Decision,
         mut response: DecisionResponse,
         base: Option<PathRef>,
         by: Resolver,
+        ignored_fields: Vec<String>,
     ) {
         if let Err(problem) = self.validate_response(decision, &response) {
             let who = if by == Resolver::Worker { "invalid_response" } else { "invalid proposal" };
@@ -47,6 +49,7 @@ impl Tx {
             by,
             response: response.clone(),
             omitted_messages,
+            ignored_fields,
         });
         if let Some(reconciled) = reconciled {
             self.record_messages(reconciled);
@@ -57,14 +60,26 @@ impl Tx {
             let anchor = self.session.tree.head().cloned();
             self.emit(Event::StateWritten { anchor, value: state });
         }
-        if let Some(config) = response.agent
+        if let Some(config) =
+            response.agent.map(|c| self.session.unlayered_agent(decision.turn_id.as_ref(), c))
             && Some(&config) != self.session.current_agent()
         {
             let anchor = self.session.tree.head().cloned();
             self.emit(Event::AgentWritten { anchor, config });
         }
         let actions = response.actions.unwrap_or_default();
+        let turn = decision.turn_id.clone().filter(|t| self.session.active_turn.as_ref() == Some(t));
         for (index, action) in actions.iter().enumerate() {
+            if let Some(failed) = turn
+                .as_ref()
+                .and_then(|t| self.session.turns.get(t))
+                .filter(|t| t.status == TurnStatus::Failed)
+            {
+                // The turn failed on the way (a budget ran out): the rest is not carried out.
+                let reason = format!("its turn failed: {}", failed.error.clone().unwrap_or_default());
+                self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
+                continue;
+            }
             // `done` followed by an `interrupt` waits for it like one raised before it.
             let interrupt_follows = actions[index + 1..].iter().any(|a| matches!(a, Action::Interrupt(_)));
             if let Err(reason) = self.run_action(decision, index, action, interrupt_follows) {
@@ -279,6 +294,7 @@ impl Tx {
             Action::LlmCall(a) => {
                 let id = a.id.clone().unwrap_or_else(|| self.ids.llm_call_id());
                 self.check_fresh(&id)?;
+                self.check_budget_before_call(turn_id.as_ref())?;
                 let call = self.llm_call_record(id, a, anchor, turn_id)?;
                 self.create_call(call);
             }
