@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use turnstone_engine::protocol::{
-    Action, DecisionResponse, InterruptAction, LlmResultAction, ToolInput, Trigger,
+    Action, DecisionResponse, ErrorCode, InterruptAction, LlmResultAction, ToolInput, Trigger,
 };
 use turnstone_engine::session::TurnStatus;
 use turnstone_runtime::api::{LoggedEvent, SessionStatus, Turn};
@@ -1128,5 +1128,81 @@ async fn priced_models_give_calls_their_cost() {
     host.wait_turn("s-paid", &second).await;
     // + 3 * 2.5 + 1 * 10 = 17.5 per million.
     assert_eq!(host.summary("s-paid").await.usage.cost, "0.0045175");
+    host.stop().await;
+}
+
+/// A worker that spawns its sub-agent under the id of a session that already exists (someone
+/// else's) does not reach into it: the delegation fails with the reason, the foreign session
+/// gets no turn, and the parent's turn goes on. The worker also echoes `session_id` and
+/// `decision_id` in its answers, as many do: that is accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spawn_under_a_foreign_sessions_id_fails_the_delegation_and_leaves_it_alone() {
+    let openai = FakeOpenAi::start().await;
+    // The foreign session's own turn, then the boss: a delegation, then a reply.
+    openai.push(Reply::text("I am the foreign session."));
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_h", "helper", r#"{"message":"hi"}"#)]));
+    openai.push(Reply::text("The helper could not be reached."));
+    let worker = FakeWorker::start(None, |request, _| {
+        let mut answer = serde_json::to_value(&request.proposed).unwrap();
+        let proposed_child = format!("{}-call_h", request.decision_id);
+        let text = answer.to_string().replace(&proposed_child, "foreign");
+        answer = serde_json::from_str(&text).unwrap();
+        answer["session_id"] = json!(request.session_id);
+        answer["decision_id"] = json!(request.decision_id);
+        FakeAnswer::Json(answer)
+    })
+    .await;
+    let agents = format!(
+        "[agent.boss]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nworker = \"{}\"\n\
+         [[agent.boss.sub_agents]]\nid = \"helper\"\ndescription = \"Helps.\"\n\n\
+         [agent.helper]\nmodel = \"gpt-fake\"\nllm = \"fake\"\n",
+        worker.url()
+    );
+    let (host, _dir) = host(&config(&openai, &agents)).await;
+    let foreign_turn = host.submit_ok("foreign", &message("helper", "hello")).await;
+    host.wait_turn("foreign", &foreign_turn).await;
+    let foreign_before = host.summary("foreign").await.last_seq;
+
+    let turn_id = host.submit_ok("s-boss2", &message("boss", "Ask the helper.")).await;
+    let turn = host.wait_turn("s-boss2", &turn_id).await;
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
+    let transcript = transcript(&host.messages("s-boss2").await);
+    assert_eq!(transcript.len(), 4, "{transcript:?}");
+    assert!(
+        transcript[2].starts_with("tool helper/call_h: ") && transcript[2].contains("already exists"),
+        "the delegation fails with the reason: {transcript:?}"
+    );
+    // Nothing reached the foreign session.
+    assert_eq!(host.summary("foreign").await.last_seq, foreign_before);
+    // The echoed fields were ignored, and named where the answer was recorded.
+    let events = host.events("s-boss2", 0).await;
+    let resolved: Vec<&Value> =
+        events.iter().map(|e| &e.event).filter(|e| e["type"] == "decision_resolved").collect();
+    assert!(!resolved.is_empty());
+    for event in resolved {
+        let mut ignored: Vec<&str> =
+            event["ignored_fields"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+        ignored.sort_unstable();
+        assert_eq!(ignored, ["decision_id", "session_id"], "{event}");
+    }
+    host.stop().await;
+}
+
+/// A per-agent budget ends a turn whose model calls cost more than `max_cost` (priced from the
+/// provider's token counts) with `budget_exceeded`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_past_its_agents_budget_fails_with_budget_exceeded() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::text("an expensive answer").usage(1000, 200));
+    let agents = "[agent.thrifty]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nmax_cost = \"0.001\"\n";
+    let prices = "prices.\"gpt-fake\" = { input = 2.5, output = 10.0 }\n";
+    let text =
+        config(&openai, agents).replace("\n\n[agent.thrifty]", &format!("\n{prices}\n[agent.thrifty]"));
+    let (host, _dir) = host(&text).await;
+    let turn_id = host.submit_ok("s-thrifty", &message("thrifty", "Tell me everything.")).await;
+    let turn = host.wait_turn("s-thrifty", &turn_id).await;
+    assert_eq!(turn.status, TurnStatus::Failed, "{turn:?}");
+    assert_eq!(turn.code, Some(ErrorCode::BudgetExceeded), "{turn:?}");
+    assert!(turn.error.as_deref().unwrap().starts_with("budget_exceeded"), "{turn:?}");
     host.stop().await;
 }

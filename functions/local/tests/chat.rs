@@ -255,6 +255,7 @@ fn ended(turn_id: &str, status: TurnStatus, error: Option<&str>) -> Event {
         status,
         data: None,
         error: error.map(Into::into),
+        code: None,
         at: Timestamp(1),
     }
 }

@@ -311,6 +311,7 @@ mod tests {
                     status: turnstone_engine::session::TurnStatus::Completed,
                     data: None,
                     error: None,
+                    code: None,
                     at: Timestamp(5),
                 },
             }],

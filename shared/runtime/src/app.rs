@@ -11,7 +11,7 @@ use std::time::Duration;
 use turnstone_engine::ids::TurnId;
 use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
-    Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree, TurnOrigin,
+    Budget, Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree, TurnOrigin,
     TurnRecord, handle,
 };
 use turnstone_engine::time::Timestamp;
@@ -39,6 +39,8 @@ pub struct AgentRuntime {
     pub worker: Option<WorkerEndpoint>,
     /// The provider of its server LLM calls, if any.
     pub provider: Option<Arc<dyn ModelProvider>>,
+    /// Per-turn limits of its sessions.
+    pub budget: Budget,
 }
 
 impl std::fmt::Debug for AgentRuntime {
@@ -167,6 +169,7 @@ impl App {
             parent: None,
             ancestry: Vec::new(),
             defaults: self.defaults,
+            budget: agent.budget,
         })
     }
 

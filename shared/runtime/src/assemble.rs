@@ -56,7 +56,14 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
                 secret: secrets.worker_secret(id).map(str::to_owned),
             });
             let provider = def.llm_for(config).and_then(|llm| providers.get(llm).cloned());
-            (id.clone(), AgentRuntime { id: id.clone(), declared: def.config.clone(), worker, provider })
+            let agent = AgentRuntime {
+                id: id.clone(),
+                declared: def.config.clone(),
+                worker,
+                provider,
+                budget: def.budget,
+            };
+            (id.clone(), agent)
         })
         .collect())
 }

@@ -152,7 +152,8 @@ impl App {
             let error = format!("agent {:?} has no worker configured", session.agent_id());
             return self.delivery_failed(session_id, decision_id, attempt, error, false).await.map(|()| None);
         };
-        let timeout = session.defaults().decision.timeout_ms().map(Duration::from_millis);
+        // A `tool.execute`/`llm.execute` delivery is bounded by its call's own timeout.
+        let timeout = session.delivery_timeout_ms().map(Duration::from_millis);
         let stream_call = match &request.trigger {
             Trigger::LlmExecute(t) => Some(t.id.clone()),
             _ => None,
@@ -166,8 +167,13 @@ impl App {
         };
         let now_unix = self.now().0 / 1000;
         match self.worker.deliver(&endpoint, &request, timeout, now_unix, on_delta).await {
-            Ok(response) => {
-                let command = Command::Answer { decision_id, attempt, response: Box::new(response) };
+            Ok(answer) => {
+                let command = Command::Answer {
+                    decision_id,
+                    attempt,
+                    response: Box::new(answer.response),
+                    ignored_fields: answer.ignored_fields,
+                };
                 self.outcome(session_id, claimed, command).await.map(Some)
             }
             Err(e) => {
@@ -239,33 +245,46 @@ impl App {
         let from = SessionId::from(session_id);
         match route(&from, item) {
             Route::Spawn(spawn) => {
+                // A session that already has the child's id is left alone unless it is this
+                // delegation's own child (a redelivered spawn).
+                let mut refused: Option<String> = None;
                 let created = self
                     .execute(&spawn.session_id, |s| {
                         if s.is_created() {
+                            refused = spawn.check_existing(s).err();
                             return Ok(Vec::new());
                         }
                         let base = self.session_init(&spawn.agent_id, spawn.identity.clone())?;
                         Ok(vec![spawn.command(base)])
                     })
                     .await;
-                if let Err(e) = created {
-                    let (parent, command) =
-                        spawn.failed(format!("cannot start sub-agent {:?}: {e}", spawn.agent_id));
+                let failure = match created {
+                    Err(e) => Some(format!("cannot start sub-agent {:?}: {e}", spawn.agent_id)),
+                    Ok(_) => refused,
+                };
+                if let Some(error) = failure {
+                    let (parent, command) = spawn.failed(error);
                     self.command(&parent, command).await?;
                 }
             }
             Route::Send(send) => {
                 let target = send.session_id.clone();
                 let (target_session, _) = self.load(&target).await?;
-                let link = target_session.parent().filter(|l| l.session_id == from).cloned();
-                let command = send.command(target_session.agent_id());
-                if let Err(e) = self.command(&target, command).await {
-                    if e.is_retryable() {
-                        return Err(e);
-                    }
-                    if let Some(link) = link {
-                        let error = format!("cannot send to sub-agent session {target:?}: {e}");
-                        self.command(&link.session_id, child_failed(&link, &target, error)).await?;
+                if let Err(why) = send.check_target(&target_session) {
+                    // Never a turn in a session that is not the sender's child; the sender's
+                    // delegation settles through its spawn's failure.
+                    tracing::warn!(session_id, target = %target, "{why}");
+                } else {
+                    let link = target_session.parent().filter(|l| l.session_id == from).cloned();
+                    let command = send.command(target_session.agent_id());
+                    if let Err(e) = self.command(&target, command).await {
+                        if e.is_retryable() {
+                            return Err(e);
+                        }
+                        if let Some(link) = link {
+                            let error = format!("cannot send to sub-agent session {target:?}: {e}");
+                            self.command(&link.session_id, child_failed(&link, &target, error)).await?;
+                        }
                     }
                 }
             }

@@ -104,6 +104,16 @@ async fn worker(State(shared): State<Shared>, uri: Uri, headers: HeaderMap, body
     shared.seen.lock().unwrap().push(Seen { path: path.clone(), headers, body });
     match path.as_str() {
         "/json" => json(StatusCode::OK, r#"{"actions": [{"type": "done", "data": "hi"}], "state": {"n": 2}}"#),
+        "/echoing" => json(
+            StatusCode::OK,
+            r#"{"session_id": "s1", "decision_id": "dec_1", "actions": [{"type": "done", "data": "hi", "trace": "t-9"}]}"#,
+        ),
+        "/echoing-sse" => (
+            [(header::CONTENT_TYPE, "text/event-stream")],
+            "event: decision.result\ndata: {\"session_id\": \"s1\", \"actions\": []}\n\n",
+        )
+            .into_response(),
+        "/unknown-action" => json(StatusCode::OK, r#"{"session_id": "s1", "actions": [{"type": "tool.cal", "id": "x"}]}"#),
         "/json-suffix" => {
             ([(header::CONTENT_TYPE, "application/vnd.turnstone+json")], r#"{"actions": []}"#).into_response()
         }
@@ -225,7 +235,8 @@ impl FakeWorker {
                 deltas.push(delta);
                 notify.notify_one();
             })
-            .await;
+            .await
+            .map(|answer| answer.response);
         (result, deltas)
     }
 }
@@ -612,4 +623,28 @@ async fn delivery_runs_on_a_spawned_task() {
     let (result, deltas) = task.await.unwrap();
     assert!(result.is_ok(), "{result:?}");
     assert_eq!(deltas, 2);
+}
+
+/// Workers are read leniently: fields this engine does not know (an echoed `session_id`, a
+/// `trace` of the worker's own) are ignored and named; an action type it does not know still
+/// fails, naming where.
+#[tokio::test]
+async fn unknown_fields_are_ignored_and_named_but_unknown_actions_fail() {
+    let worker = FakeWorker::start().await;
+    let client = WorkerClient::new().unwrap();
+    let answer =
+        client.deliver(&worker.endpoint("/echoing", None), &request(), PLENTY, NOW, |_| {}).await.unwrap();
+    assert_eq!(answer.ignored_fields, ["session_id", "decision_id", "actions[0].trace"]);
+    let [Action::Done(done)] = answer.response.actions() else { panic!("{answer:?}") };
+    assert_eq!(done.data, Some(serde_json::json!("hi")));
+    let answer = client
+        .deliver(&worker.endpoint("/echoing-sse", None), &request(), PLENTY, NOW, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(answer.ignored_fields, ["session_id"]);
+    let err = client
+        .deliver(&worker.endpoint("/unknown-action", None), &request(), PLENTY, NOW, |_| {})
+        .await
+        .unwrap_err();
+    assert_invalid(&err, "actions[0].type");
 }

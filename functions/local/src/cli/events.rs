@@ -112,6 +112,7 @@ mod tests {
             status: TurnStatus::Completed,
             data: None,
             error: None,
+            code: None,
             at: Timestamp(5),
         };
         let value = serde_json::to_value(&ended).unwrap();

@@ -287,6 +287,7 @@ mod tests {
             status,
             data: None,
             error: error.map(str::to_owned),
+            code: None,
             at: Timestamp(0),
         }
     }

@@ -534,7 +534,14 @@ impl Tx {
 
     fn fail_over_budget(&mut self, turn_id: &TurnId, problem: String) {
         let error = format!("budget_exceeded: {problem}");
-        self.end_turn_coded(turn_id, TurnStatus::Failed, None, Some(error), Some(ErrorCode::BudgetExceeded), false);
+        self.end_turn_coded(
+            turn_id,
+            TurnStatus::Failed,
+            None,
+            Some(error),
+            Some(ErrorCode::BudgetExceeded),
+            false,
+        );
     }
 
     pub(super) fn outbox(&mut self, item: OutboxItem) {

@@ -31,9 +31,8 @@ pub use outbox::{OutboxItem, Route, Send, Spawn, child_failed, route};
 pub use plan::{Effect, Plan};
 pub use records::{
     Budget, CallError, CallOutcome, CallRecord, CallSpec, CallValue, ChildTask, Decision, Defaults,
-    Interrupt,
-    ParentLink, PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput, TurnOrigin,
-    TurnRecord, TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
+    Interrupt, ParentLink, PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput,
+    TurnOrigin, TurnRecord, TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
 };
 pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};

@@ -67,6 +67,16 @@ pub(super) struct RawAgent {
     pub(super) llm: Option<String>,
     pub(super) worker: Option<String>,
     pub(super) worker_secret_env: Option<String>,
+    pub(super) max_cost: Option<RawMoney>,
+    pub(super) max_llm_calls: Option<u64>,
+}
+
+/// Dollars, as a TOML string (`"0.50"`, exact) or number (`0.5`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawMoney {
+    Text(String),
+    Number(f64),
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -256,7 +266,30 @@ pub(super) fn build_agent(
             );
         }
     }
-    AgentDef { id, config, llm: raw.llm, worker: raw.worker, worker_secret_env: raw.worker_secret_env }
+    let max_cost_picodollars = raw.max_cost.and_then(|money| {
+        let text = match money {
+            RawMoney::Text(text) => text,
+            RawMoney::Number(n) if n.is_finite() => n.to_string(),
+            RawMoney::Number(_) => String::new(),
+        };
+        let parsed = parse_picodollars(text.trim()).filter(|p| *p >= 0);
+        if parsed.is_none() {
+            problems.add(at("max_cost"), "must be an amount of dollars, e.g. \"0.50\"");
+        }
+        parsed
+    });
+    if raw.max_llm_calls == Some(0) {
+        problems.add(at("max_llm_calls"), "must be at least 1 (leave it out for no limit)");
+    }
+    let budget = Budget { max_cost_picodollars, max_llm_calls: raw.max_llm_calls };
+    AgentDef {
+        id,
+        config,
+        llm: raw.llm,
+        worker: raw.worker,
+        worker_secret_env: raw.worker_secret_env,
+        budget,
+    }
 }
 
 pub(super) fn defined(ids: &[&str]) -> String {

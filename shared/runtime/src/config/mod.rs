@@ -22,6 +22,8 @@
 //! llm = "openai"                # which [llm.<id>] runs its server LLM calls
 //! worker = "https://worker.example.com/decide"  # optional worker webhook
 //! worker_secret_env = "DEMO_WORKER_SECRET"      # optional: its HMAC secret's variable
+//! max_cost = "0.50"             # optional: a turn's model calls may cost at most $0.50
+//! max_llm_calls = 20            # optional: and make at most 20 model calls
 //!
 //! [auth]                        # optional; absent: no auth (loopback development)
 //! api_keys_env = "TURNSTONE_API_KEYS"           # clients: `name:key,name:key`
@@ -64,7 +66,7 @@ use toml::de::{DeTable, DeValue};
 use turnstone_engine::protocol::{
     AgentConfig, AgentTool, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler,
 };
-use turnstone_engine::session::Defaults;
+use turnstone_engine::session::{Budget, Defaults, parse_picodollars};
 
 /// The bundled demo configuration, the one a new user reads first.
 pub const DEMO_TOML: &str = include_str!("../demo.toml");
@@ -201,6 +203,9 @@ pub struct AgentDef {
     pub worker: Option<String>,
     /// The name of the environment variable holding the worker's HMAC secret.
     pub worker_secret_env: Option<String>,
+    /// Per-turn limits (`max_cost` in dollars, `max_llm_calls`): a turn past one fails with
+    /// `budget_exceeded`.
+    pub budget: Budget,
 }
 
 impl AgentDef {

@@ -212,6 +212,7 @@ fn a_full_example_parses_to_every_field() {
             llm: Some("claude".into()),
             worker: Some("https://worker.example.com/decide".into()),
             worker_secret_env: Some("MAIN_WORKER_SECRET".into()),
+            budget: Budget::default(),
         }
     );
     assert!(main.has_worker());
@@ -266,7 +267,7 @@ fn unknown_keys_are_named_where_they_are() {
         err(&with_llm("[agent.demo]\nmodel = \"x\"\nmodle = \"y\"\n")),
         "turnstone.toml:6:1: agent.demo.modle: unknown key \"modle\" (did you mean \"model\"?); \
          expected one of: model, system, stream, handler, format, retry, tools, sub_agents, llm, \
-         worker, worker_secret_env"
+         worker, worker_secret_env, max_cost, max_llm_calls"
     );
     assert_eq!(
         err(&with_llm(
@@ -711,5 +712,26 @@ fn prices_are_dollars_per_million_tokens_of_http_providers() {
     assert_eq!(
         err("[llm.s]\ntype = \"scripted\"\nprices.m = { input = 1.0, output = 1.0 }\n"),
         "turnstone.toml:3:1: llm.s.prices: the scripted model is free: it takes no prices"
+    );
+}
+
+#[test]
+fn budgets_are_dollars_and_calls_per_turn() {
+    let config = Config::parse(
+        &with_llm("[agent.a]\nmodel = \"m\"\nmax_cost = \"0.50\"\nmax_llm_calls = 3\n"),
+        "t.toml",
+    )
+    .unwrap();
+    let budget = config.agent("a").unwrap().budget;
+    assert_eq!(budget, Budget { max_cost_picodollars: Some(500_000_000_000), max_llm_calls: Some(3) });
+    let config = Config::parse(&with_llm("[agent.a]\nmodel = \"m\"\nmax_cost = 2\n"), "t.toml").unwrap();
+    assert_eq!(config.agent("a").unwrap().budget.max_cost_picodollars, Some(2_000_000_000_000));
+    assert_eq!(
+        err(&with_llm("[agent.a]\nmodel = \"m\"\nmax_cost = \"lots\"\n")),
+        "turnstone.toml:6:1: agent.a.max_cost: must be an amount of dollars, e.g. \"0.50\""
+    );
+    assert_eq!(
+        err(&with_llm("[agent.a]\nmodel = \"m\"\nmax_llm_calls = 0\n")),
+        "turnstone.toml:6:1: agent.a.max_llm_calls: must be at least 1 (leave it out for no limit)"
     );
 }

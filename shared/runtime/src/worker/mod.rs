@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use reqwest::{Response, StatusCode};
-use turnstone_engine::protocol::{DecisionRequest, DecisionResponse, StreamDelta, parse_slice, parse_str};
+use turnstone_engine::protocol::{DecisionRequest, DecisionResponse, StreamDelta, parse_response, parse_str};
 
 pub use error::DeliveryError;
 pub use signature::{DEFAULT_TOLERANCE_SECS, SIGNATURE_HEADER, SignatureError, sign, verify};
@@ -41,6 +41,21 @@ const HINT_BODY_BYTES: usize = 16 << 10;
 const DELTA_EVENT: &str = "llm.token.delta";
 const RESULT_EVENT: &str = "decision.result";
 const ERROR_EVENT: &str = "decision.error";
+
+/// A worker's answer to one delivery: the response, and the fields of it this engine does not
+/// know and ignored (their paths, e.g. `actions[1].trace`). Worker answers are read leniently:
+/// a worker may echo `session_id` or add fields of its own; unknown action types still fail.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Answer {
+    pub response: DecisionResponse,
+    pub ignored_fields: Vec<String>,
+}
+
+impl From<(DecisionResponse, Vec<String>)> for Answer {
+    fn from((response, ignored_fields): (DecisionResponse, Vec<String>)) -> Self {
+        Answer { response, ignored_fields }
+    }
+}
 
 /// Where an agent's worker listens, and the secret its requests are signed with.
 #[derive(Clone, PartialEq, Eq)]
@@ -107,7 +122,7 @@ impl WorkerClient {
         timeout: Option<Duration>,
         now_unix: i64,
         mut on_delta: impl FnMut(StreamDelta),
-    ) -> Result<DecisionResponse, DeliveryError> {
+    ) -> Result<Answer, DeliveryError> {
         let http_request = self.build_request(endpoint, request, now_unix)?;
         let attempt = self.exchange(http_request, &mut on_delta);
         let outcome = match timeout {
@@ -118,6 +133,10 @@ impl WorkerClient {
             None => attempt.await,
         };
         match &outcome {
+            Ok(answer) if !answer.ignored_fields.is_empty() => tracing::warn!(
+                ignored_fields = ?answer.ignored_fields,
+                "worker answered with fields this engine does not know; they were ignored"
+            ),
             Ok(_) => tracing::debug!("worker answered"),
             Err(err) => {
                 tracing::debug!(code = err.code(), retryable = err.is_retryable(), error = %err, "delivery failed");
@@ -166,7 +185,7 @@ impl WorkerClient {
         &self,
         http_request: reqwest::Request,
         on_delta: &mut impl FnMut(StreamDelta),
-    ) -> Result<DecisionResponse, DeliveryError> {
+    ) -> Result<Answer, DeliveryError> {
         let response = self.http.execute(http_request).await.map_err(|e| {
             if e.is_timeout() {
                 DeliveryError::Timeout { after: None }
@@ -199,9 +218,9 @@ impl WorkerClient {
         &self,
         response: Response,
         on_delta: &mut impl FnMut(StreamDelta),
-    ) -> Result<DecisionResponse, DeliveryError> {
+    ) -> Result<Answer, DeliveryError> {
         if response.status() == StatusCode::NO_CONTENT {
-            return Ok(DecisionResponse::default());
+            return Ok(Answer::default());
         }
         let unexpected_type = match media_type(&response) {
             MediaType::EventStream => return self.read_event_stream(response, on_delta).await,
@@ -216,10 +235,10 @@ impl WorkerClient {
             return Err(too_large(self.max_body_bytes));
         }
         if body.trim_ascii().is_empty() {
-            return Ok(DecisionResponse::default());
+            return Ok(Answer::default());
         }
         match unexpected_type {
-            None => parse_slice::<DecisionResponse>(&body).map_err(DeliveryError::invalid),
+            None => parse_response(&body).map(Answer::from).map_err(DeliveryError::invalid),
             Some(declared) => Err(DeliveryError::invalid_body(format!(
                 "content type `{declared}` is neither application/json nor text/event-stream"
             ))),
@@ -232,7 +251,7 @@ impl WorkerClient {
         &self,
         response: Response,
         on_delta: &mut impl FnMut(StreamDelta),
-    ) -> Result<DecisionResponse, DeliveryError> {
+    ) -> Result<Answer, DeliveryError> {
         let mut stream = SseStream::new(response, self.max_body_bytes);
         let mut deltas = 0_usize;
         while let Some(event) = stream.next().await {
@@ -275,7 +294,7 @@ fn retryable_by_default() -> bool {
 fn handle_event(
     event: &SseEvent,
     on_delta: &mut impl FnMut(StreamDelta),
-) -> Result<Option<DecisionResponse>, DeliveryError> {
+) -> Result<Option<Answer>, DeliveryError> {
     match event.event.as_str() {
         DELTA_EVENT => {
             let delta = parse_str::<StreamDelta>(&event.data)
@@ -283,8 +302,8 @@ fn handle_event(
             on_delta(delta);
             Ok(None)
         }
-        RESULT_EVENT => parse_str::<DecisionResponse>(&event.data)
-            .map(Some)
+        RESULT_EVENT => parse_response(event.data.as_bytes())
+            .map(|parsed| Some(Answer::from(parsed)))
             .map_err(|e| DeliveryError::invalid_event(RESULT_EVENT, e)),
         ERROR_EVENT => {
             let error = parse_str::<WorkerErrorEvent>(&event.data)
