@@ -1083,15 +1083,16 @@ async fn fake_worker_refuses_what_is_not_a_decision_request() {
     assert!(worker.records().is_empty());
 }
 
-/// The head keeps only recent turns: an old turn's record is rebuilt from the log, and
-/// resubmitting its id is still a no-op.
+/// The head keeps only recent turns and forgets even the ids of the oldest: an old turn's
+/// record is rebuilt from the log, and resubmitting its id is still a no-op, however old (the
+/// store keeps every turn id).
 #[tokio::test(flavor = "multi_thread")]
 async fn old_turns_are_answered_from_the_log() {
     let config = format!(
         "{FAST_DEFAULTS}\n[llm.s]\ntype = \"scripted\"\n\n[agent.echo]\nmodel = \"scripted\"\nllm = \"s\"\n"
     );
     let (host, _dir) = host(&config).await;
-    let turns = turnstone_engine::session::RECENT_TURNS + 3;
+    let turns = turnstone_engine::session::RECENT_TURNS + turnstone_engine::session::PAST_TURN_IDS + 3;
     for i in 0..turns {
         let turn_id = format!("t{i}");
         host.submit_ok("s-old", &message_as("echo", &format!("m{i}"), &turn_id)).await;

@@ -319,6 +319,14 @@ impl Store for CountingStore {
         loaded
     }
 
+    async fn used_ids(
+        &self,
+        session_id: &str,
+        ids: &[turnstone_engine::session::UsedId],
+    ) -> Result<Vec<turnstone_engine::session::UsedId>, StoreError> {
+        self.inner.used_ids(session_id, ids).await
+    }
+
     async fn commit(
         &self,
         session_id: &str,

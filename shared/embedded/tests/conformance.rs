@@ -22,6 +22,12 @@ fn store() -> (TempDir, SqliteStore) {
 }
 
 #[tokio::test]
+async fn store_used_ids_are_kept_for_good() {
+    let (_dir, store) = store();
+    conformance::store_used_ids_are_kept_for_good(&store).await;
+}
+
+#[tokio::test]
 async fn store_round_trip() {
     let (_dir, store) = store();
     conformance::store_round_trip(&store).await;

@@ -227,3 +227,28 @@ async fn a_garbage_cursor_is_refused_and_a_real_one_is_accepted() {
     assert_eq!(page.items.len(), 1);
     assert!(page.next_cursor.is_some());
 }
+
+/// A version 1 file (no `used_ids`) is migrated on open: the ids its log used are filled in,
+/// so idempotency keeps holding for sessions written before.
+#[tokio::test]
+async fn a_version_1_file_is_migrated_and_its_used_ids_filled_from_the_log() {
+    use turnstone_engine::session::UsedId;
+    let (_dir, path, store) = temp_store();
+    let d = stored(&store, "s-v1").await;
+    let first_used: Vec<UsedId> = UsedId::first_used_by(&d.log);
+    assert!(first_used.len() >= 2, "a turn and its model call: {first_used:?}");
+    drop(store);
+    let raw = Connection::open(&path).unwrap();
+    raw.execute_batch("DROP TABLE used_ids").unwrap();
+    raw.pragma_update(None, "user_version", 1).unwrap();
+    drop(raw);
+
+    let store = SqliteStore::open(&path).unwrap();
+    let raw = Connection::open(&path).unwrap();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let mut probe = first_used.clone();
+    probe.push(UsedId::Turn("never".into()));
+    assert_eq!(store.used_ids("s-v1", &probe).await.unwrap(), first_used);
+    assert_stored(&store, &d).await;
+}

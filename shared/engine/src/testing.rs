@@ -120,7 +120,7 @@ impl Driver {
     /// the rejection is returned (and nothing changes).
     pub fn try_exec(&mut self, command: Command) -> Result<Vec<Event>, Rejection> {
         self.seed = self.seed.wrapping_add(1);
-        let ctx = Ctx { now: self.now, seed: self.seed };
+        let ctx = Ctx::new(self.now, self.seed);
         let transition = handle(&self.session, command, &ctx)?;
         self.session = transition.session;
         self.log.extend(transition.events.iter().cloned());

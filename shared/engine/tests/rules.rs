@@ -1321,3 +1321,79 @@ fn a_budget_survives_the_log_and_an_unlimited_one_is_not_written() {
     let plain = serde_json::to_value(init("demo", None, false)).unwrap();
     assert!(plain.get("budget").is_none(), "{plain}");
 }
+
+// ----- idempotency without a horizon ----------------------------------------------------
+
+/// Handles `command` with the store's answer about ids the head forgot.
+fn handle_knowing(h: &Driver, command: Command, used: Vec<UsedId>) -> Transition {
+    let ctx = Ctx { now: h.now, seed: 99, used: used.into_iter().collect() };
+    handle(&h.session, command, &ctx).unwrap()
+}
+
+#[test]
+fn a_turn_id_only_the_store_remembers_names_its_turn_and_writes_nothing() {
+    let mut h = harness("s", init("w", Some(agent("m")), false));
+    // The head knows nothing of `t-old` (it left the head hundreds of turns ago): on its own
+    // the engine would start a new turn under it.
+    let fresh = handle_knowing(&h, msg_with_turn("w", "again", "t-old"), Vec::new());
+    assert_eq!(names(&fresh.events)[0], "turn.started");
+    let known = handle_knowing(&h, msg_with_turn("w", "again", "t-old"), vec![UsedId::Turn("t-old".into())]);
+    assert!(known.events.is_empty(), "{:?}", names(&known.events));
+    // Other turn ids are not affected.
+    let other = handle_knowing(&h, msg_with_turn("w", "new", "t-new"), vec![UsedId::Turn("t-old".into())]);
+    assert_eq!(names(&other.events)[0], "turn.started");
+    h.exec(msg_with_turn("w", "new", "t-new"));
+}
+
+#[test]
+fn a_call_id_only_the_store_remembers_is_not_made_again_nor_settled_again() {
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("a")])), true));
+    h.accept();
+    h.exec(message("w", "go"));
+    let req = h.deliver();
+    let call = Action::ToolCall(ToolCallAction {
+        id: Some("c-old".into()),
+        name: "a".into(),
+        arguments: json!({"x": 1}),
+        handler: None,
+        retry: None,
+    });
+    let answer = Command::Answer {
+        decision_id: req.decision_id.clone(),
+        attempt: req.attempts,
+        response: Box::new(respond(vec![call])),
+        ignored_fields: Vec::new(),
+    };
+    let fresh = handle_knowing(&h, answer.clone(), Vec::new());
+    assert!(names(&fresh.events).contains(&"call.created"));
+    let known = handle_knowing(&h, answer, vec![UsedId::Call("c-old".into())]);
+    assert!(!names(&known.events).contains(&"call.created"), "{:?}", names(&known.events));
+    assert!(names(&known.events).contains(&"action.ignored"));
+    // A settle for it is refused as settled, not as unknown.
+    let settle = Command::Settle {
+        action: Action::ToolResult(ToolResultAction {
+            id: Some("c-old".into()),
+            attempt: None,
+            result: json!(1),
+        }),
+    };
+    let ctx = Ctx { now: h.now, seed: 7, used: [UsedId::Call("c-old".into())].into_iter().collect() };
+    assert!(matches!(handle(&h.session, settle.clone(), &ctx), Err(Rejection::CallAlreadySettled(_))));
+    assert!(matches!(handle(&h.session, settle, &Ctx::new(h.now, 7)), Err(Rejection::UnknownCall(_))));
+}
+
+#[test]
+fn the_ids_a_commit_uses_first_are_its_new_turns_aliases_and_calls() {
+    let mut h = harness("s", init("w", Some(with_tools(vec![tool("a")])), true));
+    h.accept();
+    let events = h.exec(msg_with_turn("w", "go", "t1"));
+    assert_eq!(UsedId::first_used_by(&events), [UsedId::Turn("t1".into())]);
+    let (_, events) = h.answer(respond(vec![Action::ToolCall(ToolCallAction {
+        id: Some("c1".into()),
+        name: "a".into(),
+        arguments: json!({}),
+        handler: None,
+        retry: None,
+    })]));
+    assert_eq!(UsedId::first_used_by(&events), [UsedId::Call("c1".into())]);
+}

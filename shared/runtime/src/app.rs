@@ -12,7 +12,7 @@ use turnstone_engine::ids::TurnId;
 use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
     Budget, Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree, TurnOrigin,
-    TurnRecord, handle,
+    TurnRecord, UsedId, UsedIds, handle,
 };
 use turnstone_engine::time::Timestamp;
 
@@ -152,10 +152,11 @@ impl App {
         self.agents.keys().map(String::as_str)
     }
 
-    fn ctx(&self) -> Ctx {
+    /// A context for one command, knowing the ids in `used` beyond the session's head.
+    fn ctx(&self, used: &UsedIds) -> Ctx {
         // Fresh, distinct entropy per command; the ids it mints land in the events.
         let n = self.entropy.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-        Ctx { now: self.clock.now(), seed: n }
+        Ctx { now: self.clock.now(), seed: n, used: used.clone() }
     }
 
     /// The init of a new session for `agent_id`.
@@ -267,13 +268,15 @@ impl App {
     where
         F: FnMut(&Session) -> Result<Vec<Command>>,
     {
+        // Ids the store says were used before, learnt from a refused commit (see `UsedIds`).
+        let mut used = UsedIds::default();
         for _ in 0..MAX_CONFLICT_RETRIES + usize::from(known.is_some()) {
             let hinted = known.is_some();
             let (session, version) = match known.take() {
                 Some(known) => known,
                 None => self.load(session_id).await?,
             };
-            let handled = self.handle_all(session, &mut build);
+            let handled = self.handle_all(session, &mut build, &used);
             if hinted && !handled.as_ref().is_ok_and(|(_, events)| !events.is_empty()) {
                 continue;
             }
@@ -286,7 +289,7 @@ impl App {
             let mut plan = session.plan(now);
             if claim
                 && let Some(effect) = claimable(&plan)
-                && let Ok(t) = handle(&session, claim_command(&effect), &self.ctx())
+                && let Ok(t) = handle(&session, claim_command(&effect), &self.ctx(&used))
             {
                 events.extend(t.events);
                 session = t.session;
@@ -303,6 +306,9 @@ impl App {
                     return Ok(Executed { session, events, version, claimed });
                 }
                 Err(StoreError::Conflict { .. }) => continue,
+                // The head forgot these ids, the store did not: handle again knowing them (an
+                // old turn id then names its turn, a reused call id is a no-op).
+                Err(StoreError::IdsUsed { ids, .. }) => used.extend(ids),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -310,14 +316,19 @@ impl App {
     }
 
     /// Handles the commands `build` asks for against `session`, in order.
-    fn handle_all<F>(&self, mut session: Session, build: &mut F) -> Result<(Session, Vec<Event>)>
+    fn handle_all<F>(
+        &self,
+        mut session: Session,
+        build: &mut F,
+        used: &UsedIds,
+    ) -> Result<(Session, Vec<Event>)>
     where
         F: FnMut(&Session) -> Result<Vec<Command>>,
     {
         let commands = build(&session)?;
         let mut events = Vec::new();
         for command in commands {
-            let transition = handle(&session, command, &self.ctx())?;
+            let transition = handle(&session, command, &self.ctx(used))?;
             events.extend(transition.events);
             session = transition.session;
         }
@@ -391,7 +402,9 @@ impl App {
         }
         let session = &executed.session;
         let turn_id = match input.turn_id() {
-            Some(id) => session.knows_turn(id).then(|| session.resolve_turn_id(id).to_owned()),
+            // A known turn id writes nothing; one only the store remembered writes nothing too.
+            Some(id) => (session.knows_turn(id) || executed.events.is_empty())
+                .then(|| session.resolve_turn_id(id).to_owned()),
             None => executed.events.iter().find_map(|e| match e {
                 Event::TurnStarted { turn } | Event::TurnQueued { turn } => Some(turn.id.clone()),
                 _ => None,
@@ -456,7 +469,11 @@ impl App {
             return Ok(Some(turn.clone()));
         }
         if !session.knows_turn(turn_id) {
-            return Ok(None);
+            // Older than the head remembers: the store knows whether it ever was a turn.
+            let used = self.store.used_ids(session.id(), &[UsedId::Turn(turn_id.clone())]).await?;
+            if used.is_empty() {
+                return Ok(None);
+            }
         }
         let turn_id = session.resolve_turn_id(turn_id);
         let mut events = Vec::new();

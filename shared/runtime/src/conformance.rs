@@ -139,6 +139,58 @@ pub async fn store_suite(store: &dyn Store) {
     store_list_sessions(store).await;
     store_due(store).await;
     store_large_session(store).await;
+    store_used_ids_are_kept_for_good(store).await;
+}
+
+/// Every turn id and call id a session used is kept, long after its head forgot it; a commit
+/// that would use one again is refused with [`StoreError::IdsUsed`] and writes nothing.
+pub async fn store_used_ids_are_kept_for_good(store: &dyn Store) {
+    use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DraftMessage};
+    use turnstone_engine::session::{Command, PAST_TURN_IDS, RECENT_TURNS, TurnOrigin, UsedId};
+    let submit_first = || Command::Submit {
+        input: ClientInput::Message(ClientMessageInput {
+            agent_id: "conf-used-agent".into(),
+            turn_id: Some("t-first".into()),
+            message: DraftMessage::user("the first question"),
+            stream: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    };
+    let mut d = Driver::create("conf-used", "conf-used-agent", None, false, T0);
+    d.exec(submit_first());
+    let call = d.claim_llm();
+    d.finish_llm(call.clone(), "the first answer");
+    d.commit_ok(store).await;
+    let probe =
+        [UsedId::Turn("t-first".into()), UsedId::Turn("t-never".into()), UsedId::Call(call.0.clone())];
+    let found = store.used_ids("conf-used", &probe).await.unwrap();
+    assert_eq!(found, [probe[0].clone(), probe[2].clone()], "the ids the first commit used");
+    assert!(store.used_ids("conf-used-missing", &probe).await.unwrap().is_empty());
+
+    // Enough turns that the head forgets `t-first` (committed in batches, as one host might).
+    for i in 0..RECENT_TURNS + PAST_TURN_IDS + 1 {
+        d.turn(&format!("question {i}"), &format!("answer {i}"));
+        if i % 64 == 63 {
+            d.commit_ok(store).await;
+        }
+    }
+    d.commit_ok(store).await;
+    d.forget_committed();
+    assert!(!d.session.knows_turn(&"t-first".into()), "the head must have forgotten t-first by now");
+    let committed = d.clone();
+
+    // The engine alone, not knowing better, starts a new turn under the old id: refused.
+    d.exec(submit_first());
+    match d.commit(store).await {
+        Err(StoreError::IdsUsed { ids, .. }) => assert_eq!(ids, [UsedId::Turn("t-first".into())]),
+        other => panic!("a commit using t-first again must be refused with IdsUsed, got {other:?}"),
+    }
+    let loaded = store.load("conf-used").await.unwrap().unwrap();
+    assert_eq!(loaded.version, committed.version, "a refused commit writes nothing");
+    assert_eq!(loaded.session, committed.session, "a refused commit writes nothing");
+    let log = all_events(store, "conf-used", 1000).await;
+    assert_eq!(log.last().map(|e| e.seq), Some(committed.session.events_applied()));
 }
 
 /// Create, then load after every commit: the session comes back exactly, messages included.

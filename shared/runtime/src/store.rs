@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use turnstone_engine::protocol::TreeNode;
-use turnstone_engine::session::{Event, Session};
+use turnstone_engine::session::{Event, Session, UsedId};
 use turnstone_engine::time::Timestamp;
 
 /// A session as loaded: its state (messages restored) and the version to commit against.
@@ -31,6 +31,12 @@ pub struct Commit<'a> {
 }
 
 impl Commit<'_> {
+    /// The turn and call ids these events use first: the store keeps them, and refuses the
+    /// commit if any was used before.
+    pub fn first_used(&self) -> Vec<UsedId> {
+        UsedId::first_used_by(self.events)
+    }
+
     /// The sequence number of the first new event.
     pub fn first_seq(&self) -> u64 {
         self.session.events_applied() + 1 - self.events.len() as u64
@@ -104,6 +110,11 @@ pub enum StoreError {
         /// The version the commit named.
         expected: u64,
     },
+    /// The commit uses turn or call ids the session used before (its head may have forgotten
+    /// them; the store never does): nothing was written. Handle the command again knowing them
+    /// (`Ctx::used`).
+    #[error("session {session_id} used {} before", display_ids(.ids))]
+    IdsUsed { session_id: String, ids: Vec<UsedId> },
     /// A cursor that this store did not hand out.
     #[error("invalid cursor")]
     InvalidCursor,
@@ -122,7 +133,7 @@ pub enum StoreError {
 impl StoreError {
     /// Whether retrying the same operation may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Conflict { .. } | StoreError::Backend(_))
+        matches!(self, StoreError::Conflict { .. } | StoreError::IdsUsed { .. } | StoreError::Backend(_))
     }
 }
 
@@ -147,8 +158,13 @@ pub trait Store: Send + Sync + 'static {
         Ok(Some((loaded, nodes)))
     }
 
+    /// Which of `ids` session `session_id` has used (every turn and call id a commit ever
+    /// used first is kept, for good).
+    async fn used_ids(&self, session_id: &str, ids: &[UsedId]) -> Result<Vec<UsedId>, StoreError>;
+
     /// Writes a commit atomically if the head is still at `expected_version` (0: the session
-    /// must not exist yet). Returns the new version.
+    /// must not exist yet) and none of the ids it uses first ([`Commit::first_used`]) was used
+    /// before ([`StoreError::IdsUsed`]). Returns the new version.
     async fn commit(
         &self,
         session_id: &str,
@@ -174,4 +190,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Up to `limit` sessions whose wake time is at or before `now`.
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError>;
+}
+
+/// `turn t1, call c2`.
+fn display_ids(ids: &[UsedId]) -> String {
+    ids.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }

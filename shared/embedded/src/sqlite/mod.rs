@@ -44,7 +44,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use turnstone_engine::protocol::TreeNode;
-use turnstone_engine::session::{Event, Session};
+use turnstone_engine::session::{Event, Session, UsedId};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
 use turnstone_runtime::store::{
@@ -281,6 +281,17 @@ struct PreparedCommit {
     events: Vec<(i64, &'static str, String)>,
     /// `(pos, body)`.
     messages: Vec<(i64, String)>,
+    /// The turn and call ids the events use first, written only if never used before.
+    used: Vec<UsedId>,
+}
+
+/// What writing a commit came to.
+enum Written {
+    Committed(u64),
+    /// The head's version moved on: nothing was written.
+    VersionMoved,
+    /// These ids were used before: nothing was written.
+    IdsUsed(Vec<UsedId>),
 }
 
 impl PreparedCommit {
@@ -341,6 +352,7 @@ impl PreparedCommit {
             wake_at: commit.wake_at.map(|t| t.0),
             events,
             messages,
+            used: commit.first_used(),
         })
     }
 
@@ -351,8 +363,9 @@ impl PreparedCommit {
         (self.snapshot.len() + events + messages) as u64
     }
 
-    /// Writes the commit in one transaction; `Ok(None)` when the version check failed.
-    fn write(&self, conn: &mut Connection) -> rusqlite::Result<Option<u64>> {
+    /// Writes the commit in one transaction, or nothing when the version check fails or an id
+    /// it uses first was used before.
+    fn write(&self, conn: &mut Connection) -> rusqlite::Result<Written> {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let new_version = if self.expected == 0 {
             let inserted = tx
@@ -371,7 +384,7 @@ impl PreparedCommit {
                     self.updated_at
                 ])?;
             if inserted == 0 {
-                return Ok(None);
+                return Ok(Written::VersionMoved);
             }
             1
         } else {
@@ -383,10 +396,25 @@ impl PreparedCommit {
                 )?
                 .execute(params![self.session_id, expected, self.snapshot, self.wake_at, self.updated_at])?;
             if updated == 0 {
-                return Ok(None);
+                return Ok(Written::VersionMoved);
             }
             self.expected + 1
         };
+        if !self.used.is_empty() {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO used_ids (session_id, kind, id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            )?;
+            let mut again = Vec::new();
+            for used in &self.used {
+                if insert.execute(params![self.session_id, used.kind(), used.id()])? == 0 {
+                    again.push(used.clone());
+                }
+            }
+            if !again.is_empty() {
+                // Dropping the transaction rolls back the head update too.
+                return Ok(Written::IdsUsed(again));
+            }
+        }
         {
             let mut insert = tx
                 .prepare_cached("INSERT INTO events (session_id, seq, name, body) VALUES (?1, ?2, ?3, ?4)")?;
@@ -400,7 +428,7 @@ impl PreparedCommit {
             }
         }
         tx.commit()?;
-        Ok(Some(new_version))
+        Ok(Written::Committed(new_version))
     }
 }
 
@@ -622,16 +650,37 @@ impl Store for SqliteStore {
         let bytes = prepared.payload_bytes();
         let written = self.write(move |conn| prepared.write(conn).map_err(backend)).await?;
         match written {
-            Some(version) => {
+            Written::Committed(version) => {
                 self.inner.commits.fetch_add(1, Ordering::Relaxed);
                 self.inner.payload_bytes.fetch_add(bytes, Ordering::Relaxed);
                 Ok(version)
             }
-            None => {
+            Written::VersionMoved => {
                 self.inner.conflicts.fetch_add(1, Ordering::Relaxed);
                 Err(StoreError::Conflict { session_id: session_id.to_owned(), expected: expected_version })
             }
+            Written::IdsUsed(ids) => Err(StoreError::IdsUsed { session_id: session_id.to_owned(), ids }),
         }
+    }
+
+    async fn used_ids(&self, session_id: &str, ids: &[UsedId]) -> Result<Vec<UsedId>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (id, ids) = (session_id.to_owned(), ids.to_vec());
+        self.read(move |conn| {
+            let mut query = conn
+                .prepare_cached("SELECT 1 FROM used_ids WHERE session_id = ?1 AND kind = ?2 AND id = ?3")
+                .map_err(backend)?;
+            let mut found = Vec::new();
+            for used in ids {
+                if query.exists(params![id, used.kind(), used.id()]).map_err(backend)? {
+                    found.push(used);
+                }
+            }
+            Ok(found)
+        })
+        .await
     }
 
     async fn events_after(

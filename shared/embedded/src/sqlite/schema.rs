@@ -12,7 +12,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::error::SqliteError;
 
 /// The schema version this build reads and writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Version 1: heads (one row per session), the event log, and the message nodes.
 ///
@@ -50,6 +50,32 @@ CREATE TABLE IF NOT EXISTS messages (
     body       TEXT NOT NULL,
     PRIMARY KEY (session_id, pos)
 );
+";
+
+/// Version 2: `used_ids`, every turn id and call id a session ever used, so idempotency has no
+/// horizon although the head forgets old ids. A commit inserts the ids its events use first
+/// and is refused if one is there already. Migrating from version 1 fills it from the log.
+const SCHEMA_V2: &str = "
+CREATE TABLE IF NOT EXISTS used_ids (
+    session_id TEXT NOT NULL REFERENCES heads (session_id) ON DELETE CASCADE,
+    kind       TEXT NOT NULL CHECK (kind IN ('turn', 'call')),
+    id         TEXT NOT NULL,
+    PRIMARY KEY (session_id, kind, id)
+) WITHOUT ROWID;
+";
+
+/// Fills `used_ids` from a version 1 log: the ids of `turn.started`, `turn.queued`,
+/// `turn.aliased` and `call.created` events.
+const BACKFILL_V2: &str = "
+INSERT OR IGNORE INTO used_ids (session_id, kind, id)
+    SELECT session_id, 'turn', json_extract(body, '$.turn.id') FROM events
+    WHERE name IN ('turn.started', 'turn.queued') AND json_extract(body, '$.turn.id') IS NOT NULL;
+INSERT OR IGNORE INTO used_ids (session_id, kind, id)
+    SELECT session_id, 'turn', json_extract(body, '$.alias') FROM events
+    WHERE name = 'turn.aliased' AND json_extract(body, '$.alias') IS NOT NULL;
+INSERT OR IGNORE INTO used_ids (session_id, kind, id)
+    SELECT session_id, 'call', json_extract(body, '$.call.id') FROM events
+    WHERE name = 'call.created' AND json_extract(body, '$.call.id') IS NOT NULL;
 ";
 
 /// How many prepared statements each connection keeps (the store uses about a dozen).
@@ -96,8 +122,15 @@ pub(crate) fn ensure(conn: &mut Connection, path: &Path) -> Result<(), SqliteErr
         SCHEMA_VERSION => {}
         0 => {
             tx.execute_batch(SCHEMA_V1)?;
+            tx.execute_batch(SCHEMA_V2)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
             tracing::info!(path = %path.display(), version = SCHEMA_VERSION, "created the store schema");
+        }
+        1 => {
+            tx.execute_batch(SCHEMA_V2)?;
+            tx.execute_batch(BACKFILL_V2)?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+            tracing::info!(path = %path.display(), from = 1, to = SCHEMA_VERSION, "migrated the store schema");
         }
         newer if newer > SCHEMA_VERSION => {
             return Err(SqliteError::SchemaTooNew {

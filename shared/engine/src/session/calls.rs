@@ -61,6 +61,8 @@ impl Tx {
         self.session.call(id).ok_or_else(|| match self.session.closed_call(id) {
             Some(CallClosure::Reported) => Rejection::CallAlreadySettled(id.clone()),
             Some(CallClosure::Voided) => Rejection::CallVoided(id.clone()),
+            // Closed so long ago that only the store remembers it.
+            None if self.used.has_call(id) => Rejection::CallAlreadySettled(id.clone()),
             None => Rejection::UnknownCall(id.clone()),
         })
     }

@@ -10,6 +10,7 @@ use super::command::{Command, Rejection};
 use super::event::Event;
 use super::outbox::OutboxItem;
 use super::records::*;
+use super::used::UsedIds;
 use super::{Ctx, Session};
 use crate::ids::{CallId, IdMinter, InterruptId, SessionId, TurnId};
 use crate::protocol::*;
@@ -25,11 +26,13 @@ pub(super) struct Tx {
     pub events: Vec<Event>,
     pub ids: IdMinter,
     pub now: Timestamp,
+    /// Ids the store remembers that the head forgot (see [`super::used`]).
+    pub used: UsedIds,
 }
 
 impl Tx {
     pub fn new(session: Session, ctx: &Ctx) -> Self {
-        Tx { session, events: Vec::new(), ids: IdMinter::new(ctx.seed), now: ctx.now }
+        Tx { session, events: Vec::new(), ids: IdMinter::new(ctx.seed), now: ctx.now, used: ctx.used.clone() }
     }
 
     pub fn emit(&mut self, event: Event) {
@@ -213,7 +216,7 @@ impl Tx {
     }
 
     pub(super) fn known_turn(&self, turn_id: Option<&TurnId>) -> bool {
-        turn_id.is_some_and(|t| self.session.knows_turn(t))
+        turn_id.is_some_and(|t| self.session.knows_turn(t) || self.used.has_turn(t))
     }
 
     pub(super) fn start_turn(

@@ -18,6 +18,7 @@ mod request;
 mod respond;
 mod tool_input;
 mod tree;
+mod used;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub use records::{
 };
 pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};
+pub use used::{UsedId, UsedIds};
 
 use crate::ids::{CallId, SessionId, TurnId};
 use crate::protocol::{AgentConfig, AgentTool, TreeNode, WorkerIdentity};
@@ -96,12 +98,23 @@ pub fn turn_from_log<'a>(
     turn
 }
 
-/// What a command needs from the outside world: the time, and entropy for fresh ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a command needs from the outside world: the time, entropy for fresh ids, and what
+/// the store knows that the head forgot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ctx {
     pub now: Timestamp,
     /// Seeds the ids this command mints; use fresh randomness per command.
     pub seed: u64,
+    /// Turn and call ids the session used before, beyond what its head remembers (the store's
+    /// answer after it refused a commit that used one again; empty otherwise).
+    pub used: UsedIds,
+}
+
+impl Ctx {
+    /// A context at `now` with entropy `seed`, knowing nothing beyond the head.
+    pub fn new(now: Timestamp, seed: u64) -> Self {
+        Ctx { now, seed, used: UsedIds::default() }
+    }
 }
 
 /// How a call left the open set.

@@ -410,7 +410,7 @@ impl Tx {
     }
 
     fn check_fresh(&self, id: &CallId) -> Result<(), String> {
-        if self.session.call_id_used(id) {
+        if self.session.call_id_used(id) || self.used.has_call(id) {
             return Err(format!("call id {id:?} is already used: the call is not made again"));
         }
         Ok(())

@@ -52,7 +52,9 @@ impl UsedId {
         events
             .iter()
             .filter_map(|event| match event {
-                Event::TurnStarted { turn } | Event::TurnQueued { turn } => Some(UsedId::Turn(turn.id.clone())),
+                Event::TurnStarted { turn } | Event::TurnQueued { turn } => {
+                    Some(UsedId::Turn(turn.id.clone()))
+                }
                 Event::TurnAliased { alias, .. } => Some(UsedId::Turn(alias.clone())),
                 Event::CallCreated { call } => Some(UsedId::Call(call.id.clone())),
                 _ => None,
