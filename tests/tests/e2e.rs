@@ -1207,3 +1207,39 @@ async fn a_turn_past_its_agents_budget_fails_with_budget_exceeded() {
     assert!(turn.error.as_deref().unwrap().starts_with("budget_exceeded"), "{turn:?}");
     host.stop().await;
 }
+
+/// A `tool.execute` delivered to the worker is bounded by the tool's own timeout, not by the
+/// decision-delivery timeout: a tool that takes longer than a delivery may (but less than its
+/// own timeout) runs once and its result is used.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_worker_tool_runs_once_within_its_own_timeout() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_add", "add", r#"{"a":2,"b":3}"#)]));
+    openai.push(Reply::text("5."));
+    let script = tools_script(calculate);
+    let worker = FakeWorker::start(None, move |request, _| match script(request) {
+        FakeAnswer::Respond(answer) => {
+            FakeAnswer::delayed(Duration::from_millis(1200), FakeAnswer::Respond(answer))
+        }
+        other => other,
+    })
+    .await;
+    let defaults = r#"
+[defaults]
+llm = { timeout_secs = 5, max_retries = 1, backoff_base_secs = 0.05, backoff_max_secs = 0.2 }
+tool = { timeout_secs = 4, max_retries = 0, backoff_base_secs = 0.05, backoff_max_secs = 0.2 }
+decision = { timeout_secs = 0.5, max_retries = 2, backoff_base_secs = 0.05, backoff_max_secs = 0.2 }
+"#;
+    let config = format!(
+        "{defaults}\n[llm.fake]\ntype = \"openai\"\nbase_url = \"{}\"\n\n{}",
+        openai.base_url(),
+        calc_agent(&worker)
+    );
+    let (host, _dir) = host(&config).await;
+    let turn_id = host.submit_ok("s-slowtool", &message("calc", "2+3?")).await;
+    let turn = host.wait_turn("s-slowtool", &turn_id).await;
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
+    let executions = worker.records().iter().filter(|r| r.trigger_name() == "tool.execute").count();
+    assert_eq!(executions, 1, "the tool ran once: {:?}", worker.trigger_names());
+    host.stop().await;
+}
