@@ -220,24 +220,24 @@ impl Driver {
 
     /// Delivers the live decision and answers it with `response`.
     pub fn answer(&mut self, response: DecisionResponse) -> (DecisionRequest, Vec<Event>) {
-        let request = self.deliver();
-        let events = self.exec(Command::Answer {
-            decision_id: request.decision_id.clone(),
-            attempt: request.attempts,
-            response: Box::new(response),
-            ignored_fields: Vec::new(),
-        });
-        (request, events)
+        self.answer_with(|_| response)
     }
 
     /// Delivers the live decision and accepts its proposal, as a compliant worker would.
     pub fn accept(&mut self) -> (DecisionRequest, Vec<Event>) {
+        self.answer_with(|request| request.proposed.clone())
+    }
+
+    /// Delivers the live decision and answers it with what `respond` makes of the request.
+    fn answer_with(
+        &mut self,
+        respond: impl FnOnce(&DecisionRequest) -> DecisionResponse,
+    ) -> (DecisionRequest, Vec<Event>) {
         let request = self.deliver();
-        let response = request.proposed.clone();
         let events = self.exec(Command::Answer {
             decision_id: request.decision_id.clone(),
             attempt: request.attempts,
-            response: Box::new(response),
+            response: Box::new(respond(&request)),
             ignored_fields: Vec::new(),
         });
         (request, events)
