@@ -12,7 +12,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use turnstone_engine::ids::{CallId, InterruptId, SessionId, TurnId};
-use turnstone_engine::protocol::Message;
+use turnstone_engine::protocol::{Message, StreamDelta};
 use turnstone_engine::session::{CallSpec, Event, Session};
 use turnstone_engine::time::Timestamp;
 
@@ -180,6 +180,14 @@ pub struct EventPage<E = Event> {
     pub events: Vec<LoggedEvent<E>>,
     /// Pass as `?after=` for the next page; equal to the request's when the page is empty.
     pub next_after: u64,
+}
+
+/// The data of an `llm.token.delta` event on `GET /v1/sessions/{id}/events/stream`: model
+/// output of a running call, live (a preview: the durable events carry the final message).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenDelta {
+    pub call_id: CallId,
+    pub delta: StreamDelta,
 }
 
 /// `GET /v1/sessions`: a page of the caller's sessions.

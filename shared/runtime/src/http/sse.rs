@@ -14,12 +14,12 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 use turnstone_engine::ids::{CallId, SessionId};
 use turnstone_engine::protocol::StreamDelta;
 
 use super::{ApiError, AppState, authenticate, reachable};
+use crate::api::TokenDelta;
 use crate::auth::Access;
 use crate::hub::Notice;
 
@@ -107,7 +107,7 @@ async fn pump(
                     }
                 }
                 for (call_id, delta) in gathered {
-                    let data = json!({"call_id": call_id, "delta": delta}).to_string();
+                    let data = serde_json::to_string(&TokenDelta { call_id, delta }).unwrap_or_default();
                     if tx.send(SseEvent::default().event("llm.token.delta").data(data)).await.is_err() {
                         return;
                     }
