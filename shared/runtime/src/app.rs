@@ -20,7 +20,7 @@ use crate::api::Submitted;
 use crate::auth::{Access, Caller};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::hub::{Hub, Notice};
+use crate::hub::Hub;
 use crate::llm::ModelProvider;
 use crate::queue::{Queue, WakeUp};
 use crate::store::{Commit, Store, StoreError};
@@ -344,14 +344,14 @@ impl App {
         wake_at: Option<Timestamp>,
         now: Timestamp,
     ) {
-        let ended_turns = events
+        let ended_turns: Vec<TurnId> = events
             .iter()
             .filter_map(|e| match e {
                 Event::TurnEnded { turn_id, .. } => Some(turn_id.clone()),
                 _ => None,
             })
             .collect();
-        self.hub.publish(session_id, Notice::Committed { last_seq: session.events_applied(), ended_turns });
+        self.hub.committed(session_id, session.events_applied(), &ended_turns);
         if let Some(at) = wake_at {
             let delay = Duration::from_millis(u64::try_from(at.0 - now.0).unwrap_or(0));
             let wake = WakeUp { session_id: session_id.to_owned(), reason: "commit".to_owned() };

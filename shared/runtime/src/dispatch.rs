@@ -16,7 +16,6 @@ use turnstone_engine::session::{
 
 use crate::app::{App, Executed, claim_command, is_stale_claim, still_claimed};
 use crate::error::{Error, Result};
-use crate::hub::Notice;
 use crate::queue::QueueError;
 
 /// Bounds the effects one run performs before yielding the session to the queue again.
@@ -162,7 +161,7 @@ impl App {
         let sid = session_id.to_owned();
         let on_delta = move |delta: StreamDelta| {
             if let Some(call_id) = &stream_call {
-                hub.publish(&sid, Notice::Delta { call_id: call_id.clone(), delta });
+                hub.delta(&sid, call_id, delta);
             }
         };
         let now_unix = self.now().0 / 1000;
@@ -217,7 +216,7 @@ impl App {
                 let hub = self.hub().clone();
                 let (sid, cid) = (session_id.to_owned(), call_id.clone());
                 let mut on_delta = move |delta: StreamDelta| {
-                    hub.publish(&sid, Notice::Delta { call_id: cid.clone(), delta });
+                    hub.delta(&sid, &cid, delta);
                 };
                 provider
                     .complete(&request, stream, timeout, &mut on_delta)

@@ -25,7 +25,6 @@ use crate::api::{
 };
 use crate::app::App;
 use crate::auth::{Access, AuthError, Authenticator, Caller, Listing};
-use crate::hub::Notice;
 use crate::store::SessionFilter;
 
 /// Router settings.
@@ -218,28 +217,30 @@ async fn turn(
     headers: HeaderMap,
 ) -> Result<Json<Turn>, ApiError> {
     let caller = authenticate(&state, &headers)?;
-    reachable(&state, &caller, &id, Access::Read).await?;
     let wait = Duration::from_secs_f64(query.wait.unwrap_or(0.0).clamp(0.0, MAX_WAIT_SECS));
     let deadline = tokio::time::Instant::now() + wait;
-    // Subscribe before reading, so a commit between the two is not missed.
-    let mut notices = state.app.hub().subscribe(&id);
+    // Follow before reading, so a commit between the two is not missed.
+    let mut progress = state.app.hub().progress(&id);
+    let mut mark = progress.borrow_and_update().mark();
+    let mut session = reachable(&state, &caller, &id, Access::Read).await?;
     loop {
-        let session = state.app.session(&id).await?;
         let Some(turn) = state.app.turn_record(&session, &turn_id).await? else {
             return Err(crate::error::Error::TurnNotFound { session_id: id, turn_id }.into());
         };
         if turn.status.is_ended() || tokio::time::Instant::now() >= deadline {
             return Ok(Json(turn));
         }
-        // Look again only when this turn ended (or notices were lost, or time is up).
+        // Look again only when this turn may have ended (or time is up).
         loop {
-            match tokio::time::timeout_at(deadline, notices.recv()).await {
-                Ok(Ok(Notice::Committed { ended_turns, .. })) if ended_turns.contains(&turn.id) => break,
-                Ok(Ok(_)) => continue,
-                Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) | Err(_) => break,
-                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return Ok(Json(turn)),
+            match tokio::time::timeout_at(deadline, progress.changed()).await {
+                Ok(Ok(())) if progress.borrow().ended_since(mark, &turn.id) => break,
+                Ok(Ok(())) => continue,
+                Err(_) => break,
+                Ok(Err(_)) => return Ok(Json(turn)),
             }
         }
+        mark = progress.borrow_and_update().mark();
+        session = state.app.session(&id).await?;
     }
 }
 

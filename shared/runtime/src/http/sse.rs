@@ -14,14 +14,14 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::Deserialize;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use turnstone_engine::ids::{CallId, SessionId};
 use turnstone_engine::protocol::StreamDelta;
 
 use super::{ApiError, AppState, authenticate, reachable};
 use crate::api::TokenDelta;
 use crate::auth::Access;
-use crate::hub::Notice;
+use crate::hub::{Delta, Progress};
 
 /// How long deltas are gathered into one event.
 const COALESCE: Duration = Duration::from_millis(25);
@@ -47,25 +47,27 @@ pub(super) async fn stream(
     let resume =
         headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     let after = resume.or(query.after).unwrap_or(0);
-    // Subscribe before the first read, so nothing committed in between is missed.
-    let notices = state.app.hub().subscribe(&id);
+    // Follow before the first read, so nothing committed in between is missed.
+    let live = Live { progress: state.app.hub().progress(&id), deltas: state.app.hub().deltas(&id) };
     let (tx, rx) = mpsc::channel::<SseEvent>(BUFFER);
-    tokio::spawn(pump(state, id.into_string(), after, notices, tx));
+    tokio::spawn(pump(state, id.into_string(), after, live, tx));
     let frames =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (Ok(f), rx)) });
     Ok(Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("keep-alive")))
 }
 
 /// Sends the log from `after`, then follows it, until the client goes away.
-async fn pump(
-    state: AppState,
-    id: String,
-    mut after: u64,
-    mut notices: broadcast::Receiver<Notice>,
-    tx: mpsc::Sender<SseEvent>,
-) {
+/// What a stream follows between reads of the log.
+struct Live {
+    progress: watch::Receiver<Progress>,
+    deltas: broadcast::Receiver<Delta>,
+}
+
+async fn pump(state: AppState, id: String, mut after: u64, mut live: Live, tx: mpsc::Sender<SseEvent>) {
     loop {
-        // Catch up with the durable log.
+        // Catch up with the durable log (marking the progress seen first, so a commit during
+        // the read is not missed).
+        live.progress.borrow_and_update();
         loop {
             let events = match state.app.store().events_after(&id, after, PAGE).await {
                 Ok(events) => events,
@@ -87,33 +89,41 @@ async fn pump(
                 break;
             }
         }
-        // Wait for news.
-        let notice = tokio::select! {
-            notice = notices.recv() => notice,
+        // Wait for news: a commit (read the log again) or deltas (pass them on, gathered).
+        let first = tokio::select! {
+            changed = live.progress.changed() => match changed {
+                Ok(()) => continue,
+                Err(_) => return,
+            },
+            delta = live.deltas.recv() => delta,
             () = tx.closed() => return,
         };
-        match notice {
-            Ok(Notice::Committed { .. }) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-            Ok(Notice::Delta { call_id, delta }) => {
-                let mut gathered: BTreeMap<CallId, StreamDelta> = BTreeMap::new();
-                merge(gathered.entry(call_id).or_default(), delta);
-                let until = tokio::time::Instant::now() + COALESCE;
-                while let Ok(Ok(next)) = tokio::time::timeout_at(until, notices.recv()).await {
-                    match next {
-                        Notice::Delta { call_id, delta } => {
-                            merge(gathered.entry(call_id).or_default(), delta)
-                        }
-                        Notice::Committed { .. } => break,
-                    }
-                }
-                for (call_id, delta) in gathered {
-                    let data = serde_json::to_string(&TokenDelta { call_id, delta }).unwrap_or_default();
-                    if tx.send(SseEvent::default().event("llm.token.delta").data(data)).await.is_err() {
-                        return;
-                    }
-                }
-            }
+        let first = match first {
+            Ok(delta) => delta,
+            // Deltas are a preview: a stream that lagged skips them.
+            Err(broadcast::error::RecvError::Lagged(_)) => continue,
             Err(broadcast::error::RecvError::Closed) => return,
+        };
+        let mut gathered: BTreeMap<CallId, StreamDelta> = BTreeMap::new();
+        merge(gathered.entry(first.call_id).or_default(), first.delta);
+        let until = tokio::time::Instant::now() + COALESCE;
+        loop {
+            tokio::select! {
+                delta = live.deltas.recv() => match delta {
+                    Ok(Delta { call_id, delta }) => merge(gathered.entry(call_id).or_default(), delta),
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                // A commit ends the gathering: its events go out after these deltas.
+                _ = live.progress.changed() => break,
+                () = tokio::time::sleep_until(until) => break,
+            }
+        }
+        for (call_id, delta) in gathered {
+            let data = serde_json::to_string(&TokenDelta { call_id, delta }).unwrap_or_default();
+            if tx.send(SseEvent::default().event("llm.token.delta").data(data)).await.is_err() {
+                return;
+            }
         }
     }
 }
