@@ -103,6 +103,16 @@ impl Session {
                     self.decision = None;
                 }
             }
+            Event::DecisionAccepted { call_id, queue_index, .. } => {
+                if let Some(index) = queue_index
+                    && *index < self.triggers.len()
+                {
+                    self.triggers.remove(*index);
+                }
+                if let Some(call_id) = call_id {
+                    self.report_call(call_id);
+                }
+            }
             Event::ActionIgnored { .. } => {}
             Event::MessageRecorded { message, parent_id } => {
                 self.tree.record(message.clone(), parent_id.clone())
@@ -153,11 +163,7 @@ impl Session {
                     }
                 }
             }
-            Event::CallReported { call_id } => {
-                self.calls.retain(|c| &c.id != call_id);
-                self.tasks.remove(call_id);
-                self.close_call(call_id, CallClosure::Reported);
-            }
+            Event::CallReported { call_id } => self.report_call(call_id),
             Event::CallVoided { call_id, .. } => {
                 self.calls.retain(|c| &c.id != call_id);
                 self.tasks.remove(call_id);
@@ -192,6 +198,13 @@ impl Session {
             let task = ChildTask { message: message.clone(), turn_id: turn_id.clone() };
             self.tasks.insert(call.id.clone(), task);
         }
+    }
+
+    /// A settled call was reported: it leaves the open calls.
+    fn report_call(&mut self, call_id: &CallId) {
+        self.calls.retain(|c| &c.id != call_id);
+        self.tasks.remove(call_id);
+        self.close_call(call_id, CallClosure::Reported);
     }
 
     fn close_call(&mut self, call_id: &CallId, how: CallClosure) {
