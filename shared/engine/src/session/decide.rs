@@ -64,8 +64,11 @@ impl Tx {
         let mut decision = new_decision(decision_id, trigger, proposed, &pending, call_id.clone());
         decision.view_base = view_base;
         decision.proposal_base = proposal_base;
+        // An engine-hosted agent accepts its own proposal on the spot, unless only a worker
+        // could answer the trigger or the proposal is invalid (both fail the decision below).
+        let engine_answers = !decision.proposes_nothing() || !needs_worker(&decision.trigger);
         if !self.session.has_worker()
-            && !(decision.proposes_nothing() && needs_worker(&decision.trigger))
+            && engine_answers
             && self.validate_response(&decision, &decision.proposed).is_ok()
         {
             self.accept_step(index, &pending, decision, reported);

@@ -488,8 +488,8 @@ impl Tx {
         turn_id: Option<TurnId>,
     ) -> Result<CallRecord, String> {
         let agent = self.session.current_agent();
+        // The call's id is the record's own; the action keeps what it was given.
         let mut action = a.clone();
-        action.id = Some(id.clone());
         action.model = a.model.clone().or(agent.map(|c| c.model.clone()));
         if action.model.is_none() {
             return Err("no model: the action names none and the session has no agent config".into());
