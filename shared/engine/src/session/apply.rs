@@ -103,6 +103,16 @@ impl Session {
                     self.decision = None;
                 }
             }
+            Event::DecisionAccepted { call_id, queue_index, .. } => {
+                if let Some(index) = queue_index
+                    && *index < self.triggers.len()
+                {
+                    self.triggers.remove(*index);
+                }
+                if let Some(call_id) = call_id {
+                    self.report_call(call_id);
+                }
+            }
             Event::ActionIgnored { .. } => {}
             Event::MessageRecorded { message, parent_id } => {
                 self.tree.record(message.clone(), parent_id.clone())
@@ -153,14 +163,8 @@ impl Session {
                     }
                 }
             }
-            Event::CallReported { call_id } => {
-                self.calls.retain(|c| &c.id != call_id);
-                self.tasks.remove(call_id);
-                self.close_call(call_id, CallClosure::Reported);
-            }
+            Event::CallReported { call_id } => self.report_call(call_id),
             Event::CallVoided { call_id, .. } => {
-                self.calls.retain(|c| &c.id != call_id);
-                self.tasks.remove(call_id);
                 self.triggers.retain(|t| t.source.call_id() != Some(call_id));
                 self.close_call(call_id, CallClosure::Voided);
             }
@@ -194,7 +198,22 @@ impl Session {
         }
     }
 
+    /// A settled call was reported: it leaves the open calls.
+    fn report_call(&mut self, call_id: &CallId) {
+        self.close_call(call_id, CallClosure::Reported);
+    }
+
+    /// A call leaves the open calls. The head remembers how (for a clear refusal of a late
+    /// settle), except for a server-run LLM call: only the runtime settles one, fenced by its
+    /// attempt, so a late result is refused either way, and its id is kept by the store for good
+    /// (`UsedId`) against reuse. A plain turn's model call leaves nothing behind in the head.
     fn close_call(&mut self, call_id: &CallId, how: CallClosure) {
+        let server_llm = self.call(call_id).is_some_and(|c| c.is_server_llm());
+        self.calls.retain(|c| &c.id != call_id);
+        self.tasks.remove(call_id);
+        if server_llm {
+            return;
+        }
         self.closed_calls.retain(|(c, _)| c != call_id);
         self.closed_calls.push_back((call_id.clone(), how));
         if self.closed_calls.len() > super::RECENT_CLOSED_CALLS {

@@ -49,11 +49,9 @@ impl Tx {
                 return;
             }
         };
-        if matches!(pending.source, TriggerSource::CallFinished { .. })
-            && let Some(id) = &call_id
-        {
-            self.emit(Event::CallReported { call_id: id.clone() });
-        }
+        // The call whose result this trigger reports (a `*.finished` trigger).
+        let reported =
+            matches!(pending.source, TriggerSource::CallFinished { .. }).then(|| call_id.clone()).flatten();
         let decision_id = self.ids.decision_id();
         let (proposed, proposal_base) = super::propose::propose(
             &self.session,
@@ -61,10 +59,24 @@ impl Tx {
             view_base.as_ref(),
             pending.turn_id.as_ref(),
             &decision_id,
+            reported.as_ref(),
         );
         let mut decision = new_decision(decision_id, trigger, proposed, &pending, call_id.clone());
         decision.view_base = view_base;
         decision.proposal_base = proposal_base;
+        // An engine-hosted agent accepts its own proposal on the spot, unless only a worker
+        // could answer the trigger or the proposal is invalid (both fail the decision below).
+        let engine_answers = !decision.proposes_nothing() || !needs_worker(&decision.trigger);
+        if !self.session.has_worker()
+            && engine_answers
+            && self.validate_response(&decision, &decision.proposed).is_ok()
+        {
+            self.accept_step(index, &pending, decision, reported);
+            return;
+        }
+        if let Some(id) = &reported {
+            self.emit(Event::CallReported { call_id: id.clone() });
+        }
         self.emit(Event::DecisionOpened { decision: decision.clone(), queue_index: index });
         if let (TriggerSource::ToolExecute { .. } | TriggerSource::LlmExecute { .. }, Some(id)) =
             (&pending.source, &call_id)
@@ -83,10 +95,47 @@ impl Tx {
                 );
                 self.fail_decision(&decision, error, false);
             } else {
+                // An invalid proposal: resolving it fails the decision, naming the problem.
                 let (proposed, base) = (decision.proposed.clone(), decision.proposal_base.clone());
                 self.resolve(&decision, proposed, base, Resolver::Engine, Vec::new());
             }
         }
+    }
+
+    /// An engine-hosted step: the engine accepts its own (valid) proposal for the pending
+    /// trigger at `index` on the spot, and the decision is never live. Its bookkeeping is one
+    /// event, `decision.accepted`, and only when it has something to say: news that arrived in
+    /// this very command (the last event written is its `trigger.queued`) is taken back instead
+    /// of queued and consumed, and a step that consumes no call result and no earlier news is
+    /// recorded by what it does alone (the turn's message, its model call).
+    fn accept_step(
+        &mut self,
+        index: usize,
+        pending: &PendingTrigger,
+        decision: Decision,
+        reported: Option<CallId>,
+    ) {
+        let queued_now = index + 1 == self.session.triggers.len()
+            && matches!(self.events.last(), Some(Event::TriggerQueued { trigger }) if trigger == pending);
+        if queued_now {
+            // Taken back: the trigger.queued was the last event and only pushed the trigger.
+            self.events.pop();
+            self.session.triggers.pop();
+            self.session.events_applied -= 1;
+        }
+        if queued_now && reported.is_none() {
+            self.unrecorded_step = Some(decision.id.clone());
+        } else {
+            self.emit(Event::DecisionAccepted {
+                decision_id: decision.id.clone(),
+                trigger: decision.trigger.name().to_owned(),
+                call_id: reported,
+                queue_index: (!queued_now).then_some(index),
+            });
+        }
+        let (proposed, base) = (decision.proposed.clone(), decision.proposal_base.clone());
+        self.accept(&decision, proposed, base);
+        self.unrecorded_step = None;
     }
 }
 

@@ -107,6 +107,27 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         ignored_fields: Vec<String>,
     },
+    /// An engine-hosted agent's step: the engine accepted its own proposal for a trigger on the
+    /// spot (no worker sees it), so the decision never stays live. What the step did follows as
+    /// its own events (`message.recorded`, `call.created`, `turn.ended`, ...); this event keeps
+    /// only what they do not say: which decision it was, what it decided on, the news it took
+    /// off the queue and the call whose result it consumed. The proposal is not kept: replay
+    /// needs only the events that follow, and the engine derives the same proposal from the
+    /// trigger. A step whose news arrived in the same command and that consumes no call result
+    /// writes no event of its own (see ARCHITECTURE.md, "How a turn flows").
+    DecisionAccepted {
+        decision_id: DecisionId,
+        /// The trigger's wire name (`client.messages`, `llm.finished`, ...).
+        trigger: String,
+        /// The settled call whose `*.finished` trigger this was: it is reported (leaves the
+        /// open calls), as `call.reported` would.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<CallId>,
+        /// Which pending trigger it consumed, when the news was queued by an earlier command
+        /// (`None`: the news arrived in this command and was never queued).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        queue_index: Option<usize>,
+    },
     /// The live decision failed for good.
     DecisionFailed { decision_id: DecisionId, error: String },
     /// The live decision was withdrawn (its turn was cancelled); a late answer is ignored.
@@ -212,6 +233,7 @@ impl Event {
             Event::DecisionDispatched { .. } => "decision.dispatched",
             Event::DecisionRetryScheduled { .. } => "decision.retry_scheduled",
             Event::DecisionResolved { .. } => "decision.resolved",
+            Event::DecisionAccepted { .. } => "decision.accepted",
             Event::DecisionFailed { .. } => "decision.failed",
             Event::DecisionVoided { .. } => "decision.voided",
             Event::ActionIgnored { .. } => "action.ignored",

@@ -28,11 +28,21 @@ pub(super) struct Tx {
     pub now: Timestamp,
     /// Ids the store remembers that the head forgot (see [`super::used`]).
     pub used: UsedIds,
+    /// The engine-hosted step being carried out when it wrote no `decision.accepted` (see
+    /// `Tx::accept_step`); written after all if an event comes to name the decision.
+    pub unrecorded_step: Option<crate::ids::DecisionId>,
 }
 
 impl Tx {
     pub fn new(session: Session, ctx: &Ctx) -> Self {
-        Tx { session, events: Vec::new(), ids: IdMinter::new(ctx.seed), now: ctx.now, used: ctx.used.clone() }
+        Tx {
+            session,
+            events: Vec::new(),
+            ids: IdMinter::new(ctx.seed),
+            now: ctx.now,
+            used: ctx.used.clone(),
+            unrecorded_step: None,
+        }
     }
 
     pub fn emit(&mut self, event: Event) {

@@ -44,11 +44,11 @@ use crate::protocol::{AgentConfig, AgentTool, TreeNode, WorkerIdentity};
 use crate::time::Timestamp;
 
 /// How many ended turns the head keeps whole; older ones are rebuilt from the log.
-pub const RECENT_TURNS: usize = 16;
+pub const RECENT_TURNS: usize = 1;
 
 /// How many ids of older ended turns the head remembers for idempotency: resubmitting a turn
 /// id older than these (hundreds of turns back) starts a new turn.
-pub const PAST_TURN_IDS: usize = 256;
+pub const PAST_TURN_IDS: usize = 8;
 
 /// How many closed call ids the head remembers (to refuse late settles clearly and to make a
 /// reused id a no-op); older ids are forgotten, so a settle for one is an unknown call.
@@ -139,34 +139,49 @@ pub struct Session {
     created_at: Timestamp,
     tree: Tree,
     /// Agent state versions, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     states: Vec<Versioned<Value>>,
     /// Agent config versions, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     agents: Vec<Versioned<AgentConfig>>,
     /// Calls not yet reported, in creation order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     calls: Vec<CallRecord>,
     /// The most recent calls that left the open set, and how, oldest first (at most
     /// [`RECENT_CLOSED_CALLS`]: the head holds open work, not history).
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     closed_calls: VecDeque<(CallId, CallClosure)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     decision: Option<Decision>,
     /// News waiting for a decision, in arrival order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     triggers: Vec<PendingTrigger>,
     /// The active and queued turns and the most recent ended ones (at most
     /// [`RECENT_TURNS`]), by id. Older ended turns are in the log (see [`turn_from_log`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     turns: BTreeMap<TurnId, TurnRecord>,
     /// Ended turns in the order they ended, for eviction.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     ended_order: VecDeque<TurnId>,
     /// Ids of ended turns evicted from `turns`, oldest first (at most [`PAST_TURN_IDS`]):
     /// still known, so resubmitting one is a no-op.
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
     past_turns: VecDeque<TurnId>,
     /// Extra idempotency ids naming existing turns.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     turn_aliases: BTreeMap<TurnId, TurnId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     active_turn: Option<TurnId>,
     /// Turns waiting to start, in arrival order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     queued_turns: Vec<TurnId>,
     /// Open interrupts, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     interrupts: Vec<Interrupt>,
     /// Undelivered work for other sessions, by sequence number.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     outbox: BTreeMap<u64, OutboxItem>,
+    #[serde(default, skip_serializing_if = "is_zero")]
     next_outbox_seq: u64,
     /// Model usage over the whole session.
     usage: Usage,
@@ -175,6 +190,10 @@ pub struct Session {
     /// The task each open delegation sent its child (what a retry sends again), by call id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     tasks: BTreeMap<CallId, ChildTask>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The result of handling a command: the events to persist, and the session after them.
@@ -350,9 +369,12 @@ impl Session {
         newest_on_path(&self.tree, &self.states).cloned().unwrap_or(Value::Null)
     }
 
-    /// The agent config on the active path.
+    /// The agent config on the active path. An engine-hosted agent's is its declared config
+    /// until a response writes another: the engine accepts its `session.start` proposal (the
+    /// declared config) at once, so that version is derived from the init, never written.
     pub fn current_agent(&self) -> Option<&AgentConfig> {
         newest_on_path(&self.tree, &self.agents)
+            .or_else(|| self.init.as_ref().filter(|i| !i.has_worker).and_then(|i| i.declared.as_ref()))
     }
 
     /// An open (not yet reported) call.

@@ -10,15 +10,18 @@ use crate::protocol::*;
 
 /// The proposal for `trigger` in decision `decision_id`, delivered within `turn_id`, and the
 /// path its messages follow (kept by reference: see [`PathRef`]). `view_base` is the path a
-/// `client.messages` trigger's view follows.
+/// `client.messages` trigger's view follows. `reported`: the call whose result the trigger
+/// reports, which no longer counts as pending.
 pub(super) fn propose(
     s: &Session,
     trigger: &Trigger,
     view_base: Option<&PathRef>,
     turn_id: Option<&TurnId>,
     decision_id: &DecisionId,
+    reported: Option<&CallId>,
 ) -> (DecisionResponse, Option<PathRef>) {
-    let response = proposal(s, trigger, turn_id, decision_id);
+    let pending = s.calls.iter().filter(|c| c.counts_as_pending() && Some(&c.id) != reported).count();
+    let response = proposal(s, trigger, turn_id, decision_id, pending);
     let base = match trigger {
         Trigger::ClientMessages(_) => view_base.cloned(),
         _ if response.messages.is_some() => Some(PathRef { head: s.tree.head().cloned() }),
@@ -33,6 +36,7 @@ fn proposal(
     trigger: &Trigger,
     turn_id: Option<&TurnId>,
     decision_id: &DecisionId,
+    pending: usize,
 ) -> DecisionResponse {
     // Outside its turn (a late result after `done`), news is recorded but starts no model call.
     // A turn whose `done` waits for its interrupts proposes nothing more either.
@@ -63,10 +67,10 @@ fn proposal(
             }
         },
         Trigger::ToolFinished(t) => {
-            tool_message(s, in_turn, &t.id, &t.name, t.result.as_ref(), t.error.as_ref())
+            tool_message(in_turn && pending == 0, &t.id, &t.name, t.result.as_ref(), t.error.as_ref())
         }
         Trigger::SubAgentFinished(t) => {
-            tool_message(s, in_turn, &t.id, &t.agent_id, t.result.as_ref(), t.error.as_ref())
+            tool_message(in_turn && pending == 0, &t.id, &t.agent_id, t.result.as_ref(), t.error.as_ref())
         }
         Trigger::LlmFinished(t) => {
             let usable = t.ok && !t.truncated && t.code != Some(ErrorCode::Refused);
@@ -93,7 +97,7 @@ fn proposal(
         // Resumed: call the model again, unless results of the step are still to come (they
         // call it when the last one arrives).
         Trigger::InterruptResumed(_) => DecisionResponse {
-            actions: (in_turn && s.pending_calls() == 0).then(|| vec![llm_call()]),
+            actions: (in_turn && pending == 0).then(|| vec![llm_call()]),
             ..DecisionResponse::default()
         },
     }
@@ -133,10 +137,10 @@ fn call_actions(
     })]
 }
 
-/// Record the tool message; call the model again once nothing else of the step is pending.
+/// Record the tool message; call the model again (`call_model`) once nothing else of the step
+/// is pending.
 fn tool_message(
-    s: &Session,
-    in_turn: bool,
+    call_model: bool,
     call_id: &CallId,
     name: &str,
     result: Option<&String>,
@@ -144,7 +148,7 @@ fn tool_message(
 ) -> DecisionResponse {
     let text = result.or(error).cloned().unwrap_or_default();
     let messages = vec![DraftMessage::tool_result(call_id.clone(), name, text)];
-    let actions = (in_turn && s.pending_calls() == 0).then(|| vec![llm_call()]);
+    let actions = call_model.then(|| vec![llm_call()]);
     DecisionResponse { messages: Some(messages), actions, ..DecisionResponse::default() }
 }
 

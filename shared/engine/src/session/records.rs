@@ -27,6 +27,13 @@ pub struct Defaults {
     pub decision: RetryPolicy,
 }
 
+impl Defaults {
+    /// Whether these are the engine's defaults.
+    pub fn is_default(&self) -> bool {
+        *self == Defaults::default()
+    }
+}
+
 impl Default for Defaults {
     fn default() -> Self {
         Defaults {
@@ -145,8 +152,10 @@ pub struct CallRecord {
     /// The current attempt (0 before the first starts).
     pub attempt: u32,
     /// When the current attempt times out; `None` while no attempt runs, or with no timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<Timestamp>,
     /// When the next attempt may start; set only while the status is `retry_scheduled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at: Option<Timestamp>,
     /// The head when the call was requested; a fork that leaves it off the active path voids
     /// the call.
@@ -155,6 +164,7 @@ pub struct CallRecord {
     pub turn_id: Option<TurnId>,
     pub policy: RetryPolicy,
     /// Set once it settled (status completed or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<CallOutcome>,
 }
 
@@ -577,9 +587,13 @@ pub struct SessionInit {
     /// Whether a worker webhook answers decisions (otherwise the engine accepts proposals).
     pub has_worker: bool,
     /// The parent, for a sub-agent's session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
     /// Ancestor session ids, nearest last.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ancestry: Vec<SessionId>,
+    /// Omitted when they are the engine's defaults (every head carries the init).
+    #[serde(default, skip_serializing_if = "Defaults::is_default")]
     pub defaults: Defaults,
     /// The agent's limits on each turn's model use (none: unlimited).
     #[serde(default, skip_serializing_if = "Budget::is_unlimited")]

@@ -29,12 +29,7 @@ impl Tx {
             self.fail_decision(decision, format!("{who}: {problem}"), false);
             return;
         }
-        let start = base.as_ref().and_then(|b| b.head.as_ref());
-        let reconciled = response
-            .messages
-            .as_deref()
-            .filter(|m| !m.is_empty())
-            .map(|m| self.session.tree.reconcile_from(start, m, &mut self.ids));
+        let reconciled = self.reconcile_response(&response, base.as_ref());
         // The event keeps the response without the conversation it echoes: the messages up
         // to the news are recorded already, and the news follows as `message.recorded`.
         let omitted_messages = match (&reconciled, &mut response.messages) {
@@ -51,6 +46,37 @@ impl Tx {
             omitted_messages,
             ignored_fields,
         });
+        self.carry_out(decision, response, reconciled);
+    }
+
+    /// Carries out the engine's own proposal for an engine-hosted step (already checked with
+    /// [`Tx::validate_response`]); the step's `decision.accepted`, if it needs one, is written.
+    pub(super) fn accept(&mut self, decision: &Decision, response: DecisionResponse, base: Option<PathRef>) {
+        let reconciled = self.reconcile_response(&response, base.as_ref());
+        self.carry_out(decision, response, reconciled);
+    }
+
+    /// What reconciling a response's messages (following the path `base`) would write.
+    fn reconcile_response(
+        &mut self,
+        response: &DecisionResponse,
+        base: Option<&PathRef>,
+    ) -> Option<super::tree::Reconciled> {
+        let start = base.and_then(|b| b.head.as_ref());
+        response
+            .messages
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .map(|m| self.session.tree.reconcile_from(start, m, &mut self.ids))
+    }
+
+    /// Carries out a resolved response: its messages, state, config, then its actions in order.
+    fn carry_out(
+        &mut self,
+        decision: &Decision,
+        response: DecisionResponse,
+        reconciled: Option<super::tree::Reconciled>,
+    ) {
         if let Some(reconciled) = reconciled {
             self.record_messages(reconciled);
         }
@@ -77,13 +103,13 @@ impl Tx {
             {
                 // The turn failed on the way (a budget ran out): the rest is not carried out.
                 let reason = format!("its turn failed: {}", failed.error.clone().unwrap_or_default());
-                self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
+                self.ignore_action(decision, index, reason);
                 continue;
             }
             // `done` followed by an `interrupt` waits for it like one raised before it.
             let interrupt_follows = actions[index + 1..].iter().any(|a| matches!(a, Action::Interrupt(_)));
             if let Err(reason) = self.run_action(decision, index, action, interrupt_follows) {
-                self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
+                self.ignore_action(decision, index, reason);
             }
         }
         if let Some(turn_id) = &decision.turn_id {
@@ -91,6 +117,22 @@ impl Tx {
             self.complete_if_done(turn_id);
         }
         self.end_turn_after_failed_model_call(decision, actions.is_empty());
+    }
+
+    /// Records that action `index` of `decision` was not carried out. An engine-hosted step
+    /// that wrote no `decision.accepted` (nothing for it to say) writes it first, so the
+    /// decision the event names is in the log.
+    fn ignore_action(&mut self, decision: &Decision, index: usize, reason: String) {
+        if self.unrecorded_step.as_ref() == Some(&decision.id) {
+            self.unrecorded_step = None;
+            self.emit(Event::DecisionAccepted {
+                decision_id: decision.id.clone(),
+                trigger: decision.trigger.name().to_owned(),
+                call_id: None,
+                queue_index: None,
+            });
+        }
+        self.emit(Event::ActionIgnored { decision_id: decision.id.clone(), index, reason });
     }
 
     /// A failed, truncated or refused model call whose decision asks for nothing more ends the
@@ -121,7 +163,7 @@ impl Tx {
     }
 
     /// Checks what the types cannot, so an invalid response writes nothing.
-    fn validate_response(
+    pub(super) fn validate_response(
         &self,
         decision: &Decision,
         response: &DecisionResponse,
@@ -446,8 +488,8 @@ impl Tx {
         turn_id: Option<TurnId>,
     ) -> Result<CallRecord, String> {
         let agent = self.session.current_agent();
+        // The call's id is the record's own; the action keeps what it was given.
         let mut action = a.clone();
-        action.id = Some(id.clone());
         action.model = a.model.clone().or(agent.map(|c| c.model.clone()));
         if action.model.is_none() {
             return Err("no model: the action names none and the session has no agent config".into());
