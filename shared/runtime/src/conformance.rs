@@ -86,7 +86,7 @@ pub async fn assert_stored(store: &dyn Store, driver: &Driver) {
     assert_eq!(loaded.session.tree().len(), driver.session.tree().len(), "message count of {id}");
     assert_eq!(loaded.session, driver.session, "loaded session {id} differs from the committed one");
     // A warm host's load: the head plus the nodes after a prefix it holds.
-    let all: Vec<_> = driver.session.tree().shared_nodes().to_vec();
+    let all: Vec<_> = driver.session.tree().shared_nodes().cloned().collect();
     for from in [0, all.len() / 2, all.len()] {
         let (head, rest) = store.load_since(id, from as u64).await.unwrap().expect("the session exists");
         assert_eq!(head.version, driver.version, "load_since version of {id}");

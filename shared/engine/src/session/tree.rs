@@ -6,7 +6,7 @@
 //! message, so a fork rewrites its whole tail). A resent copy of a recorded tool result (same
 //! `tool_call_id`, no id) folds onto the recorded node instead of forking.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -18,14 +18,15 @@ use crate::protocol::{DraftMessage, Message, MessageTree, Role, TreeNode};
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(from = "TreeData", into = "TreeData")]
 pub struct Tree {
-    /// Shared, so cloning a session (every command works on a draft) costs a pointer per
-    /// message, never a copy of the transcript.
-    nodes: Vec<Arc<TreeNode>>,
+    /// Persistent (structurally shared) collections: every command works on a draft, a clone
+    /// of the session, and cloning these costs O(1) whatever the transcript's length (plain
+    /// vectors and maps made each step O(n)).
+    nodes: imbl::Vector<Arc<TreeNode>>,
     head: Option<MessageId>,
     /// Node id -> index in `nodes`; derived, rebuilt on load.
-    index: HashMap<Arc<str>, usize>,
+    index: imbl::HashMap<Arc<str>, usize>,
     /// Depth of each node (a root is 0); derived, so ancestry checks stop at the right level.
-    depths: Vec<u32>,
+    depths: imbl::Vector<u32>,
 }
 
 /// A tree serializes as its head only: messages are immutable and a store keeps them apart
@@ -39,7 +40,12 @@ struct TreeData {
 
 impl From<TreeData> for Tree {
     fn from(data: TreeData) -> Self {
-        Tree { nodes: Vec::new(), head: data.head, index: HashMap::new(), depths: Vec::new() }
+        Tree {
+            nodes: imbl::Vector::new(),
+            head: data.head,
+            index: imbl::HashMap::new(),
+            depths: imbl::Vector::new(),
+        }
     }
 }
 
@@ -81,9 +87,9 @@ impl Tree {
 
     /// [`Tree::restore`] from shared nodes (e.g. a host's cache of a session's messages).
     pub fn restore_shared(&mut self, nodes: Vec<Arc<TreeNode>>) {
-        self.nodes = Vec::with_capacity(nodes.len());
-        self.index = HashMap::with_capacity(nodes.len());
-        self.depths = Vec::with_capacity(nodes.len());
+        self.nodes = imbl::Vector::new();
+        self.index = imbl::HashMap::new();
+        self.depths = imbl::Vector::new();
         for node in nodes {
             self.push(node);
         }
@@ -93,8 +99,8 @@ impl Tree {
     fn push(&mut self, node: Arc<TreeNode>) {
         let depth = node.parent_id.as_ref().and_then(|p| self.depth_of(p)).map_or(0, |d| d + 1);
         self.index.insert(Arc::from(node.message.id.as_str()), self.nodes.len());
-        self.depths.push(depth);
-        self.nodes.push(node);
+        self.depths.push_back(depth);
+        self.nodes.push_back(node);
     }
 
     fn depth_of(&self, id: &MessageId) -> Option<u32> {
@@ -117,9 +123,9 @@ impl Tree {
         }
     }
 
-    /// The recorded nodes, shared.
-    pub fn shared_nodes(&self) -> &[Arc<TreeNode>] {
-        &self.nodes
+    /// The recorded nodes, shared, in tree order.
+    pub fn shared_nodes(&self) -> impl ExactSizeIterator<Item = &Arc<TreeNode>> {
+        self.nodes.iter()
     }
 
     /// Whether the head is a recorded node (or the tree is empty): a restored tree is whole.
