@@ -3,9 +3,10 @@
 //! # Layout
 //! See [`schema`]: `heads` (one row per session: version, snapshot without messages, agent,
 //! owner, wake time), `events` (the log) and `messages` (the transcript's nodes). A commit is one
-//! `IMMEDIATE` transaction: the head write conditioned on the version, the new events, the new
-//! messages and the wake time. Nothing already written is rewritten: a step costs its events,
-//! its new messages and the head.
+//! savepoint inside an `IMMEDIATE` transaction it may share with other sessions' commits (see
+//! "Group commit"): the head write conditioned on the version, the turn and call ids it uses
+//! first (conditioned on their absence), the new events, the new messages and the wake time.
+//! Nothing already written is rewritten: a step costs its events, its new messages and the head.
 //!
 //! # Durability
 //! [`SqliteOptions::durability`] chooses what an acknowledged commit survives (`[server]
