@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use turnstone_embedded::{MemoryQueue, SqliteStore};
+use turnstone_embedded::{MemoryQueue, SqliteOptions, SqliteStore};
 use turnstone_runtime::api::{EventPage, LoggedEvent, SessionSummary, Submitted, Turn};
 use turnstone_runtime::app::{App, Parts};
 use turnstone_runtime::auth::Authenticator;
@@ -57,7 +57,9 @@ impl TestHost {
         let config =
             Config::parse(config_toml, "e2e.toml").unwrap_or_else(|e| panic!("bad test config: {e}"));
         let secrets = config.resolve_secrets(env).unwrap_or_else(|e| panic!("test secrets: {e}"));
-        let store = SqliteStore::open(data_dir.join("turnstone.sqlite")).expect("open the SQLite store");
+        let options = SqliteOptions { durability: config.server.durability, ..SqliteOptions::default() };
+        let store = SqliteStore::open_with(data_dir.join("turnstone.sqlite"), options, Arc::new(SystemClock))
+            .expect("open the SQLite store");
         let agents = turnstone_runtime::assemble::agents(&config, &secrets).expect("assemble the agents");
         let app = App::new(Parts {
             store: Arc::new(store),

@@ -54,6 +54,24 @@ pub enum SqliteError {
     /// The store was shut down.
     #[error("the store is closed")]
     Closed,
+    /// The writer thread could not be started.
+    #[error("cannot start the store's writer thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// The writer thread stopped (it panicked) before answering.
+    #[error("the store's writer thread stopped before answering")]
+    WriterStopped,
+    /// The write transaction a commit shared with others failed: none of them was written.
+    #[error(
+        "the write transaction shared by {commits} commit(s) failed {step}: {message}; none of them was written"
+    )]
+    GroupFailed {
+        /// How many commits the transaction carried.
+        commits: usize,
+        /// Where it failed, e.g. `committing its transaction`.
+        step: String,
+        /// SQLite's error.
+        message: String,
+    },
     /// A blocking store task panicked or was cancelled.
     #[error("a store task failed: {0}")]
     Task(#[source] tokio::task::JoinError),

@@ -7,4 +7,4 @@ pub mod sqlite;
 
 pub use error::SqliteError;
 pub use queue::MemoryQueue;
-pub use sqlite::{SqliteOptions, SqliteStore, StoreStats};
+pub use sqlite::{Durability, GroupStats, SqliteOptions, SqliteStore, StoreStats};

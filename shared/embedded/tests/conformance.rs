@@ -8,72 +8,92 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
-use turnstone_embedded::{MemoryQueue, SqliteStore};
+use turnstone_embedded::{Durability, MemoryQueue, SqliteOptions, SqliteStore};
 use turnstone_engine::session::Session;
+use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::conformance::{
     self, Commits, Driver, QueueSuite, T0, all_events, assert_log, assert_stored,
 };
 use turnstone_runtime::store::{Store, StoreError};
 
 fn store() -> (TempDir, SqliteStore) {
+    store_at(Durability::Full)
+}
+
+fn store_at(durability: Durability) -> (TempDir, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("turnstone.db")).unwrap();
+    let options = SqliteOptions { durability, ..SqliteOptions::default() };
+    let store =
+        SqliteStore::open_with(dir.path().join("turnstone.db"), options, Arc::new(SystemClock)).unwrap();
+    assert_eq!(store.durability(), durability);
     (dir, store)
 }
 
-#[tokio::test]
-async fn store_used_ids_are_kept_for_good() {
-    let (_dir, store) = store();
-    conformance::store_used_ids_are_kept_for_good(&store).await;
+/// The store cases, each its own test, at one durability level.
+macro_rules! store_cases {
+    ($level:ident, $durability:expr) => {
+        mod $level {
+            use super::*;
+
+            #[tokio::test]
+            async fn store_used_ids_are_kept_for_good() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_used_ids_are_kept_for_good(&store).await;
+            }
+
+            #[tokio::test]
+            async fn store_round_trip() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_round_trip(&store).await;
+            }
+
+            #[tokio::test]
+            async fn store_create_conflicts() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_create_conflicts(&store).await;
+            }
+
+            #[tokio::test]
+            async fn store_stale_commit_writes_nothing() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_stale_commit_writes_nothing(&store).await;
+            }
+
+            #[tokio::test]
+            async fn store_events_after_pages() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_events_after_pages(&store).await;
+            }
+
+            #[tokio::test]
+            async fn store_list_sessions() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_list_sessions(&store).await;
+            }
+
+            #[tokio::test]
+            async fn store_due() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_due(&store).await;
+            }
+
+            #[tokio::test]
+            async fn store_large_session() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_large_session(&store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn whole_store_suite_on_one_file() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_suite(&store).await;
+            }
+        }
+    };
 }
 
-#[tokio::test]
-async fn store_round_trip() {
-    let (_dir, store) = store();
-    conformance::store_round_trip(&store).await;
-}
-
-#[tokio::test]
-async fn store_create_conflicts() {
-    let (_dir, store) = store();
-    conformance::store_create_conflicts(&store).await;
-}
-
-#[tokio::test]
-async fn store_stale_commit_writes_nothing() {
-    let (_dir, store) = store();
-    conformance::store_stale_commit_writes_nothing(&store).await;
-}
-
-#[tokio::test]
-async fn store_events_after_pages() {
-    let (_dir, store) = store();
-    conformance::store_events_after_pages(&store).await;
-}
-
-#[tokio::test]
-async fn store_list_sessions() {
-    let (_dir, store) = store();
-    conformance::store_list_sessions(&store).await;
-}
-
-#[tokio::test]
-async fn store_due() {
-    let (_dir, store) = store();
-    conformance::store_due(&store).await;
-}
-
-#[tokio::test]
-async fn store_large_session() {
-    let (_dir, store) = store();
-    conformance::store_large_session(&store).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn whole_store_suite_on_one_file() {
-    let (_dir, store) = store();
-    conformance::store_suite(&store).await;
-}
+store_cases!(full, Durability::Full);
+store_cases!(process, Durability::Process);
 
 #[tokio::test]
 async fn the_in_memory_store_conforms_too() {

@@ -2,10 +2,13 @@
 //! refused commits, and the read-after-position API.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: fail loudly
 
+use std::sync::Arc;
+
 use rusqlite::Connection;
 use turnstone_embedded::sqlite::SCHEMA_VERSION;
-use turnstone_embedded::{SqliteError, SqliteStore};
-use turnstone_runtime::conformance::{Commits, Driver, T0, assert_stored};
+use turnstone_embedded::{Durability, SqliteError, SqliteOptions, SqliteStore};
+use turnstone_runtime::clock::SystemClock;
+use turnstone_runtime::conformance::{Commits, Driver, T0, assert_log, assert_stored};
 use turnstone_runtime::store::{Commit, SessionFilter, Store, StoreError};
 
 fn temp_store() -> (tempfile::TempDir, std::path::PathBuf, SqliteStore) {
@@ -251,4 +254,150 @@ async fn a_version_1_file_is_migrated_and_its_used_ids_filled_from_the_log() {
     probe.push(UsedId::Turn("never".into()));
     assert_eq!(store.used_ids("s-v1", &probe).await.unwrap(), first_used);
     assert_stored(&store, &d).await;
+}
+
+fn store_at(dir: &tempfile::TempDir, durability: Durability) -> SqliteStore {
+    let options = SqliteOptions { durability, ..SqliteOptions::default() };
+    SqliteStore::open_with(dir.path().join("store.db"), options, Arc::new(SystemClock)).unwrap()
+}
+
+#[tokio::test]
+async fn full_durability_is_the_default_and_runs_synchronous_full() {
+    assert_eq!(SqliteOptions::default().durability, Durability::Full);
+    let (_dir, _path, store) = temp_store();
+    assert_eq!(store.durability(), Durability::Full);
+    assert_eq!(store.synchronous().await.unwrap(), 2, "PRAGMA synchronous = FULL on the writer");
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_at(&dir, Durability::Process);
+    assert_eq!(store.synchronous().await.unwrap(), 1, "PRAGMA synchronous = NORMAL on the writer");
+    let stats = store.group_stats();
+    stored(&store, "s").await;
+    let after = store.group_stats();
+    assert_eq!(after.commits - stats.commits, 2);
+    assert_eq!(after.syncs, 0, "no fsync per transaction at process durability");
+}
+
+/// A commit's answer comes only after its group's transaction committed: another connection
+/// sees what it wrote as soon as `commit` returns, for sessions committing at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_returns_after_its_transaction_committed() {
+    let (_dir, path, store) = temp_store();
+    let before = store.group_stats();
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let (store, path) = (store.clone(), path.clone());
+            tokio::spawn(async move {
+                let raw = Connection::open(&path).unwrap();
+                let id = format!("seen-{i}");
+                let mut d = Driver::create(id.as_str(), "agent", None, false, T0);
+                let mut call = None;
+                for step in 0..7 {
+                    // Create, then turns of three commits: the message, the claim, the reply.
+                    match (step % 3, call.take()) {
+                        (0, Some(claimed)) => {
+                            d.finish_llm(claimed, "a reply");
+                        }
+                        (1, _) => {
+                            d.submit(&format!("message {step}"));
+                        }
+                        (2, _) => call = Some(d.claim_llm()),
+                        _ => {}
+                    }
+                    let version = d.commit(&store).await.unwrap();
+                    let seen: i64 = raw
+                        .query_row("SELECT version FROM heads WHERE session_id = ?1", [&id], |r| r.get(0))
+                        .unwrap();
+                    assert_eq!(seen as u64, version, "{id}: another connection sees the commit");
+                    let events: i64 = raw
+                        .query_row("SELECT count(*) FROM events WHERE session_id = ?1", [&id], |r| r.get(0))
+                        .unwrap();
+                    assert_eq!(events as u64, d.session.events_applied(), "{id}: and its events");
+                }
+                d
+            })
+        })
+        .collect();
+    for task in tasks {
+        let d = task.await.unwrap();
+        assert_stored(&store, &d).await;
+    }
+    let after = store.group_stats();
+    assert_eq!(after.commits - before.commits, 16 * 7);
+    assert!(after.groups - before.groups <= 16 * 7);
+    assert_eq!(after.syncs, after.groups, "one fsync per transaction at full durability");
+}
+
+/// Commits of many sessions queued together share one transaction; each keeps its own checks:
+/// a stale one and one that fails on a constraint fail alone and write nothing, the others land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_are_grouped_and_fail_alone() {
+    const SESSIONS: usize = 40;
+    let (_dir, path, store) = temp_store();
+    let mut drivers = Vec::new();
+    for i in 0..SESSIONS {
+        let mut d = Driver::create(format!("g{i}").as_str(), "agent", None, false, T0);
+        d.commit_ok(&store).await;
+        drivers.push(d);
+    }
+    let clash_base = stored(&store, "clash").await;
+    let before = store.group_stats();
+
+    // Another connection holds the write lock, so the commits pile up behind the writer.
+    let raw = Connection::open(&path).unwrap();
+    raw.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+    let mut tasks = Vec::new();
+    for mut d in drivers.clone() {
+        let store = store.clone();
+        d.submit("grouped");
+        tasks.push(tokio::spawn(async move {
+            let result = d.commit(&store).await;
+            (d, result)
+        }));
+    }
+    // A create of a session that exists: a version conflict.
+    let stale = {
+        let store = store.clone();
+        let mut d = Driver::create("g7", "agent", None, false, T0.plus_ms(1));
+        tokio::spawn(async move { d.commit(&store).await })
+    };
+    // Events at positions that exist already: a constraint error of this commit alone.
+    let clash = {
+        let store = store.clone();
+        let mut d = clash_base.clone();
+        d.submit("next");
+        tokio::spawn(async move {
+            let events = d.log[d.log.len() - 1 - d.uncommitted().len()..].to_vec();
+            let commit = Commit { session: &d.session, events: &events, wake_at: None };
+            store.commit("clash", d.version, commit).await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    raw.execute_batch("COMMIT").unwrap();
+
+    for (i, task) in tasks.into_iter().enumerate() {
+        let (d, result) = task.await.unwrap();
+        assert_eq!(result.unwrap(), 2, "g{i} lands");
+        drivers[i] = d;
+    }
+    match stale.await.unwrap() {
+        Err(StoreError::Conflict { session_id, expected }) => {
+            assert_eq!((session_id.as_str(), expected), ("g7", 0))
+        }
+        other => panic!("the stale create must conflict, got {other:?}"),
+    }
+    let err = clash.await.unwrap().unwrap_err();
+    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    assert!(!err.to_string().contains("shared by"), "the clash fails alone, not its group: {err}");
+
+    let after = store.group_stats();
+    let (commits, groups) = (after.commits - before.commits, after.groups - before.groups);
+    assert_eq!(commits, SESSIONS as u64 + 2);
+    assert!(groups <= 2, "{commits} commits queued together took {groups} transactions");
+    for d in &drivers {
+        assert_stored(&store, d).await;
+        assert_log(&store, d, 100).await;
+    }
+    assert_stored(&store, &clash_base).await;
+    assert_log(&store, &clash_base, 100).await;
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use turnstone_embedded::{MemoryQueue, SqliteStore};
+use turnstone_embedded::{MemoryQueue, SqliteOptions, SqliteStore};
 use turnstone_runtime::app::{App, Parts};
 use turnstone_runtime::auth::Authenticator;
 use turnstone_runtime::clock::SystemClock;
@@ -23,7 +23,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let secrets = config.resolve_secrets(|name| std::env::var(name).ok())?;
     let addr = args.addr.unwrap_or(config.server.addr);
     let data_dir = args.data_dir.clone().unwrap_or_else(|| config.server.data_dir.clone());
-    let store = SqliteStore::open(data_dir.join("turnstone.sqlite"))
+    let options = SqliteOptions { durability: config.server.durability, ..SqliteOptions::default() };
+    let store = SqliteStore::open_with(data_dir.join("turnstone.sqlite"), options, Arc::new(SystemClock))
         .with_context(|| format!("opening the store in {}", data_dir.display()))?;
     let agents = turnstone_runtime::assemble::agents(&config, &secrets)?;
     let app = App::new(Parts {
@@ -42,9 +43,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let agents: Vec<&str> = app.agent_ids().collect();
     eprintln!(
-        "turnstone listening on http://{addr} (agents: {}; data: {})",
+        "turnstone listening on http://{addr} (agents: {}; data: {}, durability {})",
         agents.join(", "),
-        data_dir.display()
+        data_dir.display(),
+        config.server.durability
     );
     turnstone_runtime::host::serve(app, http, listener, args.workers, shutdown_signal()).await?;
     Ok(())

@@ -3,32 +3,67 @@
 //! # Layout
 //! See [`schema`]: `heads` (one row per session: version, snapshot without messages, agent,
 //! owner, wake time), `events` (the log) and `messages` (the transcript's nodes). A commit is one
-//! `IMMEDIATE` transaction: the head write conditioned on the version, the new events, the new
-//! messages and the wake time. Nothing already written is rewritten: a step costs its events,
-//! its new messages and the head.
+//! savepoint inside an `IMMEDIATE` transaction it may share with other sessions' commits (see
+//! "Group commit"): the head write conditioned on the version, the turn and call ids it uses
+//! first (conditioned on their absence), the new events, the new messages and the wake time.
+//! Nothing already written is rewritten: a step costs its events, its new messages and the head.
 //!
 //! # Durability
-//! The file runs in WAL mode with `synchronous=NORMAL` by default: a committed transaction is in
-//! the WAL (the OS's page cache) when `commit` returns, so it survives the process crashing or
-//! being killed (`kill -9`) at any point. A power loss or OS crash may lose the last commits
-//! before the next checkpoint, never consistency: the database is never corrupt and a commit is
-//! all or nothing. That is the promise of the embedded deployment. [`SqliteOptions::sync_full`]
-//! (`synchronous=FULL`) fsyncs every commit for power-loss durability, at a cost per commit.
+//! [`SqliteOptions::durability`] chooses what an acknowledged commit survives (`[server]
+//! durability` in the configuration):
+//! - [`Durability::Full`], the default: power loss and OS crashes. The file runs in WAL mode with
+//!   `synchronous=FULL`, so SQLite fsyncs the WAL when a write transaction commits, and `commit`
+//!   returns only after its transaction committed: what it wrote is on disk.
+//! - [`Durability::Process`]: the process crashing or being killed (`kill -9`) at any point, not
+//!   a power loss or an OS crash. `synchronous=NORMAL`: a committed transaction is in the WAL
+//!   (the OS's page cache) when `commit` returns; a power loss may lose the last commits before
+//!   the next checkpoint.
+//!
+//! Neither level ever loses consistency: the database is never corrupt and every commit is all
+//! or nothing. Checkpoints (moving the WAL into the database) fsync at both levels.
+//!
+//! Why `synchronous=FULL` rather than `NORMAL` plus an fsync of our own: SQLite then syncs the
+//! WAL exactly once per transaction, at the point its own recovery relies on (after the commit
+//! frame is written, before the transaction counts as committed), through its VFS, with the
+//! directory sync on creating the WAL. An fsync from outside would need a second handle on the
+//! `-wal` file and knowledge of when SQLite rewinds or truncates it, for the same one fsync per
+//! transaction. The cost of FULL is that fsync per transaction, and group commit shares it.
+//!
+//! # Group commit
+//! One writer thread owns the writer connection and takes commits from a bounded queue. When it
+//! becomes free it takes the first commit queued, waiting if there is none, and with it every
+//! commit queued behind it (at most [`MAX_GROUP`]): that is a group, written in one `IMMEDIATE`
+//! transaction, so one fsync at `full`. Inside it each commit is its own `SAVEPOINT`, with its
+//! own version check and its own `used_ids` check: a commit refused with `Conflict` or
+//! `IdsUsed`, or failing on its own (a constraint), is rolled back to its savepoint and writes
+//! nothing, while the others of its group land. Two commits of one session in one group are
+//! checked in arrival order, the second against what the first wrote. A failure of the group's
+//! transaction itself (begin, commit, an I/O error that rolls it all back) fails every member
+//! with [`SqliteError::GroupFailed`], naming the step: none of them was written. Each caller
+//! gets its own answer only after the group's transaction committed.
+//!
+//! The writer never waits for company: a lone commit is written as soon as the writer is free,
+//! with no added latency, and commits group by themselves when they arrive while a transaction
+//! (and its fsync) is in progress, which is exactly when sharing one pays. So a commit waits at
+//! most for the group in progress to finish, then for its own group: two transactions of at
+//! most [`MAX_GROUP`] commits each. [`SqliteStore::group_stats`] counts commits, groups and
+//! fsyncs, so a benchmark can print fsyncs per commit.
 //!
 //! # Threads
-//! rusqlite is blocking, so every operation runs in `tokio::task::spawn_blocking`, never on an
-//! async worker thread. Writes go through one writer connection behind a `std::sync::Mutex`
-//! (SQLite admits one writer at a time anyway; taking the lock in-process avoids busy-waiting
-//! on the file lock). Reads take a connection from a small pool of read-only connections, so in
-//! WAL mode they run in parallel with each other and with the writer, each in its own
-//! consistent snapshot. No `std` lock is ever held across an `.await`: it is taken and released
-//! inside one blocking closure.
+//! rusqlite is blocking, so every operation runs off the async worker threads. Writes go to the
+//! writer thread through a bounded `tokio` channel ([`QUEUE_CAPACITY`] jobs): a burst of a
+//! thousand commits parks the callers' futures on the full channel (back-pressure), not a
+//! thousand threads, and commits are served in arrival order. Each caller waits on its own
+//! one-shot answer. The thread ends when the last clone of the store is dropped, after the jobs
+//! already queued; dropping the store waits for it (at most the group in progress), so the file
+//! is closed when the drop returns.
 //!
-//! Callers queue for a connection asynchronously, not on threads: a fair `tokio` semaphore
-//! admits one writer task and at most [`SqliteOptions::max_readers`] reader tasks into
-//! `spawn_blocking` at a time; its permit travels into the blocking closure and is released when
-//! the SQLite work ends. So a burst of a thousand commits parks a thousand futures (back-pressure
-//! on their callers), not a thousand blocking threads, and commits are served in arrival order.
+//! Reads run in `tokio::task::spawn_blocking` on a small pool of read-only connections, so in
+//! WAL mode they run in parallel with each other and with the writer, each in its own
+//! consistent snapshot. A fair `tokio` semaphore admits at most [`SqliteOptions::max_readers`]
+//! reader tasks at a time; its permit travels into the blocking closure. An in-memory store has
+//! no second connection: its reads run on the writer thread, between groups. No `std` lock is
+//! ever held across an `.await`.
 
 mod cursor;
 mod schema;
@@ -36,17 +71,19 @@ mod schema;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde::de::DeserializeOwned;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use turnstone_engine::protocol::TreeNode;
 use turnstone_engine::session::{Event, Session, UsedId};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
+pub use turnstone_runtime::config::Durability;
 use turnstone_runtime::store::{
     Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
@@ -56,6 +93,12 @@ pub use schema::SCHEMA_VERSION;
 use crate::error::{SqliteError, backend};
 use cursor::Cursor;
 
+/// The most commits one group (one write transaction) carries.
+pub const MAX_GROUP: usize = 256;
+
+/// How many jobs (commits, in-memory reads) wait for the writer before callers wait to queue.
+pub const QUEUE_CAPACITY: usize = 1024;
+
 /// How the store opens and uses its file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqliteOptions {
@@ -63,13 +106,19 @@ pub struct SqliteOptions {
     pub busy_timeout: Duration,
     /// How many reads run at once (each on its own read-only connection, kept open).
     pub max_readers: usize,
-    /// `synchronous=FULL`: fsync every commit (power-loss durable) instead of `NORMAL`.
-    pub sync_full: bool,
+    /// What an acknowledged commit survives: [`Durability::Full`] (the default,
+    /// `synchronous=FULL`: fsynced before `commit` returns) or [`Durability::Process`]
+    /// (`synchronous=NORMAL`: survives a killed process, not a power loss).
+    pub durability: Durability,
 }
 
 impl Default for SqliteOptions {
     fn default() -> Self {
-        SqliteOptions { busy_timeout: Duration::from_secs(5), max_readers: 4, sync_full: false }
+        SqliteOptions {
+            busy_timeout: Duration::from_secs(5),
+            max_readers: 4,
+            durability: Durability::default(),
+        }
     }
 }
 
@@ -84,6 +133,18 @@ pub struct StoreStats {
     pub payload_bytes: u64,
 }
 
+/// How the writer grouped commits since the store was opened (see "Group commit" above).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupStats {
+    /// Commits the writer ran: written, refused (`Conflict`, `IdsUsed`) or failed.
+    pub commits: u64,
+    /// Write transactions that committed, one per group.
+    pub groups: u64,
+    /// WAL fsyncs at transaction commit: `groups` at [`Durability::Full`], 0 at
+    /// [`Durability::Process`]. The fsyncs of checkpoints (both levels) are not counted.
+    pub syncs: u64,
+}
+
 /// The `Store` port on a SQLite file (WAL). Cheap to clone: clones share the connections.
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -93,24 +154,33 @@ pub struct SqliteStore {
 struct Inner {
     /// The database file (`:memory:` for an in-memory store).
     path: PathBuf,
-    /// The one connection that writes.
-    writer: Mutex<Connection>,
-    /// Admits one task at a time to the writer.
-    write_gate: Arc<Semaphore>,
+    /// The writer thread, which owns the writer connection.
+    writer: Writer,
     /// Idle read-only connections; `None` for an in-memory store, which reads on the writer.
     readers: Option<Mutex<Vec<Connection>>>,
     /// Admits up to `max_readers` tasks at a time to the read connections.
     read_gate: Arc<Semaphore>,
     options: SqliteOptions,
     clock: Arc<dyn Clock>,
+    counters: Arc<Counters>,
+}
+
+/// The counters, written by the writer thread.
+#[derive(Default)]
+struct Counters {
     commits: AtomicU64,
     conflicts: AtomicU64,
     payload_bytes: AtomicU64,
+    attempts: AtomicU64,
+    groups: AtomicU64,
 }
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.inner.path).finish_non_exhaustive()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("durability", &self.inner.options.durability)
+            .finish_non_exhaustive()
     }
 }
 
@@ -121,8 +191,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the store at `path` with default options and the system clock.
-    /// Blocks on file I/O: call it at start-up or inside `spawn_blocking`.
+    /// Opens (creating if needed) the store at `path` with default options (power-loss
+    /// durable) and the system clock. Blocks on file I/O: call it at start-up or inside
+    /// `spawn_blocking`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, SqliteError> {
         Self::open_with(path, SqliteOptions::default(), Arc::new(SystemClock))
     }
@@ -140,24 +211,25 @@ impl SqliteStore {
                 .map_err(|source| SqliteError::CreateDir { path: dir.to_owned(), source })?;
         }
         let mut writer = Connection::open(&path)?;
-        schema::configure_writer(&writer, options.busy_timeout, options.sync_full, true)?;
+        let sync_full = options.durability == Durability::Full;
+        schema::configure_writer(&writer, options.busy_timeout, sync_full, true)?;
         schema::ensure(&mut writer, &path)?;
-        let store = Self::from_parts(path, writer, Some(Mutex::new(Vec::new())), options, clock);
+        let store = Self::from_parts(path, writer, Some(Mutex::new(Vec::new())), options, clock)?;
         // Open one reader now so that a file readers cannot open fails here, not on first use.
         let reader = store.open_reader()?;
         store.return_reader(reader);
         Ok(store)
     }
 
-    /// A store in memory, gone when dropped (reads share the writer connection). For unit
+    /// A store in memory, gone when dropped (reads run on the writer connection). For unit
     /// tests of other components; durability tests need [`SqliteStore::open`] on a file.
     pub fn open_in_memory() -> Result<Self, SqliteError> {
         let path = PathBuf::from(":memory:");
-        let options = SqliteOptions::default();
+        let options = SqliteOptions { durability: Durability::Process, ..SqliteOptions::default() };
         let mut writer = Connection::open_in_memory()?;
         schema::configure_writer(&writer, options.busy_timeout, false, false)?;
         schema::ensure(&mut writer, &path)?;
-        Ok(Self::from_parts(path, writer, None, options, Arc::new(SystemClock)))
+        Self::from_parts(path, writer, None, options, Arc::new(SystemClock))
     }
 
     fn from_parts(
@@ -166,21 +238,20 @@ impl SqliteStore {
         readers: Option<Mutex<Vec<Connection>>>,
         options: SqliteOptions,
         clock: Arc<dyn Clock>,
-    ) -> Self {
-        SqliteStore {
+    ) -> Result<Self, SqliteError> {
+        let counters = Arc::new(Counters::default());
+        let writer = Writer::start(writer, Arc::clone(&counters))?;
+        Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
-                writer: Mutex::new(writer),
-                write_gate: Arc::new(Semaphore::new(1)),
+                writer,
                 readers,
                 read_gate: Arc::new(Semaphore::new(options.max_readers.max(1))),
                 options,
                 clock,
-                commits: AtomicU64::new(0),
-                conflicts: AtomicU64::new(0),
-                payload_bytes: AtomicU64::new(0),
+                counters,
             }),
-        }
+        })
     }
 
     /// The database file.
@@ -188,13 +259,40 @@ impl SqliteStore {
         &self.inner.path
     }
 
+    /// What an acknowledged commit of this store survives.
+    pub fn durability(&self) -> Durability {
+        self.inner.options.durability
+    }
+
     /// What this store wrote since it was opened.
     pub fn stats(&self) -> StoreStats {
+        let c = &self.inner.counters;
         StoreStats {
-            commits: self.inner.commits.load(Ordering::Relaxed),
-            conflicts: self.inner.conflicts.load(Ordering::Relaxed),
-            payload_bytes: self.inner.payload_bytes.load(Ordering::Relaxed),
+            commits: c.commits.load(Ordering::Relaxed),
+            conflicts: c.conflicts.load(Ordering::Relaxed),
+            payload_bytes: c.payload_bytes.load(Ordering::Relaxed),
         }
+    }
+
+    /// How the writer grouped commits since the store was opened.
+    pub fn group_stats(&self) -> GroupStats {
+        let c = &self.inner.counters;
+        let groups = c.groups.load(Ordering::Relaxed);
+        GroupStats {
+            commits: c.attempts.load(Ordering::Relaxed),
+            groups,
+            syncs: if self.inner.options.durability == Durability::Full { groups } else { 0 },
+        }
+    }
+
+    /// The writer connection's `PRAGMA synchronous`: 2 (`FULL`) at [`Durability::Full`], 1
+    /// (`NORMAL`) at [`Durability::Process`] and in memory. The setting is the connection's,
+    /// so only the writer can tell.
+    pub async fn synchronous(&self) -> Result<i64, StoreError> {
+        self.on_writer(|conn| {
+            conn.pragma_query_value(None, "synchronous", |row| row.get::<_, i64>(0)).map_err(backend)
+        })
+        .await
     }
 
     /// The session's message nodes from position `from` on, in order: what a warm host that
@@ -225,20 +323,22 @@ impl SqliteStore {
         }
     }
 
-    /// Runs `f` on a read connection, off the async threads.
+    /// Runs `f` on a read connection (on the writer thread for an in-memory store), off the
+    /// async threads.
     async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let gate = if self.inner.readers.is_some() { &self.inner.read_gate } else { &self.inner.write_gate };
+        if self.inner.readers.is_none() {
+            return self.on_writer(f).await;
+        }
+        let gate = &self.inner.read_gate;
         let permit = Arc::clone(gate).acquire_owned().await.map_err(|_| gate_closed())?;
         let store = self.clone();
         let task = tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let Some(pool) = &store.inner.readers else {
-                return f(&mut lock(&store.inner.writer));
-            };
+            let Some(pool) = &store.inner.readers else { return Err(gate_closed()) };
             let idle = lock(pool).pop();
             let mut conn = match idle {
                 Some(conn) => conn,
@@ -251,20 +351,191 @@ impl SqliteStore {
         task.await.map_err(|e| StoreError::from(SqliteError::Task(e)))?
     }
 
-    /// Runs `f` on the writer connection, off the async threads.
-    async fn write<T, F>(&self, f: F) -> Result<T, StoreError>
+    /// Runs `f` on the writer thread's connection, between groups.
+    async fn on_writer<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let permit = Arc::clone(&self.inner.write_gate).acquire_owned().await.map_err(|_| gate_closed())?;
-        let inner = Arc::clone(&self.inner);
-        let task = tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            f(&mut lock(&inner.writer))
-        });
-        task.await.map_err(|e| StoreError::from(SqliteError::Task(e)))?
+        let (reply, answer) = oneshot::channel();
+        let job = Job::Run(Box::new(move |conn: &mut Connection| {
+            // The caller may have gone away; nothing to tell it then.
+            let _ = reply.send(f(conn));
+        }));
+        self.inner.writer.send(job).await?;
+        answer.await.map_err(|_| StoreError::from(SqliteError::WriterStopped))?
     }
+}
+
+/// Work for the writer thread.
+enum Job {
+    /// A commit, grouped with the commits queued next to it.
+    Commit(Pending),
+    /// Anything else that needs the writer connection (an in-memory store's reads, a pragma).
+    Run(Box<dyn FnOnce(&mut Connection) + Send>),
+}
+
+/// A commit waiting for the writer, and where its answer goes.
+struct Pending {
+    commit: PreparedCommit,
+    reply: oneshot::Sender<Result<u64, StoreError>>,
+}
+
+/// The writer thread and the queue into it. Dropping it closes the queue and waits for the
+/// thread to finish what was queued.
+struct Writer {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    fn start(conn: Connection, counters: Arc<Counters>) -> Result<Self, SqliteError> {
+        let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
+        let thread = std::thread::Builder::new()
+            .name("turnstone-sqlite-writer".to_owned())
+            .spawn(move || writer_loop(conn, queue, &counters))
+            .map_err(SqliteError::Spawn)?;
+        Ok(Writer { jobs: Some(jobs), thread: Some(thread) })
+    }
+
+    /// Queues `job`, waiting while the queue is full.
+    async fn send(&self, job: Job) -> Result<(), StoreError> {
+        let jobs = self.jobs.as_ref().ok_or(SqliteError::Closed)?;
+        jobs.send(job).await.map_err(|_| SqliteError::WriterStopped.into())
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread once it has run what is queued.
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the SQLite writer thread panicked");
+        }
+    }
+}
+
+/// The writer thread: takes the first job queued (waiting for one), then whatever is queued
+/// behind it, up to [`MAX_GROUP`]; consecutive commits among them are one group.
+fn writer_loop(mut conn: Connection, mut queue: mpsc::Receiver<Job>, counters: &Counters) {
+    let mut batch = Vec::with_capacity(MAX_GROUP);
+    while let Some(first) = queue.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_GROUP {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut group = Vec::with_capacity(batch.len());
+        for job in batch.drain(..) {
+            match job {
+                Job::Commit(pending) => group.push(pending),
+                Job::Run(task) => {
+                    write_group(&mut conn, std::mem::take(&mut group), counters);
+                    task(&mut conn);
+                }
+            }
+        }
+        write_group(&mut conn, group, counters);
+    }
+}
+
+/// What one commit of a group came to, when the group's transaction commits.
+enum Outcome {
+    Written(Written),
+    /// It failed on its own (e.g. a constraint); rolled back to its savepoint.
+    Failed(rusqlite::Error),
+}
+
+/// Why a group's transaction failed: nothing of it was written.
+struct GroupFailure {
+    step: String,
+    error: rusqlite::Error,
+}
+
+/// Writes `group` in one transaction and answers each member.
+fn write_group(conn: &mut Connection, group: Vec<Pending>, counters: &Counters) {
+    if group.is_empty() {
+        return;
+    }
+    counters.attempts.fetch_add(group.len() as u64, Ordering::Relaxed);
+    match run_group(conn, &group) {
+        Ok(outcomes) => {
+            counters.groups.fetch_add(1, Ordering::Relaxed);
+            for (pending, outcome) in group.into_iter().zip(outcomes) {
+                let commit = &pending.commit;
+                let result = match outcome {
+                    Outcome::Written(Written::Committed(version)) => {
+                        counters.commits.fetch_add(1, Ordering::Relaxed);
+                        counters.payload_bytes.fetch_add(commit.payload_bytes(), Ordering::Relaxed);
+                        Ok(version)
+                    }
+                    Outcome::Written(Written::VersionMoved) => {
+                        counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                        Err(StoreError::Conflict {
+                            session_id: commit.session_id.clone(),
+                            expected: commit.expected,
+                        })
+                    }
+                    Outcome::Written(Written::IdsUsed(ids)) => {
+                        Err(StoreError::IdsUsed { session_id: commit.session_id.clone(), ids })
+                    }
+                    Outcome::Failed(error) => Err(backend(error)),
+                };
+                // The caller may have gone away; the commit stands all the same.
+                let _ = pending.reply.send(result);
+            }
+        }
+        Err(GroupFailure { step, error }) => {
+            let commits = group.len();
+            let message = error.to_string();
+            tracing::error!(commits, %step, error = %message, "a group commit failed");
+            for pending in group {
+                let failed =
+                    SqliteError::GroupFailed { commits, step: step.clone(), message: message.clone() };
+                let _ = pending.reply.send(Err(failed.into()));
+            }
+        }
+    }
+}
+
+/// One `IMMEDIATE` transaction for the group, a savepoint per commit.
+fn run_group(conn: &mut Connection, group: &[Pending]) -> Result<Vec<Outcome>, GroupFailure> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|error| GroupFailure { step: "beginning its transaction".to_owned(), error })?;
+    let mut outcomes = Vec::with_capacity(group.len());
+    for pending in group {
+        let outcome = write_one(&tx, &pending.commit).map_err(|error| GroupFailure {
+            step: format!("writing the commit of session {:?}", pending.commit.session_id),
+            error,
+        })?;
+        outcomes.push(outcome);
+    }
+    tx.commit().map_err(|error| GroupFailure { step: "committing its transaction".to_owned(), error })?;
+    Ok(outcomes)
+}
+
+/// Writes one commit of a group inside its own savepoint, rolled back unless it was written.
+/// An error is the group's only when the savepoint cannot be rolled back (or SQLite rolled the
+/// whole transaction back).
+fn write_one(conn: &Connection, commit: &PreparedCommit) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached("SAVEPOINT one_commit")?.execute([])?;
+    let outcome = match commit.write(conn) {
+        Ok(Written::Committed(version)) => {
+            conn.prepare_cached("RELEASE one_commit")?.execute([])?;
+            return Ok(Outcome::Written(Written::Committed(version)));
+        }
+        Ok(refused) => Outcome::Written(refused),
+        Err(error) if conn.is_autocommit() => return Err(error),
+        Err(error) => Outcome::Failed(error),
+    };
+    conn.prepare_cached("ROLLBACK TO one_commit")?.execute([])?;
+    conn.prepare_cached("RELEASE one_commit")?.execute([])?;
+    Ok(outcome)
 }
 
 /// A commit serialized and checked, ready to move into a blocking task.
@@ -363,10 +634,10 @@ impl PreparedCommit {
         (self.snapshot.len() + events + messages) as u64
     }
 
-    /// Writes the commit in one transaction, or nothing when the version check fails or an id
-    /// it uses first was used before.
-    fn write(&self, conn: &mut Connection) -> rusqlite::Result<Written> {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    /// Writes the commit on `tx`, inside the caller's savepoint; `VersionMoved` or `IdsUsed`
+    /// when the version check fails or an id it uses first was used before, and then the caller
+    /// rolls back what was written.
+    fn write(&self, tx: &Connection) -> rusqlite::Result<Written> {
         let new_version = if self.expected == 0 {
             let inserted = tx
                 .prepare_cached(
@@ -411,7 +682,7 @@ impl PreparedCommit {
                 }
             }
             if !again.is_empty() {
-                // Dropping the transaction rolls back the head update too.
+                // The caller rolls the head update back with the savepoint.
                 return Ok(Written::IdsUsed(again));
             }
         }
@@ -427,7 +698,6 @@ impl PreparedCommit {
                 insert.execute(params![self.session_id, pos, body])?;
             }
         }
-        tx.commit()?;
         Ok(Written::Committed(new_version))
     }
 }
@@ -647,20 +917,9 @@ impl Store for SqliteStore {
         commit: Commit<'_>,
     ) -> Result<u64, StoreError> {
         let prepared = PreparedCommit::new(session_id, expected_version, &commit, self.inner.clock.now())?;
-        let bytes = prepared.payload_bytes();
-        let written = self.write(move |conn| prepared.write(conn).map_err(backend)).await?;
-        match written {
-            Written::Committed(version) => {
-                self.inner.commits.fetch_add(1, Ordering::Relaxed);
-                self.inner.payload_bytes.fetch_add(bytes, Ordering::Relaxed);
-                Ok(version)
-            }
-            Written::VersionMoved => {
-                self.inner.conflicts.fetch_add(1, Ordering::Relaxed);
-                Err(StoreError::Conflict { session_id: session_id.to_owned(), expected: expected_version })
-            }
-            Written::IdsUsed(ids) => Err(StoreError::IdsUsed { session_id: session_id.to_owned(), ids }),
-        }
+        let (reply, answer) = oneshot::channel();
+        self.inner.writer.send(Job::Commit(Pending { commit: prepared, reply })).await?;
+        answer.await.map_err(|_| StoreError::from(SqliteError::WriterStopped))?
     }
 
     async fn used_ids(&self, session_id: &str, ids: &[UsedId]) -> Result<Vec<UsedId>, StoreError> {

@@ -6,6 +6,7 @@
 //! addr = "127.0.0.1:8787"
 //! data_dir = "./turnstone-data" # relative to the working directory
 //! max_body_bytes = 1048576
+//! durability = "full"           # full | process: what a commit survives (see Durability)
 //!
 //! [defaults]                    # optional; engine default retry policies per kind of call
 //! llm = { timeout_secs = 120, max_retries = 2, backoff_base_secs = 1, backoff_max_secs = 30 }
@@ -98,6 +99,8 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// The largest request body accepted, in bytes (default 1 MiB).
     pub max_body_bytes: usize,
+    /// What an acknowledged commit of the embedded store survives (default `full`).
+    pub durability: Durability,
 }
 
 impl Default for ServerConfig {
@@ -106,7 +109,37 @@ impl Default for ServerConfig {
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 8787)),
             data_dir: PathBuf::from("./turnstone-data"),
             max_body_bytes: 1024 * 1024,
+            durability: Durability::default(),
         }
+    }
+}
+
+/// What a commit of the embedded store survives once `commit` returned (`[server] durability`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// A power loss or an OS crash: the commit is fsynced before it is acknowledged (SQLite
+    /// `synchronous=FULL`; concurrent commits share one fsync). The default.
+    #[default]
+    Full,
+    /// The process being killed, not a power loss or OS crash, which may lose the last commits
+    /// (never consistency). No fsync per commit (SQLite `synchronous=NORMAL`).
+    Process,
+}
+
+impl Durability {
+    /// The setting's name in the file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Durability::Full => "full",
+            Durability::Process => "process",
+        }
+    }
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

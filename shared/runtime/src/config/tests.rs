@@ -19,6 +19,7 @@ const FULL: &str = r#"[server]
 addr = "0.0.0.0:9000"
 data_dir = "/var/lib/turnstone"
 max_body_bytes = 2048
+durability = "process"
 
 [defaults]
 llm = { timeout_secs = 60, max_retries = 1, backoff_base_secs = 0.5, backoff_max_secs = 5 }
@@ -69,6 +70,7 @@ fn the_demo_parses() {
     let config = Config::demo().unwrap();
     assert_eq!(config.file, "demo.toml");
     assert_eq!(config.server, ServerConfig::default());
+    assert_eq!(config.server.durability, Durability::Full, "power-loss durable by default");
     assert_eq!(config.defaults, Defaults::default());
     assert_eq!(config.llms.keys().collect::<Vec<_>>(), ["scripted"]);
     assert_eq!(config.llms["scripted"].kind, LlmKind::Scripted);
@@ -133,6 +135,7 @@ fn a_full_example_parses_to_every_field() {
             addr: "0.0.0.0:9000".parse().unwrap(),
             data_dir: PathBuf::from("/var/lib/turnstone"),
             max_body_bytes: 2048,
+            durability: Durability::Process,
         }
     );
     let engine = Defaults::default();
@@ -299,7 +302,7 @@ fn unknown_keys_are_named_where_they_are() {
     );
     assert_eq!(
         err("[server]\nport = 8787\n"),
-        "turnstone.toml:2:1: server.port: unknown key \"port\"; expected one of: addr, data_dir, max_body_bytes"
+        "turnstone.toml:2:1: server.port: unknown key \"port\"; expected one of: addr, data_dir, max_body_bytes, durability"
     );
     assert_eq!(
         err("[auth]\napi_keys = \"x\"\n"),
@@ -343,6 +346,15 @@ fn wrong_types_and_values_name_the_field() {
         err("[server]\naddr = \"localhost\"\n"),
         "turnstone.toml:2:8: server.addr: invalid socket address, expected an IP address and port \
          such as \"127.0.0.1:8787\""
+    );
+    assert_eq!(
+        err("[server]\ndurability = \"normal\"\n"),
+        "turnstone.toml:2:14: server.durability: unknown value \"normal\"; expected one of: full, process"
+    );
+    assert_eq!(
+        err("[server]\ndurability = true\n"),
+        // toml's own words for a non-string where an enum's name is expected.
+        "turnstone.toml:2:14: server.durability: wanted string or table"
     );
     assert_eq!(
         err("[server]\nmax_body_bytes = 0\n"),
