@@ -30,7 +30,8 @@ use anyhow::{Context, bail};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use tokio::sync::watch;
-use turnstone_embedded::{MemoryQueue, SqliteStore, StoreStats};
+use turnstone_embedded::sqlite::SqliteOptions;
+use turnstone_embedded::{Durability, MemoryQueue, SqliteStore, StoreStats};
 use turnstone_engine::protocol::{
     ClientInput, ClientMessageInput, DraftMessage, LlmRequest, LlmResponse, Role, StreamDelta,
 };
@@ -70,6 +71,9 @@ struct Args {
     /// Which modes to run.
     #[arg(long, value_enum, default_value_t = Modes::Both)]
     mode: Modes,
+    /// Durability levels of the SQLite store to run each level at (`[server] durability`).
+    #[arg(long, value_delimiter = ',', default_values_t = [DurabilityArg::Full, DurabilityArg::Process])]
+    durability: Vec<DurabilityArg>,
     /// Dispatcher workers (as `turnstone serve --workers`).
     #[arg(long, default_value_t = 8)]
     workers: usize,
@@ -77,6 +81,29 @@ struct Args {
     /// which lowers throughput; its time is taken out of the step figures).
     #[arg(long)]
     sizes: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DurabilityArg {
+    /// fsync before a commit returns (power-loss durable), the default.
+    Full,
+    /// Survives a killed process, not a power loss.
+    Process,
+}
+
+impl std::fmt::Display for DurabilityArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.level().name())
+    }
+}
+
+impl DurabilityArg {
+    fn level(self) -> Durability {
+        match self {
+            DurabilityArg::Full => Durability::Full,
+            DurabilityArg::Process => Durability::Process,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -162,6 +189,8 @@ struct Samples {
 struct Probe {
     sessions: Mutex<HashMap<String, SessionProbe>>,
     samples: Mutex<Samples>,
+    /// Events in successful commits.
+    events: AtomicU64,
 }
 
 impl Probe {
@@ -340,6 +369,7 @@ impl Store for CountingStore {
         let result = self.inner.commit(session_id, expected_version, commit).await;
         let took = started.elapsed();
         if result.is_ok() {
+            self.probe.events.fetch_add(events.len() as u64, Ordering::Relaxed);
             let payload = self.inner.stats().payload_bytes.saturating_sub(before);
             self.probe.committed(session_id, events, took, payload, sizes);
         }
@@ -430,6 +460,16 @@ fn status_kb(name: &str) -> u64 {
 
 fn rss() -> u64 {
     status_kb("VmRSS")
+}
+
+/// The process's user + system CPU time so far (/proc/self/stat, in clock ticks of 10 ms).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which may hold spaces) start after its closing ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 fn file_len(path: &Path) -> u64 {
@@ -537,6 +577,13 @@ async fn http_client(
 /// Everything one run measured.
 struct Report {
     mode: Mode,
+    durability: Durability,
+    /// Transactions the store made (one fsync each at `full`).
+    groups: u64,
+    /// Events the store wrote.
+    events: u64,
+    /// CPU time of the whole process (host and clients) during the run.
+    cpu: Duration,
     sessions: usize,
     turns_per_session: usize,
     wall: Duration,
@@ -549,12 +596,20 @@ struct Report {
     rss_peak: u64,
 }
 
-async fn run(mode: Mode, sessions: usize, turns: usize, args: &Args) -> anyhow::Result<Report> {
+async fn run(
+    mode: Mode,
+    durability: Durability,
+    sessions: usize,
+    turns: usize,
+    args: &Args,
+) -> anyhow::Result<Report> {
     let dir = tempfile::Builder::new().prefix("turnstone-bench-").tempdir().context("creating a temp dir")?;
     let db = dir.path().join("turnstone.sqlite");
     let store = {
         let db = db.clone();
-        tokio::task::spawn_blocking(move || SqliteStore::open(&db)).await??
+        let options = SqliteOptions { durability, ..SqliteOptions::default() };
+        tokio::task::spawn_blocking(move || SqliteStore::open_with(&db, options, Arc::new(SystemClock)))
+            .await??
     };
     let probe = Arc::new(Probe::default());
     let config = Config::demo()?;
@@ -620,6 +675,9 @@ async fn run(mode: Mode, sessions: usize, turns: usize, args: &Args) -> anyhow::
         })
     };
     let stats_before = store.stats();
+    let groups_before = store.group_stats();
+    let events_before = probe.events.load(Ordering::Relaxed);
+    let cpu_before = cpu_time();
     let io_before = proc_io();
 
     let started = Instant::now();
@@ -645,7 +703,10 @@ async fn run(mode: Mode, sessions: usize, turns: usize, args: &Args) -> anyhow::
     let wall = started.elapsed();
 
     let io_after = proc_io();
+    let cpu = cpu_time().saturating_sub(cpu_before);
     let stats_after = store.stats();
+    let groups = store.group_stats().groups - groups_before.groups;
+    let events = probe.events.load(Ordering::Relaxed) - events_before;
     let rss_after = rss();
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.await;
@@ -674,6 +735,10 @@ async fn run(mode: Mode, sessions: usize, turns: usize, args: &Args) -> anyhow::
     dir.close().context("removing the temp dir")?;
     Ok(Report {
         mode,
+        durability,
+        groups,
+        events,
+        cpu,
         sessions,
         turns_per_session: turns,
         wall,
@@ -752,7 +817,11 @@ impl Report {
     }
 
     fn label(&self) -> String {
-        format!("{:<6} {:>5} x {:<4}", self.mode.name(), self.sessions, self.turns_per_session)
+        let level = match self.durability {
+            Durability::Full => "full",
+            Durability::Process => "proc",
+        };
+        format!("{:<4} {level} {:>4} x {:<4}", self.mode.name(), self.sessions, self.turns_per_session)
     }
 }
 
@@ -811,6 +880,26 @@ fn print_tables(reports: &[Report], args: &Args) {
         );
     }
 
+    let _ = writeln!(out, "\nDurability and cost per turn (CPU: the whole process, host and clients)");
+    let _ = writeln!(
+        out,
+        "{:<19} {:>10} {:>10} {:>11} {:>11} {:>12}",
+        "run (sess x turns)", "fsyncs/turn", "commits/tx", "events/turn", "bytes/turn", "CPU ms/turn"
+    );
+    for r in reports {
+        let turns = r.turns().max(1) as f64;
+        let fsyncs = if r.durability == Durability::Full { r.groups as f64 / turns } else { 0.0 };
+        let _ = writeln!(
+            out,
+            "{:<19} {:>10.3} {:>10.1} {:>11.1} {:>11.0} {:>12.3}",
+            r.label(),
+            fsyncs,
+            r.stats.commits as f64 / r.groups.max(1) as f64,
+            r.events as f64 / turns,
+            r.stats.payload_bytes as f64 / turns,
+            r.cpu.as_secs_f64() * 1000.0 / turns,
+        );
+    }
     let _ = writeln!(out, "\nLatency, ms, p50/p99/max");
     let _ = writeln!(
         out,
@@ -978,7 +1067,7 @@ What the figures are
               in-process that is SQLite's WAL, checkpoints and reads; over HTTP it also holds
               both ends of the loopback traffic.
   disk        bytes the process dirtied for the disk per step (/proc/self/io write_bytes: WAL
-              pages and checkpoints, page granular; no fsync with synchronous=NORMAL).
+              pages and checkpoints, page granular).
   db B        size of the database file and its WAL at the end, per step.
   RSS         resident memory (VmRSS) when the clients start -> when they finish, and the peak
               increase sampled every 20 ms during the run (the allocator keeps freed memory, so
@@ -998,7 +1087,8 @@ async fn main() -> anyhow::Result<()> {
     };
     println!("{}", machine());
     println!(
-        "host: `turnstone serve` wiring: SqliteStore (WAL, synchronous=NORMAL) in a fresh temp dir per run, \
+        "host: `turnstone serve` wiring: SqliteStore (WAL; full = synchronous=FULL, group commit; proc = \
+         synchronous=NORMAL) in a fresh temp dir per run, \
          MemoryQueue, {} dispatcher workers, tokio multi-thread runtime ({} threads) shared with the clients",
         args.workers,
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -1010,8 +1100,8 @@ async fn main() -> anyhow::Result<()> {
     let mut reports = Vec::new();
     for (i, &sessions) in args.sessions.iter().enumerate() {
         let turns = args.turns.get(i).or_else(|| args.turns.first()).copied().unwrap_or(1);
-        for &mode in modes {
-            let report = run(mode, sessions.max(1), turns.max(1), &args).await?;
+        for (&mode, level) in modes.iter().flat_map(|m| args.durability.iter().map(move |d| (m, d.level()))) {
+            let report = run(mode, level, sessions.max(1), turns.max(1), &args).await?;
             eprintln!(
                 "  {}: {} steps, {} turns in {:.2} s",
                 report.label(),
