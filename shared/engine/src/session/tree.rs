@@ -261,9 +261,17 @@ impl Tree {
         ids
     }
 
-    /// The messages from the root to `node`, inclusive.
+    /// The messages from the root to `node`, inclusive (by parent indices: no id is hashed or
+    /// cloned on the way).
     pub fn path_to(&self, node: Option<&MessageId>) -> Vec<&Message> {
-        self.path_ids_to(node).iter().filter_map(|id| self.get(id)).map(|n| &n.message).collect()
+        let mut at = node.and_then(|n| self.index.get(n.as_str()).copied());
+        let mut path = Vec::with_capacity(at.map_or(0, |i| self.meta[i].depth as usize + 1));
+        while let Some(i) = at {
+            path.push(&self.nodes[i].message);
+            at = self.meta[i].parent;
+        }
+        path.reverse();
+        path
     }
 
     /// The active path, root to head.
@@ -569,6 +577,9 @@ mod tests {
                     tree.unanswered_by_walking(id),
                     "seed {seed}, node {id:?}"
                 );
+                let by_ids: Vec<&Message> =
+                    tree.path_ids_to(id).iter().filter_map(|i| tree.get(i)).map(|n| &n.message).collect();
+                assert_eq!(tree.path_to(id), by_ids);
                 let back: Vec<&Message> = tree.path_back(id).collect();
                 let mut forward = tree.path_to(id);
                 forward.reverse();
