@@ -406,9 +406,7 @@ impl Tx {
             Some(Value::Null) | None => self
                 .session
                 .tree
-                .active_path()
-                .iter()
-                .rev()
+                .path_back(self.session.tree.head())
                 .find(|m| m.role == Role::Assistant)
                 .map(|m| m.content_text())
                 .unwrap_or_default(),

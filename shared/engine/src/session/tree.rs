@@ -25,8 +25,28 @@ pub struct Tree {
     head: Option<MessageId>,
     /// Node id -> index in `nodes`; derived, rebuilt on load.
     index: imbl::HashMap<Arc<str>, usize>,
-    /// Depth of each node (a root is 0); derived, so ancestry checks stop at the right level.
-    depths: imbl::Vector<u32>,
+    /// What each node's path holds, by index in `nodes`; derived when the node is pushed (so
+    /// rebuilt on load), so that no step walks the transcript.
+    meta: imbl::Vector<Meta>,
+    /// Tool call id -> the tool messages answering it (indices in `nodes`, in push order);
+    /// derived, rebuilt on load.
+    answers: imbl::HashMap<CallId, Arc<[usize]>>,
+}
+
+/// What the tree derives for a node when it is pushed.
+#[derive(Debug, Clone)]
+struct Meta {
+    /// A root is 0.
+    depth: u32,
+    /// The parent's index (`None` for a root, or a parent that is not recorded).
+    parent: Option<usize>,
+    /// A skew-binary jump pointer to an ancestor (itself for a root): walking up to a given
+    /// depth follows it whenever it does not overshoot, so ancestry checks cost O(log depth).
+    jump: usize,
+    /// The tool calls of assistant messages on the path root..node that no tool message on it
+    /// answers, in path order: `(tool_call_id, tool name)`. Shared with the parent's unless
+    /// the node opens or answers one.
+    open: Arc<[(CallId, String)]>,
 }
 
 /// A tree serializes as its head only: messages are immutable and a store keeps them apart
@@ -44,7 +64,8 @@ impl From<TreeData> for Tree {
             nodes: imbl::Vector::new(),
             head: data.head,
             index: imbl::HashMap::new(),
-            depths: imbl::Vector::new(),
+            meta: imbl::Vector::new(),
+            answers: imbl::HashMap::new(),
         }
     }
 }
@@ -89,7 +110,8 @@ impl Tree {
     pub fn restore_shared(&mut self, nodes: Vec<Arc<TreeNode>>) {
         self.nodes = imbl::Vector::new();
         self.index = imbl::HashMap::new();
-        self.depths = imbl::Vector::new();
+        self.meta = imbl::Vector::new();
+        self.answers = imbl::HashMap::new();
         for node in nodes {
             self.push(node);
         }
@@ -97,14 +119,79 @@ impl Tree {
 
     /// Appends a node (its parent is already in the tree, or it is a root).
     fn push(&mut self, node: Arc<TreeNode>) {
-        let depth = node.parent_id.as_ref().and_then(|p| self.depth_of(p)).map_or(0, |d| d + 1);
-        self.index.insert(Arc::from(node.message.id.as_str()), self.nodes.len());
-        self.depths.push_back(depth);
+        let at = self.nodes.len();
+        let parent = node.parent_id.as_ref().and_then(|p| self.index.get(p.as_str()).copied());
+        let (depth, jump, mut open) = match parent.map(|p| (p, &self.meta[p])) {
+            None => (0, at, Arc::from([])),
+            Some((p, up)) => {
+                // Myers' skew-binary jump pointers: two equal jumps above the parent merge.
+                let j1 = up.jump;
+                let j2 = self.meta[j1].jump;
+                let d1 = self.meta[j1].depth;
+                let jump = if up.depth - d1 == d1 - self.meta[j2].depth { j2 } else { p };
+                (up.depth + 1, jump, Arc::clone(&up.open))
+            }
+        };
+        let message = &node.message;
+        match message.role {
+            Role::Tool => {
+                if let Some(call) = &message.tool_call_id {
+                    if open.iter().any(|(c, _)| c == call) {
+                        open = open.iter().filter(|(c, _)| c != call).cloned().collect();
+                    }
+                    let answers = match self.answers.get(call) {
+                        Some(known) => known.iter().copied().chain([at]).collect(),
+                        None => Arc::from([at]),
+                    };
+                    self.answers.insert(call.clone(), answers);
+                }
+            }
+            Role::Assistant if !message.tool_calls().is_empty() => {
+                let fresh: Vec<(CallId, String)> = message
+                    .tool_calls()
+                    .iter()
+                    .filter(|tc| !self.answered_on_path(&tc.id, parent))
+                    .map(|tc| (tc.id.clone(), tc.function.name.clone()))
+                    .collect();
+                if !fresh.is_empty() {
+                    open = open.iter().cloned().chain(fresh).collect();
+                }
+            }
+            _ => {}
+        }
+        self.index.insert(Arc::from(message.id.as_str()), at);
+        self.meta.push_back(Meta { depth, parent, jump, open });
         self.nodes.push_back(node);
     }
 
+    /// Whether a tool message on the path root..`node` answers `call`.
+    fn answered_on_path(&self, call: &CallId, node: Option<usize>) -> bool {
+        let Some(node) = node else { return false };
+        self.answers.get(call).is_some_and(|tools| tools.iter().any(|&t| self.is_ancestor_at(t, node)))
+    }
+
+    /// Whether node `ancestor` is node `node` or one of its ancestors (indices in `nodes`).
+    fn is_ancestor_at(&self, ancestor: usize, node: usize) -> bool {
+        let level = self.meta[ancestor].depth;
+        let mut at = node;
+        loop {
+            let m = &self.meta[at];
+            if m.depth <= level {
+                return at == ancestor;
+            }
+            at = if self.meta[m.jump].depth >= level {
+                m.jump
+            } else {
+                match m.parent {
+                    Some(p) => p,
+                    None => return false,
+                }
+            };
+        }
+    }
+
     fn depth_of(&self, id: &MessageId) -> Option<u32> {
-        self.index.get(id.as_str()).map(|&i| self.depths[i])
+        self.index.get(id.as_str()).map(|&i| self.meta[i].depth)
     }
 
     /// How many messages the path from the root to `node` holds.
@@ -117,7 +204,8 @@ impl Tree {
     pub fn restore_onto(&mut self, base: &Tree, new: Vec<TreeNode>) {
         self.nodes = base.nodes.clone();
         self.index = base.index.clone();
-        self.depths = base.depths.clone();
+        self.meta = base.meta.clone();
+        self.answers = base.answers.clone();
         for node in new {
             self.push(Arc::new(node));
         }
@@ -173,9 +261,17 @@ impl Tree {
         ids
     }
 
-    /// The messages from the root to `node`, inclusive.
+    /// The messages from the root to `node`, inclusive (by parent indices: no id is hashed or
+    /// cloned on the way).
     pub fn path_to(&self, node: Option<&MessageId>) -> Vec<&Message> {
-        self.path_ids_to(node).iter().filter_map(|id| self.get(id)).map(|n| &n.message).collect()
+        let mut at = node.and_then(|n| self.index.get(n.as_str()).copied());
+        let mut path = Vec::with_capacity(at.map_or(0, |i| self.meta[i].depth as usize + 1));
+        while let Some(i) = at {
+            path.push(&self.nodes[i].message);
+            at = self.meta[i].parent;
+        }
+        path.reverse();
+        path
     }
 
     /// The active path, root to head.
@@ -191,17 +287,13 @@ impl Tree {
     /// Whether `ancestor` is `node` or one of its ancestors (`None` is everyone's).
     pub fn is_ancestor_or_self(&self, ancestor: Option<&MessageId>, node: Option<&MessageId>) -> bool {
         let Some(ancestor) = ancestor else { return true };
-        let Some(level) = self.depth_of(ancestor) else { return false };
-        // Walk up only to the ancestor's depth: the check costs the distance, not the path.
-        let mut cursor = node;
-        while let Some(id) = cursor {
-            let Some(&i) = self.index.get(id.as_str()) else { return false };
-            if self.depths[i] <= level {
-                return self.depths[i] == level && id == ancestor;
-            }
-            cursor = self.nodes[i].parent_id.as_ref();
-        }
-        false
+        let (Some(&a), Some(&n)) =
+            (self.index.get(ancestor.as_str()), node.and_then(|n| self.index.get(n.as_str())))
+        else {
+            return false;
+        };
+        // Up to the ancestor's depth by jump pointers: O(log depth), whatever the distance.
+        self.is_ancestor_at(a, n)
     }
 
     /// Reads `drafts` as the conversation root to head and says what recording it writes.
@@ -257,13 +349,13 @@ impl Tree {
             return (node.parent_id.as_ref() == parent).then(|| id.clone());
         }
         let call_id = draft.tool_call_id.as_ref().filter(|_| draft.role == Role::Tool)?;
-        self.nodes
+        // The first recorded tool message for `call_id` under `parent` (all of them are in
+        // `answers`, in tree order).
+        self.answers
+            .get(call_id)?
             .iter()
-            .find(|n| {
-                n.parent_id.as_ref() == parent
-                    && n.message.role == Role::Tool
-                    && n.message.tool_call_id.as_ref() == Some(call_id)
-            })
+            .map(|&i| &self.nodes[i])
+            .find(|n| n.parent_id.as_ref() == parent)
             .map(|n| n.message.id.clone())
     }
 
@@ -296,7 +388,26 @@ impl Tree {
     }
 
     /// Tool calls on the path from the root to `node` that no tool message on it answers.
+    /// Kept per node as nodes are recorded: costs the answer, not the path.
     pub fn unanswered_tool_calls_at(&self, node: Option<&MessageId>) -> Vec<(CallId, String)> {
+        node.and_then(|n| self.index.get(n.as_str())).map(|&i| self.meta[i].open.to_vec()).unwrap_or_default()
+    }
+
+    /// The messages from `node` up to the root, `node` first: a walk that stops when its
+    /// reader does (e.g. at the last assistant message).
+    pub fn path_back(&self, node: Option<&MessageId>) -> impl Iterator<Item = &Message> {
+        let mut cursor = node.and_then(|n| self.get(n));
+        std::iter::from_fn(move || {
+            let here = cursor?;
+            cursor = here.parent_id.as_ref().and_then(|p| self.get(p));
+            Some(&here.message)
+        })
+    }
+
+    /// [`Tree::unanswered_tool_calls_at`] computed from the whole path (the reference the
+    /// derived lists are checked against).
+    #[cfg(test)]
+    fn unanswered_by_walking(&self, node: Option<&MessageId>) -> Vec<(CallId, String)> {
         let path = self.path_to(node);
         let answered: HashSet<&CallId> =
             path.iter().filter(|m| m.role == Role::Tool).filter_map(|m| m.tool_call_id.as_ref()).collect();
@@ -405,6 +516,96 @@ mod tests {
         assert_eq!(r.new_nodes.len(), 1);
         assert_eq!(r.new_nodes[0].0.id, "client-1");
         assert_eq!(r.new_from, 1);
+    }
+
+    /// A tiny deterministic generator for the randomized checks below.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((self.0 >> 33) as usize) % n.max(1)
+        }
+    }
+
+    /// A random tree (random parents, so many branches; few call ids, so answers before
+    /// calls, duplicate calls and duplicate answers all occur), built by `record` and by
+    /// `restore`.
+    fn random_tree(seed: u64, size: usize) -> (Tree, Vec<MessageId>) {
+        let mut rng = Rng(seed);
+        let mut tree = Tree::default();
+        let mut ids: Vec<MessageId> = Vec::new();
+        for n in 0..size {
+            let id: MessageId = format!("m{n}").into();
+            // Odd seeds mostly extend the last node: long paths, so jump pointers are used.
+            let parent = match rng.below(if seed.is_multiple_of(2) { 8 } else { 64 }) {
+                0 => None,
+                1..=4 | 8.. => ids.last().cloned(),
+                _ if ids.is_empty() => None,
+                _ => Some(ids[rng.below(ids.len())].clone()),
+            };
+            let call = |rng: &mut Rng| format!("c{}", rng.below(6));
+            let draft = match rng.below(4) {
+                0 => DraftMessage::user(format!("u{n}")),
+                1 => DraftMessage::tool_result(call(&mut rng), format!("t{n}"), "r"),
+                _ => {
+                    let calls = (0..rng.below(4))
+                        .map(|k| {
+                            crate::protocol::ToolCall::function(call(&mut rng), format!("f{n}.{k}"), "{}")
+                        })
+                        .collect::<Vec<_>>();
+                    DraftMessage { tool_calls: Some(calls), ..DraftMessage::text(Role::Assistant, "a") }
+                }
+            };
+            tree.record(draft.into_message(id.clone()), parent);
+            ids.push(id);
+        }
+        let mut restored = Tree::default();
+        restored.restore(tree.nodes().cloned().collect());
+        restored.move_head(tree.head().cloned());
+        assert!(restored == tree);
+        (restored, ids)
+    }
+
+    #[test]
+    fn derived_open_calls_ancestry_and_resent_results_match_walking_the_path() {
+        for seed in 0..40 {
+            let (tree, ids) = random_tree(seed, 300);
+            let mut rng = Rng(seed ^ 0xabcd);
+            for id in ids.iter().map(Some).chain([None]) {
+                assert_eq!(
+                    tree.unanswered_tool_calls_at(id),
+                    tree.unanswered_by_walking(id),
+                    "seed {seed}, node {id:?}"
+                );
+                let by_ids: Vec<&Message> =
+                    tree.path_ids_to(id).iter().filter_map(|i| tree.get(i)).map(|n| &n.message).collect();
+                assert_eq!(tree.path_to(id), by_ids);
+                let back: Vec<&Message> = tree.path_back(id).collect();
+                let mut forward = tree.path_to(id);
+                forward.reverse();
+                assert_eq!(back, forward);
+                let path = tree.path_ids_to(id);
+                for _ in 0..20 {
+                    let other = &ids[rng.below(ids.len())];
+                    assert_eq!(
+                        tree.is_ancestor_or_self(Some(other), id),
+                        path.contains(other),
+                        "seed {seed}"
+                    );
+                    let call: CallId = format!("c{}", rng.below(7)).into();
+                    let draft = DraftMessage::tool_result(call.clone(), "t", "r");
+                    let linear = tree
+                        .nodes()
+                        .find(|n| {
+                            n.parent_id.as_ref() == id
+                                && n.message.role == Role::Tool
+                                && n.message.tool_call_id.as_ref() == Some(&call)
+                        })
+                        .map(|n| n.message.id.clone());
+                    assert_eq!(tree.continues(id, &draft), linear, "seed {seed}");
+                }
+            }
+        }
     }
 
     #[test]
