@@ -499,10 +499,10 @@ impl App {
 
     /// Loads an existing session.
     pub async fn session(&self, session_id: &str) -> Result<Session> {
-        match self.store.load(session_id).await? {
-            Some(loaded) if loaded.session.is_created() => Ok(loaded.session),
-            _ => Err(Error::SessionNotFound(session_id.to_owned())),
-        }
+        // Through the host's message cache: a read costs the messages recorded since this host
+        // last saw the session, not the transcript (long-polls read on every turn end).
+        let (session, _) = self.load(session_id).await?;
+        if session.is_created() { Ok(session) } else { Err(Error::SessionNotFound(session_id.to_owned())) }
     }
 }
 
