@@ -17,15 +17,11 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use turnstone_embedded::{MemoryQueue, SqliteOptions, SqliteStore};
 use turnstone_runtime::api::{EventPage, LoggedEvent, SessionSummary, Submitted, Turn};
-use turnstone_runtime::app::{App, Parts};
-use turnstone_runtime::auth::Authenticator;
-use turnstone_runtime::clock::SystemClock;
+use turnstone_runtime::app::App;
+use turnstone_runtime::assemble;
 use turnstone_runtime::config::Config;
-use turnstone_runtime::http::HttpConfig;
 use turnstone_runtime::net::{self, SseEvent, SseStream};
-use turnstone_runtime::worker::WorkerClient;
 
 /// How many queue workers the test host runs.
 const WORKERS: usize = 4;
@@ -57,23 +53,11 @@ impl TestHost {
         let config =
             Config::parse(config_toml, "e2e.toml").unwrap_or_else(|e| panic!("bad test config: {e}"));
         let secrets = config.resolve_secrets(env).unwrap_or_else(|e| panic!("test secrets: {e}"));
-        let options = SqliteOptions { durability: config.server.durability, ..SqliteOptions::default() };
-        let store = SqliteStore::open_with(data_dir.join("turnstone.sqlite"), options, Arc::new(SystemClock))
-            .expect("open the SQLite store");
-        let agents = turnstone_runtime::assemble::agents(&config, &secrets).expect("assemble the agents");
-        let app = App::new(Parts {
-            store: Arc::new(store),
-            queue: Arc::new(MemoryQueue::new(Duration::from_secs(60))),
-            clock: Arc::new(SystemClock),
-            agents,
-            defaults: config.defaults,
-            worker: WorkerClient::new().expect("a worker client"),
-            claim_ahead: true,
-        });
-        let http_config = HttpConfig {
-            max_body_bytes: config.server.max_body_bytes,
-            auth: Authenticator::new(config.auth.as_ref(), &secrets).map(Arc::new),
-        };
+        let (store, queue) =
+            turnstone_embedded::open_local(&config, data_dir).expect("open the SQLite store");
+        let agents = assemble::agents(&config, &secrets).expect("assemble the agents");
+        let app = assemble::app(&config, agents, Arc::new(store), Arc::new(queue)).expect("a worker client");
+        let http_config = assemble::http(&config, &secrets);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the host");
         let addr = listener.local_addr().expect("the host's address");
         let (tx, rx) = oneshot::channel::<()>();

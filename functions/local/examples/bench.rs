@@ -38,16 +38,14 @@ use turnstone_engine::protocol::{
 use turnstone_engine::session::{Event, TurnStatus};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::api::{ApiError, Submitted, Turn};
-use turnstone_runtime::app::{App, Parts};
+use turnstone_runtime::app::App;
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
-use turnstone_runtime::http::HttpConfig;
 use turnstone_runtime::llm::{ModelProvider, ProviderError};
 use turnstone_runtime::store::{
     Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
-use turnstone_runtime::worker::WorkerClient;
 
 /// The demo config's engine-hosted agent.
 const AGENT: &str = "demo";
@@ -620,15 +618,10 @@ async fn run(
             agent.provider = Some(Arc::new(TimedProvider { inner, probe: Arc::clone(&probe) }));
         }
     }
-    let app = App::new(Parts {
-        store: Arc::new(CountingStore { inner: store.clone(), probe: Arc::clone(&probe), sizes: args.sizes }),
-        queue: Arc::new(MemoryQueue::new(Duration::from_secs(60))),
-        clock: Arc::new(SystemClock),
-        agents,
-        defaults: config.defaults,
-        worker: WorkerClient::new().context("building the worker HTTP client")?,
-        claim_ahead: true,
-    });
+    let counting = CountingStore { inner: store.clone(), probe: Arc::clone(&probe), sizes: args.sizes };
+    let queue = MemoryQueue::new(Duration::from_secs(60));
+    let app = turnstone_runtime::assemble::app(&config, agents, Arc::new(counting), Arc::new(queue))
+        .context("building the worker HTTP client")?;
     let ids: Vec<String> = (0..sessions).map(|i| format!("s{i:04}")).collect();
     let receivers: Vec<_> = ids.iter().map(|id| probe.register(id)).collect();
 
@@ -641,7 +634,7 @@ async fn run(
         Mode::Http => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             base = format!("http://{}", listener.local_addr()?);
-            let http = HttpConfig { max_body_bytes: config.server.max_body_bytes, auth: None };
+            let http = turnstone_runtime::assemble::http(&config, &secrets);
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let shutdown = async move {
                 let _ = stopped.await;

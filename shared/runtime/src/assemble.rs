@@ -1,13 +1,21 @@
-//! Building the runtime's agents from the configuration: one model provider per `[llm.X]`
-//! block, shared by the agents that use it, and each agent's worker endpoint with its secret.
+//! Building a host from its configuration, once for every host (the local binary, the test
+//! host, the benchmark): the agents (one model provider per `[llm.X]` block, shared by the
+//! agents that use it, and each agent's worker endpoint with its secret), the [`App`] over a
+//! store and a queue, and the HTTP API's settings.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::app::AgentRuntime;
+use crate::app::{AgentRuntime, App, Parts};
+use crate::auth::Authenticator;
+use crate::clock::SystemClock;
 use crate::config::{Config, Secrets};
+use crate::http::HttpConfig;
 use crate::llm::pricing::{ModelPrices, Priced};
 use crate::llm::{ModelProvider, ProviderSetupError, provider_for};
+use crate::queue::Queue;
+use crate::store::Store;
+use crate::worker::WorkerClient;
 use crate::worker::WorkerEndpoint;
 
 /// Why the agents cannot be built.
@@ -66,4 +74,32 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
             (id.clone(), agent)
         })
         .collect())
+}
+
+/// The app of a host whose process also runs the queue workers (it claims a submit's first
+/// effect in the same commit and hands it to them): `agents` (from [`agents`], possibly
+/// wrapped) over `store` and `queue`, with the config's engine defaults and the system clock.
+pub fn app(
+    config: &Config,
+    agents: BTreeMap<String, AgentRuntime>,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+) -> Result<Arc<App>, reqwest::Error> {
+    Ok(App::new(Parts {
+        store,
+        queue,
+        clock: Arc::new(SystemClock),
+        agents,
+        defaults: config.defaults,
+        worker: WorkerClient::new()?,
+        claim_ahead: true,
+    }))
+}
+
+/// The HTTP API's settings: the body limit and who may call (`[auth]`).
+pub fn http(config: &Config, secrets: &Secrets) -> HttpConfig {
+    HttpConfig {
+        max_body_bytes: config.server.max_body_bytes,
+        auth: Authenticator::new(config.auth.as_ref(), secrets).map(Arc::new),
+    }
 }

@@ -1,16 +1,10 @@
 //! `turnstone serve`: the all-in-one local host over the embedded store and queue.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
-use turnstone_embedded::{MemoryQueue, SqliteOptions, SqliteStore};
-use turnstone_runtime::app::{App, Parts};
-use turnstone_runtime::auth::Authenticator;
-use turnstone_runtime::clock::SystemClock;
+use turnstone_runtime::assemble;
 use turnstone_runtime::config::Config;
-use turnstone_runtime::http::HttpConfig;
-use turnstone_runtime::worker::WorkerClient;
 
 use super::ServeArgs;
 
@@ -23,23 +17,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let secrets = config.resolve_secrets(|name| std::env::var(name).ok())?;
     let addr = args.addr.unwrap_or(config.server.addr);
     let data_dir = args.data_dir.clone().unwrap_or_else(|| config.server.data_dir.clone());
-    let options = SqliteOptions { durability: config.server.durability, ..SqliteOptions::default() };
-    let store = SqliteStore::open_with(data_dir.join("turnstone.sqlite"), options, Arc::new(SystemClock))
+    let (store, queue) = turnstone_embedded::open_local(&config, &data_dir)
         .with_context(|| format!("opening the store in {}", data_dir.display()))?;
-    let agents = turnstone_runtime::assemble::agents(&config, &secrets)?;
-    let app = App::new(Parts {
-        store: Arc::new(store),
-        queue: Arc::new(MemoryQueue::new(Duration::from_secs(60))),
-        clock: Arc::new(SystemClock),
-        agents,
-        defaults: config.defaults,
-        worker: WorkerClient::new().context("building the worker HTTP client")?,
-        claim_ahead: true,
-    });
-    let http = HttpConfig {
-        max_body_bytes: config.server.max_body_bytes,
-        auth: Authenticator::new(config.auth.as_ref(), &secrets).map(Arc::new),
-    };
+    let agents = assemble::agents(&config, &secrets)?;
+    let app = assemble::app(&config, agents, Arc::new(store), Arc::new(queue))
+        .context("building the worker HTTP client")?;
+    let http = assemble::http(&config, &secrets);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let agents: Vec<&str> = app.agent_ids().collect();
     eprintln!(
