@@ -90,6 +90,10 @@ pub enum CallSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         format: Option<LlmFormat>,
         /// The system prompt, fixed when the call was requested (none with explicit messages).
+        /// In a session without a worker neither it nor the offered tools are copied here: that
+        /// session's config never changes after `session.start`, so they are worked out when a
+        /// request is built, equal to what a copy would hold, and a call's record (in
+        /// `call.created`, and in the head while it is open) stays small.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         system: Option<String>,
     },

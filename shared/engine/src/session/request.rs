@@ -70,11 +70,20 @@ impl Session {
     /// system prompt and the conversation from the root to the call's anchor.
     pub fn llm_request(&self, call: &CallRecord) -> Option<LlmRequest> {
         let CallSpec::LlmCall { action, system, .. } = &call.spec else { return None };
+        // Without a worker the config is the declared one for good, so the call refers to it
+        // (records written before kept copies, which are equal).
+        let from_agent = !self.has_worker();
+        let system =
+            if from_agent { self.current_agent().and_then(|c| c.system.clone()) } else { system.clone() };
+        let tools = match &action.tools {
+            None if from_agent => self.offered_tools(call.turn_id.as_ref()),
+            tools => tools.clone(),
+        };
         let messages = match &action.messages {
             Some(explicit) => explicit.clone(),
             None => {
                 let mut messages: Vec<DraftMessage> =
-                    system.iter().map(|s| DraftMessage::text(Role::System, s.clone())).collect();
+                    system.into_iter().map(|s| DraftMessage::text(Role::System, s)).collect();
                 messages.extend(self.tree.path_to(call.anchor.as_ref()).into_iter().map(Message::to_draft));
                 messages
             }
@@ -82,7 +91,7 @@ impl Session {
         Some(LlmRequest {
             model: action.model.clone()?,
             messages,
-            tools: action.tools.clone(),
+            tools,
             temperature: action.temperature,
             max_completion_tokens: action.max_completion_tokens,
             reasoning: action.reasoning.clone(),
