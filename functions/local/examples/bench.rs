@@ -988,7 +988,7 @@ fn print_tables(reports: &[Report], args: &Args) {
             "payload B/step",
             if args.sizes { "head B/step" } else { "" }
         );
-        for r in single {
+        for r in &single {
             let tenth = (r.turns_per_session / 10).max(1) as u32;
             let last = r.turns_per_session as u32 - tenth;
             let first_steps: Vec<&StepSample> = r.samples.steps.iter().filter(|s| s.turn < tenth).collect();
@@ -1022,6 +1022,36 @@ fn print_tables(reports: &[Report], args: &Args) {
                     String::new()
                 },
             );
+        }
+    }
+    // Per-step time at given turns of one session (the median over the ten turns around each).
+    let marks: Vec<u32> = [1u32, 100, 1000, 10_000]
+        .into_iter()
+        .filter(|&m| single.iter().any(|r| r.turns_per_session as u32 >= m))
+        .collect();
+    if !marks.is_empty() {
+        let _ =
+            writeln!(out, "\nPer-step time at turn N of one session (p50 ms of the steps of turns N-9..N)");
+        let mut header = format!("{:<19}", "run (sess x turns)");
+        for m in &marks {
+            let _ = write!(header, " {:>14}", format!("turn {m}"));
+        }
+        let _ = writeln!(out, "{header}");
+        for r in &single {
+            let mut line = format!("{:<19}", r.label());
+            for &m in &marks {
+                let (from, to) = (m.saturating_sub(10), m);
+                let steps: Vec<Duration> = r
+                    .samples
+                    .steps
+                    .iter()
+                    .filter(|s| s.turn >= from && s.turn < to)
+                    .map(|s| s.step)
+                    .collect();
+                let cell = if steps.is_empty() { "-".to_owned() } else { ms(spread(steps).p50) };
+                let _ = write!(line, " {cell:>14}");
+            }
+            let _ = writeln!(out, "{line}");
         }
     }
     for line in out.lines() {
