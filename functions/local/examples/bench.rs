@@ -75,6 +75,14 @@ struct Args {
     /// Dispatcher workers (as `turnstone serve --workers`).
     #[arg(long, default_value_t = 8)]
     workers: usize,
+    /// Instead of turns: what `N` waiting clients cost the host. N sessions each get a turn that
+    /// waits (for a client tool), then a child process opens N long-polls (`?wait=60`) and N
+    /// event streams on them, and the host's RSS is read before and while they wait.
+    #[arg(long)]
+    waiters: Option<usize>,
+    /// Internal: run as the waiting clients' process against this base URL.
+    #[arg(long, hide = true)]
+    waiting_clients: Option<String>,
     /// Also serialize every commit to split its bytes into head, events and messages (costs CPU,
     /// which lowers throughput; its time is taken out of the step figures).
     #[arg(long)]
@@ -1100,6 +1108,12 @@ What the figures are
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(base) = &args.waiting_clients {
+        return waiting_clients(base, args.waiters.unwrap_or(0)).await;
+    }
+    if let Some(n) = args.waiters {
+        return waiters(n).await;
+    }
     if args.turns.len() != 1 && args.turns.len() != args.sessions.len() {
         bail!("--turns takes one value, or one per --sessions level");
     }
@@ -1140,5 +1154,97 @@ async fn main() -> anyhow::Result<()> {
     }
     print_tables(&reports, &args);
     print!("{EXPLAIN}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting clients
+// ---------------------------------------------------------------------------------------------
+
+/// The session and turn ids of waiter `i`.
+fn waiter_ids(i: usize) -> (String, String) {
+    (format!("w{i:05}"), format!("turn-w{i:05}"))
+}
+
+/// Measures what `n` waiting clients cost the host: its RSS with the turns open and nobody
+/// waiting, then while a separate process holds `n` long-polls and `n` event streams.
+async fn waiters(n: usize) -> anyhow::Result<()> {
+    let dir = tempfile::Builder::new().prefix("turnstone-waiters-").tempdir()?;
+    let config = Config::demo()?;
+    let secrets = config.resolve_secrets(|_| None)?;
+    let (store, queue) = turnstone_embedded::open_local(&config, dir.path())?;
+    let agents = turnstone_runtime::assemble::agents(&config, &secrets)?;
+    let app = turnstone_runtime::assemble::app(&config, agents, Arc::new(store), Arc::new(queue))?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(turnstone_runtime::host::serve(
+        Arc::clone(&app),
+        turnstone_runtime::assemble::http(&config, &secrets),
+        listener,
+        8,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    // Every session's turn waits for its client tool, for good.
+    let http = turnstone_runtime::net::client()?;
+    for i in 0..n {
+        let (session, turn) = waiter_ids(i);
+        let input = serde_json::json!({"type": "client.message", "agent_id": AGENT, "turn_id": turn,
+            "message": {"role": "user", "content": "/tool confirm {\"question\": \"wait?\"}"}});
+        let response = http.post(format!("{base}/v1/sessions/{session}/inputs")).json(&input).send().await?;
+        if response.status() != reqwest::StatusCode::ACCEPTED {
+            bail!("submit {session}: HTTP {}", response.status());
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = rss();
+    let exe = std::env::current_exe()?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["--waiting-clients", &base, "--waiters", &n.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().context("the child's stdout")?).lines();
+    use tokio::io::AsyncBufReadExt as _;
+    while let Some(line) = lines.next_line().await? {
+        if line == "ready" {
+            break;
+        }
+    }
+    // Let the host take every request in.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = rss();
+    child.kill().await?;
+    println!("{}", machine());
+    println!(
+        "{n} sessions with a waiting turn: host RSS {:.1} MiB; with {n} long-polls and {n} event streams \
+         open on them (clients in another process): {:.1} MiB, +{:.1} MiB ({:.1} KiB per waiting client)",
+        idle as f64 / 1048576.0,
+        waiting as f64 / 1048576.0,
+        waiting.saturating_sub(idle) as f64 / 1048576.0,
+        waiting.saturating_sub(idle) as f64 / 1024.0 / (2 * n.max(1)) as f64
+    );
+    let _ = stop.send(());
+    serving.await??;
+    Ok(())
+}
+
+/// The waiting clients' process: `n` long-polls and `n` event streams, held until killed.
+async fn waiting_clients(base: &str, n: usize) -> anyhow::Result<()> {
+    let http = turnstone_runtime::net::client_builder().pool_max_idle_per_host(0).build()?;
+    let mut held = Vec::new();
+    for i in 0..n {
+        let (session, turn) = waiter_ids(i);
+        let poll = http.get(format!("{base}/v1/sessions/{session}/turns/{turn}?wait=60"));
+        held.push(tokio::spawn(async move { poll.send().await.map(drop) }));
+        let stream = http.get(format!("{base}/v1/sessions/{session}/events/stream")).send().await?;
+        held.push(tokio::spawn(async move {
+            let _stream = stream;
+            std::future::pending::<reqwest::Result<()>>().await
+        }));
+    }
+    println!("ready");
+    std::future::pending::<()>().await;
     Ok(())
 }
