@@ -4,8 +4,10 @@
 //! settle-at-most-once at the current attempt, queued turns start once); this file adds the
 //! dangling-tool-call check at every step.
 //!
-//! Run one seed with `TURNSTONE_SIM_SEED=<n> cargo test -p turnstone-engine --test simulation`.
-//! A failing seed is printed; keep it in `REGRESSION_SEEDS`.
+//! Run one seed with `TURNSTONE_SIM_SEED=<n> cargo test -p turnstone-engine --test simulation`;
+//! the long sweep with `TURNSTONE_SIM_SEEDS=5000 TURNSTONE_SIM_STEPS=300 cargo test --release -p
+//! turnstone-engine --test simulation` (`scripts/sim`). A failing seed is printed; keep it in
+//! `REGRESSION_SEEDS`.
 
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -18,8 +20,14 @@ use turnstone_engine::protocol::*;
 use turnstone_engine::session::*;
 
 const REGRESSION_SEEDS: &[u64] = &[];
+/// Seeds and steps per seed of a CI run; `TURNSTONE_SIM_SEEDS` and `TURNSTONE_SIM_STEPS` set a
+/// longer sweep.
 const SEEDS: u64 = 200;
 const STEPS: usize = 120;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
 
 struct Rng(IdMinter);
 
@@ -210,7 +218,7 @@ fn run(seed: u64) {
     world.sessions.insert("root".into(), harness("root", init("root", Some(root_agent()), has_worker)));
     let mut answers = 0u64;
     let mut pending_duplicate: Option<(SessionId, Command)> = None;
-    for _ in 0..STEPS {
+    for _ in 0..env_or("TURNSTONE_SIM_STEPS", STEPS) {
         // Replay an earlier command now and then: at-least-once delivery everywhere.
         if let Some((id, cmd)) = pending_duplicate.take()
             && rng.chance(50)
@@ -391,7 +399,7 @@ fn simulation() {
     for &seed in REGRESSION_SEEDS {
         run(seed);
     }
-    for seed in 0..SEEDS {
+    for seed in 0..env_or("TURNSTONE_SIM_SEEDS", SEEDS) {
         run(seed);
     }
 }
