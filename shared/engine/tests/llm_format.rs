@@ -918,10 +918,10 @@ fn anthropic_request_refuses_what_it_cannot_carry() {
             ),
         ),
         (
-            json!([{ "role": "user", "content": "hi" }, { "role": "assistant", "content": [{ "type": "image_url", "image_url": { "url": "https://x/y.png" } }] }]),
+            json!([{ "role": "user", "content": "hi" }, { "role": "assistant", "content": [{ "type": "file", "file": { "filename": "a.pdf", "file_data": "data:application/pdf;base64,AA==" } }] }]),
             FormatError::new(
                 "messages[1].content[0]",
-                "Anthropic assistant messages carry only text, not image_url parts",
+                "Anthropic assistant messages carry only text, not file parts",
             ),
         ),
         (
@@ -1372,4 +1372,30 @@ fn whole_temperatures_stay_integers() {
         assert_eq!(openai::request(&request, false)["temperature"], expected);
         assert_eq!(anthropic::request(&request, false).expect("converts")["temperature"], expected);
     }
+}
+
+/// Images a model produced are recorded in its assistant message; when the conversation goes
+/// back to a model they are left out (both formats take only text back from the assistant), so
+/// one generated image does not make every later request of the session invalid.
+#[test]
+fn images_in_assistant_messages_are_left_out_of_requests() {
+    let request: LlmRequest = serde_json::from_value(json!({
+        "model": "m",
+        "messages": [
+            { "role": "user", "content": "draw a cat" },
+            { "role": "assistant", "content": [
+                { "type": "text", "text": "Here it is" },
+                { "type": "image_url", "image_url": { "url": "data:image/png;base64,AA==" } }
+            ] },
+            { "role": "user", "content": "thanks" }
+        ]
+    }))
+    .unwrap();
+    let anthropic = llm_format::request(LlmFormat::Anthropic, &request, false).unwrap();
+    assert_eq!(
+        anthropic["messages"][1],
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Here it is"}]})
+    );
+    let openai = llm_format::request(LlmFormat::Openai, &request, false).unwrap();
+    assert_eq!(openai["messages"][1]["content"], json!([{"type": "text", "text": "Here it is"}]));
 }

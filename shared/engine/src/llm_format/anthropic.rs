@@ -213,6 +213,9 @@ fn assistant(m: &DraftMessage, path: &str) -> Result<Value, FormatError> {
             for (j, p) in parts.iter().enumerate() {
                 match p {
                     ContentPart::Text { text } => texts.push(text),
+                    // Images a model produced are its output, not something a model takes
+                    // back: they stay in the transcript and are left out of the request.
+                    ContentPart::ImageUrl { .. } => {}
                     other => {
                         return Err(FormatError::new(
                             index(&join(path, "content"), j),

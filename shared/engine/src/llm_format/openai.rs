@@ -80,8 +80,17 @@ fn role_name(role: Role) -> &'static str {
 fn message(m: &DraftMessage) -> Value {
     let mut out = Map::new();
     out.insert("role".into(), json!(role_name(m.role)));
-    if let Some(content) = &m.content {
-        out.insert("content".into(), content_value(content));
+    match &m.content {
+        // Images a model produced are its output; an assistant message takes text back only.
+        Some(Content::Parts(parts)) if m.role == Role::Assistant => {
+            let kept: Vec<Value> =
+                parts.iter().filter(|p| !matches!(p, ContentPart::ImageUrl { .. })).map(part).collect();
+            out.insert("content".into(), Value::Array(kept));
+        }
+        Some(content) => {
+            out.insert("content".into(), content_value(content));
+        }
+        None => {}
     }
     if let Some(calls) = m.tool_calls.as_ref().filter(|c| !c.is_empty()) {
         out.insert("tool_calls".into(), calls.iter().map(tool_call).collect());
