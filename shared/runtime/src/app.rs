@@ -432,13 +432,7 @@ impl App {
         access: Access,
         command: Command,
     ) -> Result<Executed> {
-        self.execute(session_id, |session| {
-            if !session.is_created() || !caller.may(access, session) {
-                return Err(Error::SessionNotFound(session_id.to_owned()));
-            }
-            Ok(vec![command.clone()])
-        })
-        .await
+        self.command_where(session_id, None, command, |session| caller.may(access, session)).await
     }
 
     /// Runs one command against an existing session.
@@ -454,8 +448,20 @@ impl App {
         known: Option<(Session, u64)>,
         command: Command,
     ) -> Result<Executed> {
+        self.command_where(session_id, known, command, |_| true).await
+    }
+
+    /// One command against an existing session that `reachable` accepts; any other session is
+    /// not found.
+    async fn command_where(
+        &self,
+        session_id: &str,
+        known: Option<(Session, u64)>,
+        command: Command,
+        reachable: impl Fn(&Session) -> bool,
+    ) -> Result<Executed> {
         self.execute_from(session_id, known, |session| {
-            if !session.is_created() {
+            if !session.is_created() || !reachable(session) {
                 return Err(Error::SessionNotFound(session_id.to_owned()));
             }
             Ok(vec![command.clone()])

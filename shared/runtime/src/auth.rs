@@ -88,7 +88,14 @@ impl Caller {
 
     /// Whether this caller may `access` `session` (which exists).
     pub fn may(&self, access: Access, session: &Session) -> bool {
-        let owns = || self.owner().is_some_and(|me| me.id.is_some() && me.id == session.identity().id);
+        let owns = || {
+            let me = match self {
+                Caller::Client(identity) => identity.id.as_deref(),
+                Caller::Admin { name } => Some(name.as_str()),
+                Caller::Anyone | Caller::Machine { .. } => None,
+            };
+            me.is_some() && session.init().and_then(|i| i.identity.id.as_deref()) == me
+        };
         match self {
             Caller::Anyone => true,
             Caller::Client(_) => owns(),
@@ -242,6 +249,6 @@ impl Jwt {
 }
 
 /// Compares two byte strings without stopping at the first difference.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -268,15 +268,18 @@ impl App {
             }
             Route::Send(send) => {
                 let target = send.session_id.clone();
-                let (target_session, _) = self.load(&target).await?;
+                let (target_session, version) = self.load(&target).await?;
                 if let Err(why) = send.check_target(&target_session) {
                     // Never a turn in a session that is not the sender's child; the sender's
                     // delegation settles through its spawn's failure.
                     tracing::warn!(session_id, target = %target, "{why}");
                 } else {
-                    let link = target_session.parent().filter(|l| l.session_id == from).cloned();
+                    // `check_target` passed: the target is the sender's child.
+                    let link = target_session.parent().cloned();
                     let command = send.command(target_session.agent_id());
-                    if let Err(e) = self.command(&target, command).await {
+                    // From the state just loaded: no second load of the child.
+                    if let Err(e) = self.command_from(&target, Some((target_session, version)), command).await
+                    {
                         if e.is_retryable() {
                             return Err(e);
                         }

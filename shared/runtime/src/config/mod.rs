@@ -260,31 +260,23 @@ impl AgentDef {
 /// Authentication (`[auth]`); see [`crate::auth`] for what each kind of caller may do. Each
 /// `*_env` names the environment variable holding the secret (key lists are `name:key,...`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct AuthConfig {
     /// Client keys: a client owns the sessions it creates.
-    #[serde(default)]
     pub api_keys_env: Option<String>,
     /// Worker keys: settle calls (`calls/settle`) of the agents `machines` lists for them.
-    #[serde(default)]
     pub machine_keys_env: Option<String>,
     /// Admin keys: read every session.
-    #[serde(default)]
     pub admin_keys_env: Option<String>,
     /// The HS256 secret of client JWTs.
-    #[serde(default)]
     pub jwt_secret_env: Option<String>,
     /// The `iss` a JWT must carry.
-    #[serde(default)]
     pub jwt_issuer: Option<String>,
     /// The `aud` a JWT must carry.
-    #[serde(default)]
     pub jwt_audience: Option<String>,
     /// JWT claims copied into the session owner's `WorkerIdentity.metadata` (workers see them).
-    #[serde(default)]
     pub jwt_metadata_claims: Vec<String>,
     /// Machine key name -> the agents whose calls it may settle (`"*"`: every agent).
-    #[serde(default)]
     pub machines: BTreeMap<String, Vec<String>>,
 }
 
