@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use turnstone_runtime::queue::{Delivery, Queue, QueueError, WakeUp};
+use turnstone_runtime::queue::{Consumer, Delivery, Queue, QueueError, WakeUp};
 
 /// The default visibility timeout: how long a received delivery stays invisible.
 pub const DEFAULT_VISIBILITY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -203,7 +203,10 @@ impl Queue for MemoryQueue {
         self.changed.notify_waiters();
         Ok(())
     }
+}
 
+#[async_trait]
+impl Consumer for MemoryQueue {
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError> {
         if max == 0 {
             return if self.is_closed() { Err(QueueError::Closed) } else { Ok(Vec::new()) };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use turnstone_embedded::MemoryQueue;
-use turnstone_runtime::queue::{Queue, QueueError, WakeUp};
+use turnstone_runtime::queue::{Consumer, Queue, QueueError, WakeUp};
 
 const VT: Duration = Duration::from_secs(30);
 
@@ -227,7 +227,7 @@ async fn concurrent_receivers_never_share_a_delivery() {
 
 #[tokio::test(start_paused = true)]
 async fn closing_through_the_port_closes_the_queue() {
-    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(VT));
+    let queue: Arc<dyn Consumer> = Arc::new(MemoryQueue::new(VT));
     let waiter = {
         let queue = Arc::clone(&queue);
         tokio::spawn(async move { queue.receive(1, Duration::from_secs(3600)).await })

@@ -22,7 +22,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::hub::Hub;
 use crate::llm::ModelProvider;
-use crate::queue::{Queue, WakeUp};
+use crate::queue::{PolledQueue, WakeUp};
 use crate::store::{Commit, Store, StoreError};
 use crate::worker::{WorkerClient, WorkerEndpoint};
 
@@ -58,7 +58,7 @@ pub struct Parts {
     /// Where sessions live.
     pub store: Arc<dyn Store>,
     /// Where wake-ups go.
-    pub queue: Arc<dyn Queue>,
+    pub queue: Arc<dyn PolledQueue>,
     pub clock: Arc<dyn Clock>,
     /// The agents, by id.
     pub agents: BTreeMap<String, AgentRuntime>,
@@ -74,7 +74,7 @@ pub struct Parts {
 /// The runtime: store, queue, clock, agents, and the live hub.
 pub struct App {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) queue: Arc<dyn Queue>,
+    pub(crate) queue: Arc<dyn PolledQueue>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) agents: BTreeMap<String, AgentRuntime>,
     pub(crate) defaults: Defaults,

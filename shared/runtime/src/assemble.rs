@@ -13,7 +13,7 @@ use crate::config::{Config, Secrets};
 use crate::http::HttpConfig;
 use crate::llm::pricing::{ModelPrices, Priced};
 use crate::llm::{ModelProvider, ProviderSetupError, provider_for};
-use crate::queue::Queue;
+use crate::queue::PolledQueue;
 use crate::store::Store;
 use crate::worker::WorkerClient;
 use crate::worker::WorkerEndpoint;
@@ -83,7 +83,7 @@ pub fn app(
     config: &Config,
     agents: BTreeMap<String, AgentRuntime>,
     store: Arc<dyn Store>,
-    queue: Arc<dyn Queue>,
+    queue: Arc<dyn PolledQueue>,
 ) -> Result<Arc<App>, reqwest::Error> {
     Ok(App::new(Parts {
         store,

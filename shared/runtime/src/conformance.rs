@@ -1,4 +1,4 @@
-//! The conformance suite every [`Store`] and [`Queue`] implementation must pass (DESIGN.md
+//! The conformance suite every [`Store`] and queue implementation must pass (DESIGN.md
 //! section 5): call [`store_suite`] and [`queue_suite`] from an adapter's tests, or the single
 //! cases to get one test per case.
 //!
@@ -24,7 +24,7 @@ use turnstone_engine::time::Timestamp;
 
 pub use turnstone_engine::testing::Driver;
 
-use crate::queue::{Delivery, Queue, WakeUp};
+use crate::queue::{Delivery, PolledQueue, WakeUp};
 use crate::store::{Commit, LoggedEvent, SessionFilter, SessionListing, Store, StoreError};
 
 /// When the suite's sessions live (2026-11-30).
@@ -491,7 +491,7 @@ pub struct QueueSuite {
 }
 
 /// Runs every queue case.
-pub async fn queue_suite(queue: &dyn Queue, suite: QueueSuite) {
+pub async fn queue_suite(queue: &dyn PolledQueue, suite: QueueSuite) {
     queue_delay_respected(queue, suite).await;
     queue_duplicate_sends(queue, suite).await;
     queue_redelivers_without_ack(queue, suite).await;
@@ -503,7 +503,7 @@ fn wake(session_id: &str, reason: &str) -> WakeUp {
 }
 
 /// The first delivery for `session_id` within `within` (others are left unacknowledged).
-pub async fn first_delivery(queue: &dyn Queue, session_id: &str, within: Duration) -> Option<Delivery> {
+pub async fn first_delivery(queue: &dyn PolledQueue, session_id: &str, within: Duration) -> Option<Delivery> {
     let deadline = Instant::now() + within;
     loop {
         let now = Instant::now();
@@ -518,7 +518,7 @@ pub async fn first_delivery(queue: &dyn Queue, session_id: &str, within: Duratio
 }
 
 /// Every delivery for `session_id` within `within`.
-pub async fn deliveries(queue: &dyn Queue, session_id: &str, within: Duration) -> Vec<Delivery> {
+pub async fn deliveries(queue: &dyn PolledQueue, session_id: &str, within: Duration) -> Vec<Delivery> {
     let deadline = Instant::now() + within;
     let mut out = Vec::new();
     loop {
@@ -533,7 +533,7 @@ pub async fn deliveries(queue: &dyn Queue, session_id: &str, within: Duration) -
 
 /// A delayed wake-up is not delivered before its delay, and is delivered after it; an
 /// undelayed one at once.
-pub async fn queue_delay_respected(queue: &dyn Queue, suite: QueueSuite) {
+pub async fn queue_delay_respected(queue: &dyn PolledQueue, suite: QueueSuite) {
     let sent = Instant::now();
     queue.send(wake("conf-q-delay", "timer"), suite.delay).await.unwrap();
     assert!(
@@ -554,7 +554,7 @@ pub async fn queue_delay_respected(queue: &dyn Queue, suite: QueueSuite) {
 
 /// Sending twice delivers at least once; a coalescing queue delivers once, at the earliest due
 /// time, and keeps nothing back for later.
-pub async fn queue_duplicate_sends(queue: &dyn Queue, suite: QueueSuite) {
+pub async fn queue_duplicate_sends(queue: &dyn PolledQueue, suite: QueueSuite) {
     let window = suite.visibility_timeout / 2;
     queue.send(wake("conf-q-dup", "input"), Duration::ZERO).await.unwrap();
     queue.send(wake("conf-q-dup", "timer"), Duration::ZERO).await.unwrap();
@@ -591,7 +591,7 @@ pub async fn queue_duplicate_sends(queue: &dyn Queue, suite: QueueSuite) {
 
 /// A received delivery that is not acknowledged is invisible for the visibility timeout, then
 /// delivered again; acknowledging the redelivery ends it.
-pub async fn queue_redelivers_without_ack(queue: &dyn Queue, suite: QueueSuite) {
+pub async fn queue_redelivers_without_ack(queue: &dyn PolledQueue, suite: QueueSuite) {
     let vt = suite.visibility_timeout;
     queue.send(wake("conf-q-redeliver", "input"), Duration::ZERO).await.unwrap();
     let first = first_delivery(queue, "conf-q-redeliver", suite.delay).await.expect("delivered");
@@ -606,7 +606,7 @@ pub async fn queue_redelivers_without_ack(queue: &dyn Queue, suite: QueueSuite) 
 }
 
 /// An acknowledged delivery never comes back.
-pub async fn queue_no_redelivery_after_ack(queue: &dyn Queue, suite: QueueSuite) {
+pub async fn queue_no_redelivery_after_ack(queue: &dyn PolledQueue, suite: QueueSuite) {
     queue.send(wake("conf-q-ack", "input"), Duration::ZERO).await.unwrap();
     let d = first_delivery(queue, "conf-q-ack", suite.delay).await.expect("delivered");
     queue.ack(&d).await.unwrap();

@@ -1,4 +1,8 @@
-//! The queue port: wake-ups for sessions, delivered at least once, possibly late.
+//! The queue ports: wake-ups for sessions, delivered at least once, possibly late.
+//!
+//! Two sides: [`Queue`] sends (every host: commits and runs schedule wake-ups), [`Consumer`]
+//! receives and acknowledges (only a host that polls its queue: the local host; on Lambda an
+//! SQS event source receives for the `dispatch` function, which never calls `receive`).
 
 use std::time::Duration;
 
@@ -33,13 +37,17 @@ pub enum QueueError {
     Backend(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// Delivers wake-ups, each at least once, not before its delay.
+/// The sending side: delivers wake-ups, each at least once, not before its delay.
 #[async_trait]
 pub trait Queue: Send + Sync + 'static {
     /// Enqueues a wake-up to be delivered after `delay` (backends may cap long delays; the
     /// dispatcher re-checks due times on arrival).
     async fn send(&self, wake_up: WakeUp, delay: Duration) -> Result<(), QueueError>;
+}
 
+/// The consuming side of a queue that a host polls.
+#[async_trait]
+pub trait Consumer: Send + Sync + 'static {
     /// Waits up to `wait` for wake-ups; returns at most `max`.
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, QueueError>;
 
@@ -50,3 +58,8 @@ pub trait Queue: Send + Sync + 'static {
     /// [`QueueError::Closed`]. Queued wake-ups are kept where the backend keeps them.
     async fn close(&self) {}
 }
+
+/// A queue a host both sends to and polls (the local host's, and the conformance suite's).
+pub trait PolledQueue: Queue + Consumer {}
+
+impl<T: Queue + Consumer> PolledQueue for T {}
