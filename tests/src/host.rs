@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use turnstone_runtime::api::{EventPage, LoggedEvent, SessionSummary, Submitted, Turn};
 use turnstone_runtime::app::App;
-use turnstone_runtime::assemble;
+use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::config::Config;
 use turnstone_runtime::net::{self, SseEvent, SseStream};
 
@@ -56,7 +56,10 @@ impl TestHost {
         let (store, queue) =
             turnstone_embedded::open_local(&config, data_dir).expect("open the SQLite store");
         let agents = assemble::agents(&config, &secrets).expect("assemble the agents");
-        let app = assemble::app(&config, agents, Arc::new(store), Arc::new(queue)).expect("a worker client");
+        let queue = Arc::new(queue);
+        let engine = assemble::engine(&config, agents, Arc::new(store), queue.clone(), Topology::OneProcess)
+            .expect("a worker client");
+        let app = Arc::clone(&engine.app);
         let http_config = assemble::http(&config, &secrets);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the host");
         let addr = listener.local_addr().expect("the host's address");
@@ -65,7 +68,8 @@ impl TestHost {
             let _ = rx.await;
         };
         let task = tokio::spawn(turnstone_runtime::host::serve(
-            Arc::clone(&app),
+            engine,
+            queue,
             http_config,
             listener,
             WORKERS,

@@ -39,10 +39,12 @@ use turnstone_engine::session::{Event, TurnStatus};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::api::{ApiError, Submitted, Turn};
 use turnstone_runtime::app::App;
+use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
 use turnstone_runtime::llm::{ModelProvider, ProviderError};
+use turnstone_runtime::pool::Pool;
 use turnstone_runtime::store::{
     Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
@@ -620,35 +622,37 @@ async fn run(
     let probe = Arc::new(Probe::default());
     let config = Config::demo()?;
     let secrets = config.resolve_secrets(|_| None)?;
-    let mut agents = turnstone_runtime::assemble::agents(&config, &secrets)?;
+    let mut agents = assemble::agents(&config, &secrets)?;
     for agent in agents.values_mut() {
         if let Some(inner) = agent.provider.take() {
             agent.provider = Some(Arc::new(TimedProvider { inner, probe: Arc::clone(&probe) }));
         }
     }
     let counting = CountingStore { inner: store.clone(), probe: Arc::clone(&probe), sizes: args.sizes };
-    let queue = MemoryQueue::new(Duration::from_secs(60));
-    let app = turnstone_runtime::assemble::app(&config, agents, Arc::new(counting), Arc::new(queue))
+    let queue = Arc::new(MemoryQueue::new(Duration::from_secs(60)));
+    let engine = assemble::engine(&config, agents, Arc::new(counting), queue.clone(), Topology::OneProcess)
         .context("building the worker HTTP client")?;
+    let app = Arc::clone(&engine.app);
     let ids: Vec<String> = (0..sessions).map(|i| format!("s{i:04}")).collect();
     let receivers: Vec<_> = ids.iter().map(|id| probe.register(id)).collect();
 
     // The server (HTTP mode) or the dispatcher workers (in-process).
-    let mut workers = Vec::new();
+    let mut pool = None;
     let mut server = None;
     let mut base = String::new();
     match mode {
-        Mode::Inproc => workers = app.spawn_workers(args.workers),
+        Mode::Inproc => pool = Some(Pool::spawn(Arc::clone(&engine.dispatcher), queue, args.workers)),
         Mode::Http => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             base = format!("http://{}", listener.local_addr()?);
-            let http = turnstone_runtime::assemble::http(&config, &secrets);
+            let http = assemble::http(&config, &secrets);
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             let shutdown = async move {
                 let _ = stopped.await;
             };
             let serving = tokio::spawn(turnstone_runtime::host::serve(
-                Arc::clone(&app),
+                engine,
+                queue,
                 http,
                 listener,
                 args.workers,
@@ -720,9 +724,8 @@ async fn run(
             serving.await??;
         }
         None => {
-            app.close().await;
-            for worker in workers {
-                let _ = worker.await;
+            if let Some(pool) = pool {
+                pool.shutdown().await;
             }
         }
     }
@@ -1173,14 +1176,16 @@ async fn waiters(n: usize) -> anyhow::Result<()> {
     let config = Config::demo()?;
     let secrets = config.resolve_secrets(|_| None)?;
     let (store, queue) = turnstone_embedded::open_local(&config, dir.path())?;
-    let agents = turnstone_runtime::assemble::agents(&config, &secrets)?;
-    let app = turnstone_runtime::assemble::app(&config, agents, Arc::new(store), Arc::new(queue))?;
+    let agents = assemble::agents(&config, &secrets)?;
+    let queue = Arc::new(queue);
+    let engine = assemble::engine(&config, agents, Arc::new(store), queue.clone(), Topology::OneProcess)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(turnstone_runtime::host::serve(
-        Arc::clone(&app),
-        turnstone_runtime::assemble::http(&config, &secrets),
+        engine,
+        queue,
+        assemble::http(&config, &secrets),
         listener,
         8,
         async move {

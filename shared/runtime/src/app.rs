@@ -1,6 +1,6 @@
 //! The runtime's core: one place that loads a session, handles commands with the engine,
-//! commits the result, and tells the queue and the live hub. The HTTP router, the local host
-//! and the Lambda functions all go through [`App`].
+//! commits the result, and tells the queue and the notifier. The HTTP router, the dispatcher,
+//! the local host and the Lambda functions all go through [`App`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -20,11 +20,11 @@ use crate::api::Submitted;
 use crate::auth::{Access, Caller};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::hub::Hub;
 use crate::llm::ModelProvider;
-use crate::queue::{PolledQueue, WakeUp};
+use crate::notify::Notifier;
+use crate::queue::{Queue, WakeUp};
 use crate::store::{Commit, Store, StoreError};
-use crate::worker::{WorkerClient, WorkerEndpoint};
+use crate::worker::WorkerEndpoint;
 
 /// How often a commit is retried when another writer moved the session on.
 const MAX_CONFLICT_RETRIES: usize = 16;
@@ -58,34 +58,34 @@ pub struct Parts {
     /// Where sessions live.
     pub store: Arc<dyn Store>,
     /// Where wake-ups go.
-    pub queue: Arc<dyn PolledQueue>,
+    pub queue: Arc<dyn Queue>,
+    /// Who hears of commits (long-polls and event streams wait on it).
+    pub notifier: Arc<dyn Notifier>,
     pub clock: Arc<dyn Clock>,
     /// The agents, by id.
     pub agents: BTreeMap<String, AgentRuntime>,
     /// Engine default policies.
     pub defaults: Defaults,
-    pub worker: WorkerClient,
     /// Claim a submitted turn's first model call or delivery in the submit's own commit and
     /// hand it to this process's queue workers (one commit less per turn). Only for hosts
     /// whose queue workers run in the same process as the API (the local host).
     pub claim_ahead: bool,
 }
 
-/// The runtime: store, queue, clock, agents, and the live hub.
+/// The engine facade: store, queue, notifier, clock and agents.
 pub struct App {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) queue: Arc<dyn PolledQueue>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) agents: BTreeMap<String, AgentRuntime>,
-    pub(crate) defaults: Defaults,
-    pub(crate) worker: WorkerClient,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    notifier: Arc<dyn Notifier>,
+    clock: Arc<dyn Clock>,
+    agents: BTreeMap<String, AgentRuntime>,
+    defaults: Defaults,
     claim_ahead: bool,
     /// Effects claimed in a submit's commit, waiting for a queue worker of this process.
     handoff: Mutex<HashMap<String, Effect>>,
     /// The message nodes this host last saw per session: messages are immutable and only
     /// appended, so a load re-reads only the nodes after them (bounded; cleared when full).
     messages: Mutex<HashMap<String, Tree>>,
-    hub: Hub,
     entropy: AtomicU64,
 }
 
@@ -98,7 +98,7 @@ pub struct Executed {
     pub events: Vec<Event>,
     /// The head's version after the commit (as loaded, when nothing was written).
     pub version: u64,
-    /// An effect this commit also claimed (see `App::execute_claiming`): the caller performs
+    /// An effect this commit also claimed (see `Mode::claim_next`): the caller performs
     /// it next, without a claim commit of its own.
     pub claimed: Option<Effect>,
 }
@@ -110,26 +110,20 @@ impl App {
         Arc::new(App {
             store: parts.store,
             queue: parts.queue,
+            notifier: parts.notifier,
             clock: parts.clock,
             agents: parts.agents,
             defaults: parts.defaults,
-            worker: parts.worker,
             claim_ahead: parts.claim_ahead,
             handoff: Mutex::new(HashMap::new()),
             messages: Mutex::new(HashMap::new()),
-            hub: Hub::default(),
             entropy: AtomicU64::new(seed),
         })
     }
 
-    /// Stops taking wake-ups: the queue's waiting receivers return and the workers end.
-    pub async fn close(&self) {
-        self.queue.close().await;
-    }
-
-    /// The live hub.
-    pub fn hub(&self) -> &Hub {
-        &self.hub
+    /// Who hears of commits.
+    pub fn notifier(&self) -> &Arc<dyn Notifier> {
+        &self.notifier
     }
 
     /// The store.
@@ -222,48 +216,21 @@ impl App {
     where
         F: FnMut(&Session) -> Result<Vec<Command>>,
     {
-        self.execute_from(session_id, None, build).await
+        self.execute_with(session_id, None, Mode::default(), build).await
     }
 
     /// [`App::execute`], starting from `known`, a session and version this host has just loaded
-    /// or committed, instead of loading it again. The store's version check decides whether
-    /// `known` is still current: if the session moved on, the commit conflicts and it is loaded
-    /// afresh. A `known` state that gives nothing to write or a refusal is checked against a
-    /// fresh load too, so the outcome is always the one a fresh load gives.
-    pub(crate) async fn execute_from<F>(
-        &self,
-        session_id: &str,
-        known: Option<(Session, u64)>,
-        build: F,
-    ) -> Result<Executed>
-    where
-        F: FnMut(&Session) -> Result<Vec<Command>>,
-    {
-        self.execute_inner(session_id, known, build, false).await
-    }
-
-    /// [`App::execute_from`] that, in the same commit, also claims the model call or decision
-    /// delivery the new state makes due next (when no timer or routing comes first): the step
-    /// and the next effect's claim cost one write. The claimed effect is returned in
-    /// [`Executed::claimed`]; if nobody performs it, its deadline retries it.
-    pub(crate) async fn execute_claiming<F>(
-        &self,
-        session_id: &str,
-        known: Option<(Session, u64)>,
-        build: F,
-    ) -> Result<Executed>
-    where
-        F: FnMut(&Session) -> Result<Vec<Command>>,
-    {
-        self.execute_inner(session_id, known, build, true).await
-    }
-
-    async fn execute_inner<F>(
+    /// or committed, instead of loading it again, and committing as `mode` says. The store's
+    /// version check decides whether `known` is still current: if the session moved on, the
+    /// commit conflicts and it is loaded afresh. A `known` state that gives nothing to write or
+    /// a refusal is checked against a fresh load too, so the outcome is always the one a fresh
+    /// load gives.
+    pub(crate) async fn execute_with<F>(
         &self,
         session_id: &str,
         mut known: Option<(Session, u64)>,
+        mode: Mode,
         mut build: F,
-        claim: bool,
     ) -> Result<Executed>
     where
         F: FnMut(&Session) -> Result<Vec<Command>>,
@@ -276,6 +243,10 @@ impl App {
                 Some(known) => known,
                 None => self.load(session_id).await?,
             };
+            let now = self.clock.now();
+            // When the session was due to be looked at before this commit (a wake-up for it is
+            // on its way, or a run is at it).
+            let scheduled = if mode.in_run { None } else { wake_time(&session.plan(now), now) };
             let handled = self.handle_all(session, &mut build, &used);
             if hinted && !handled.as_ref().is_ok_and(|(_, events)| !events.is_empty()) {
                 continue;
@@ -284,10 +255,9 @@ impl App {
             if events.is_empty() {
                 return Ok(Executed { session, events, version, claimed: None });
             }
-            let now = self.clock.now();
             let mut claimed = None;
             let mut plan = session.plan(now);
-            if claim
+            if mode.claim_next
                 && let Some(effect) = claimable(&plan)
                 && let Ok(t) = handle(&session, claim_command(&effect), &self.ctx(&used))
             {
@@ -296,13 +266,22 @@ impl App {
                 claimed = Some(effect);
                 plan = session.plan(now);
             }
-            // Work due now is also recorded as due, so the sweep finds it if the wake-up is lost.
-            let wake_at = if plan.effects.is_empty() { plan.wake_at } else { Some(now) };
+            let wake_at = wake_time(&plan, now);
             let commit = Commit { session: &session, events: &events, wake_at };
             match self.store.commit(session_id, version, commit).await {
                 Ok(version) => {
                     self.remember_messages(&session);
-                    self.after_commit(session_id, &session, &events, wake_at, now).await;
+                    self.notify(session_id, &session, &events);
+                    // A run of the session arms its next wake-up when it ends, and whoever
+                    // holds a claimed effect performs it; otherwise a wake-up goes out only
+                    // when the session is due sooner than it already was.
+                    if let Some(at) = wake_at
+                        && !mode.in_run
+                        && claimed.is_none()
+                        && scheduled.is_none_or(|before| at < before)
+                    {
+                        self.wake_at(session_id, "commit", at).await;
+                    }
                     return Ok(Executed { session, events, version, claimed });
                 }
                 Err(StoreError::Conflict { .. }) => continue,
@@ -335,15 +314,8 @@ impl App {
         Ok((session, events))
     }
 
-    /// Tells listeners, and schedules the session's next look.
-    async fn after_commit(
-        &self,
-        session_id: &str,
-        session: &Session,
-        events: &[Event],
-        wake_at: Option<Timestamp>,
-        now: Timestamp,
-    ) {
+    /// Tells listeners what a commit wrote.
+    fn notify(&self, session_id: &str, session: &Session, events: &[Event]) {
         let ended_turns: Vec<TurnId> = events
             .iter()
             .filter_map(|e| match e {
@@ -351,15 +323,23 @@ impl App {
                 _ => None,
             })
             .collect();
-        self.hub.committed(session_id, session.events_applied(), &ended_turns);
-        if let Some(at) = wake_at {
-            let delay = Duration::from_millis(u64::try_from(at.0 - now.0).unwrap_or(0));
-            let wake = WakeUp { session_id: session_id.to_owned(), reason: "commit".to_owned() };
-            if let Err(e) = self.queue.send(wake, delay).await {
-                // The head records the wake time; the sweep picks the session up.
-                tracing::warn!(session_id, error = %e, "could not enqueue a wake-up");
-            }
+        self.notifier.committed(session_id, session.events_applied(), &ended_turns);
+    }
+
+    /// Enqueues a wake-up for `session_id` at `at`. A failure is only logged: the head records
+    /// the wake time, and the sweep finds the session.
+    pub(crate) async fn wake_at(&self, session_id: &str, reason: &str, at: Timestamp) {
+        let delay = Duration::from_millis(u64::try_from(at.0 - self.clock.now().0).unwrap_or(0));
+        let wake = WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() };
+        if let Err(e) = self.queue.send(wake, delay).await {
+            tracing::warn!(session_id, reason, error = %e, "could not enqueue a wake-up; the sweep will");
         }
+    }
+
+    /// Enqueues a wake-up for `session_id` now.
+    pub(crate) async fn wake(&self, session_id: &str, reason: &str) -> Result<()> {
+        let wake = WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() };
+        self.queue.send(wake, Duration::ZERO).await.map_err(Error::from)
     }
 
     /// Submits a client input for `caller`; creates the session, owned by the caller, on its
@@ -388,11 +368,8 @@ impl App {
             commands.push(Command::Submit { input: input.clone(), queue, origin: TurnOrigin::Client });
             Ok(commands)
         };
-        let executed = if self.claim_ahead {
-            self.execute_claiming(session_id, None, build).await?
-        } else {
-            self.execute(session_id, build).await?
-        };
+        let mode = Mode { claim_next: self.claim_ahead, in_run: false };
+        let executed = self.execute_with(session_id, None, mode, build).await?;
         if let Some(effect) = executed.claimed.clone() {
             // Claimed in the submit's commit: a queue worker of this process performs it.
             self.handoff_lock().insert(session_id.to_owned(), effect);
@@ -432,23 +409,25 @@ impl App {
         access: Access,
         command: Command,
     ) -> Result<Executed> {
-        self.command_where(session_id, None, command, |session| caller.may(access, session)).await
+        self.command_where(session_id, None, Mode::default(), command, |session| caller.may(access, session))
+            .await
     }
 
     /// Runs one command against an existing session.
     pub async fn command(&self, session_id: &str, command: Command) -> Result<Executed> {
-        self.command_from(session_id, None, command).await
+        self.command_with(session_id, None, Mode::default(), command).await
     }
 
-    /// [`App::command`], starting from a state this host just loaded or committed (see
-    /// [`App::execute_from`]).
-    pub(crate) async fn command_from(
+    /// [`App::command`], starting from a state this host just loaded or committed, committed
+    /// as `mode` says (see [`App::execute_with`]).
+    pub(crate) async fn command_with(
         &self,
         session_id: &str,
         known: Option<(Session, u64)>,
+        mode: Mode,
         command: Command,
     ) -> Result<Executed> {
-        self.command_where(session_id, known, command, |_| true).await
+        self.command_where(session_id, known, mode, command, |_| true).await
     }
 
     /// One command against an existing session that `reachable` accepts; any other session is
@@ -457,10 +436,11 @@ impl App {
         &self,
         session_id: &str,
         known: Option<(Session, u64)>,
+        mode: Mode,
         command: Command,
         reachable: impl Fn(&Session) -> bool,
     ) -> Result<Executed> {
-        self.execute_from(session_id, known, |session| {
+        self.execute_with(session_id, known, mode, |session| {
             if !session.is_created() || !reachable(session) {
                 return Err(Error::SessionNotFound(session_id.to_owned()));
             }
@@ -510,6 +490,25 @@ impl App {
         let (session, _) = self.load(session_id).await?;
         if session.is_created() { Ok(session) } else { Err(Error::SessionNotFound(session_id.to_owned())) }
     }
+}
+
+/// How a commit is made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Mode {
+    /// Also claim the model call or decision delivery the new state makes due next (unless a
+    /// timer or routing comes first): the step and the next effect's claim cost one write.
+    /// The claimed effect is returned in [`Executed::claimed`]; if nobody performs it, its
+    /// deadline retries it.
+    pub claim_next: bool,
+    /// The commit is made by a run of this session, which arms the next wake-up when it ends:
+    /// the commit itself sends none.
+    pub in_run: bool,
+}
+
+/// When a session with `plan` should next be looked at: now if work is due (recorded so the
+/// sweep finds it if the wake-up is lost), else its next timer.
+fn wake_time(plan: &Plan, now: Timestamp) -> Option<Timestamp> {
+    if plan.effects.is_empty() { plan.wake_at } else { Some(now) }
 }
 
 /// The effect a commit may claim ahead: the first model call or decision delivery, unless a

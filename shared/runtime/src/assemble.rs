@@ -1,7 +1,7 @@
 //! Building a host from its configuration, once for every host (the local binary, the test
-//! host, the benchmark): the agents (one model provider per `[llm.X]` block, shared by the
-//! agents that use it, and each agent's worker endpoint with its secret), the [`App`] over a
-//! store and a queue, and the HTTP API's settings.
+//! host, the benchmark, the Lambda functions): the agents (one model provider per `[llm.X]`
+//! block, shared by the agents that use it, and each agent's worker endpoint with its secret),
+//! the [`App`] and its [`Dispatcher`] over a store and a queue, and the HTTP API's settings.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,10 +10,12 @@ use crate::app::{AgentRuntime, App, Parts};
 use crate::auth::Authenticator;
 use crate::clock::SystemClock;
 use crate::config::{Config, Secrets};
+use crate::dispatch::Dispatcher;
 use crate::http::HttpConfig;
 use crate::llm::pricing::{ModelPrices, Priced};
 use crate::llm::{ModelProvider, ProviderSetupError, provider_for};
-use crate::queue::PolledQueue;
+use crate::notify::{FollowStore, Hub, Notifier};
+use crate::queue::Queue;
 use crate::store::Store;
 use crate::worker::WorkerClient;
 use crate::worker::WorkerEndpoint;
@@ -76,24 +78,48 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
         .collect())
 }
 
-/// The app of a host whose process also runs the queue workers (it claims a submit's first
-/// effect in the same commit and hands it to them): `agents` (from [`agents`], possibly
-/// wrapped) over `store` and `queue`, with the config's engine defaults and the system clock.
-pub fn app(
+/// Where a host's parts run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// One process serves the API and runs the dispatcher (the local host): a submit claims
+    /// the turn's first effect in its own commit and hands it to this process's queue workers,
+    /// and notices stay in the process.
+    OneProcess,
+    /// The API and the dispatcher run in different processes (Lambda functions): nothing is
+    /// handed over, and waiting clients follow the store.
+    Split,
+}
+
+/// A host's engine: the app and the dispatcher that runs its sessions.
+pub struct Engine {
+    pub app: Arc<App>,
+    pub dispatcher: Arc<Dispatcher>,
+}
+
+/// The engine of a host: `agents` (from [`agents`], possibly wrapped) over `store` and
+/// `queue`, with the config's engine defaults and the system clock, for `topology`.
+pub fn engine(
     config: &Config,
     agents: BTreeMap<String, AgentRuntime>,
     store: Arc<dyn Store>,
-    queue: Arc<dyn PolledQueue>,
-) -> Result<Arc<App>, reqwest::Error> {
-    Ok(App::new(Parts {
+    queue: Arc<dyn Queue>,
+    topology: Topology,
+) -> Result<Engine, reqwest::Error> {
+    let notifier: Arc<dyn Notifier> = match topology {
+        Topology::OneProcess => Arc::new(Hub::default()),
+        Topology::Split => Arc::new(FollowStore::new(Arc::clone(&store))),
+    };
+    let app = App::new(Parts {
         store,
         queue,
+        notifier,
         clock: Arc::new(SystemClock),
         agents,
         defaults: config.defaults,
-        worker: WorkerClient::new()?,
-        claim_ahead: true,
-    }))
+        claim_ahead: topology == Topology::OneProcess,
+    });
+    let dispatcher = Dispatcher::new(Arc::clone(&app), WorkerClient::new()?);
+    Ok(Engine { app, dispatcher })
 }
 
 /// The HTTP API's settings: the body limit and who may call (`[auth]`).
@@ -101,5 +127,6 @@ pub fn http(config: &Config, secrets: &Secrets) -> HttpConfig {
     HttpConfig {
         max_body_bytes: config.server.max_body_bytes,
         auth: Authenticator::new(config.auth.as_ref(), secrets).map(Arc::new),
+        ..HttpConfig::default()
     }
 }

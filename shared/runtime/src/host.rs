@@ -8,34 +8,38 @@ use std::time::Duration;
 
 use axum::serve::ListenerExt;
 
-use crate::app::App;
+use crate::assemble::Engine;
 use crate::http::{HttpConfig, router};
+use crate::pool::Pool;
+use crate::queue::Consumer;
 
 /// How often the sweep looks for sessions whose wake-up was lost.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
-/// Serves `app` on `listener` until `shutdown` resolves: HTTP, `workers` queue workers, and
-/// a periodic sweep (which also picks up work left by a previous process that crashed).
+/// Serves `engine` on `listener` until `shutdown` resolves: HTTP, `workers` queue workers
+/// taking wake-ups from `consumer`, and a periodic sweep (which also picks up work left by a
+/// previous process that crashed).
 pub async fn serve(
-    app: Arc<App>,
+    engine: Engine,
+    consumer: Arc<dyn Consumer>,
     http: HttpConfig,
     listener: tokio::net::TcpListener,
     workers: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    match app.recover(100_000).await {
+    let Engine { app, dispatcher } = engine;
+    match dispatcher.recover(100_000).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(sessions = n, "resuming sessions with pending work"),
         Err(e) => {
             tracing::warn!(error = %e, "could not list sessions with pending work; the sweep will find them")
         }
     }
-    let handles = app.spawn_workers(workers);
+    let pool = Pool::spawn(Arc::clone(&dispatcher), consumer, workers);
     let sweeper = {
-        let app = Arc::clone(&app);
         tokio::spawn(async move {
             loop {
-                if let Err(e) = app.sweep(1000).await {
+                if let Err(e) = dispatcher.sweep(1000).await {
                     tracing::warn!(error = %e, "sweep failed");
                 }
                 tokio::time::sleep(SWEEP_EVERY).await;
@@ -48,12 +52,9 @@ pub async fn serve(
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
     });
-    let service = router(Arc::clone(&app), http).into_make_service_with_connect_info::<SocketAddr>();
+    let service = router(app, http).into_make_service_with_connect_info::<SocketAddr>();
     let result = axum::serve(listener, service).with_graceful_shutdown(shutdown).await;
     sweeper.abort();
-    app.close().await;
-    for handle in handles {
-        let _ = handle.await;
-    }
+    pool.shutdown().await;
     result
 }

@@ -8,14 +8,15 @@ pub mod clock;
 pub mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-mod dispatch;
+pub mod dispatch;
 pub mod error;
 pub mod host;
 pub mod http;
-pub mod hub;
 pub mod llm;
 pub mod locks;
 pub mod net;
+pub mod notify;
+pub mod pool;
 pub mod queue;
 pub mod store;
 pub mod worker;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use turnstone_runtime::assemble;
+use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::config::Config;
 
 use super::ServeArgs;
@@ -20,18 +20,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (store, queue) = turnstone_embedded::open_local(&config, &data_dir)
         .with_context(|| format!("opening the store in {}", data_dir.display()))?;
     let agents = assemble::agents(&config, &secrets)?;
-    let app = assemble::app(&config, agents, Arc::new(store), Arc::new(queue))
+    let queue = Arc::new(queue);
+    let engine = assemble::engine(&config, agents, Arc::new(store), queue.clone(), Topology::OneProcess)
         .context("building the worker HTTP client")?;
     let http = assemble::http(&config, &secrets);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
-    let agents: Vec<&str> = app.agent_ids().collect();
+    let agents: Vec<&str> = engine.app.agent_ids().collect();
     eprintln!(
         "turnstone listening on http://{addr} (agents: {}; data: {}, durability {})",
         agents.join(", "),
         data_dir.display(),
         config.server.durability
     );
-    turnstone_runtime::host::serve(app, http, listener, args.workers, shutdown_signal()).await?;
+    turnstone_runtime::host::serve(engine, queue, http, listener, args.workers, shutdown_signal()).await?;
     Ok(())
 }
 

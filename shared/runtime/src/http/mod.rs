@@ -35,11 +35,20 @@ pub struct HttpConfig {
     /// Who may call, and what they may do; `None`: no authentication (every caller may do
     /// everything).
     pub auth: Option<Arc<Authenticator>>,
+    /// The longest a turn long-poll (`?wait=`) waits; longer waits are cut to it. Behind API
+    /// Gateway, which ends a request at 30 s, it must stay below that.
+    pub max_wait: Duration,
 }
+
+/// The longest a long-poll waits on a host of its own.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The longest a long-poll waits behind API Gateway (which answers 504 after 30 s).
+pub const MAX_WAIT_BEHIND_API_GATEWAY: Duration = Duration::from_secs(25);
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { max_body_bytes: 1 << 20, auth: None }
+        HttpConfig { max_body_bytes: 1 << 20, auth: None, max_wait: MAX_WAIT }
     }
 }
 
@@ -207,9 +216,6 @@ struct TurnQuery {
     wait: Option<f64>,
 }
 
-/// The longest a turn long-poll waits.
-const MAX_WAIT_SECS: f64 = 60.0;
-
 async fn turn(
     State(state): State<AppState>,
     Path((id, turn_id)): Path<(SessionId, TurnId)>,
@@ -217,10 +223,11 @@ async fn turn(
     headers: HeaderMap,
 ) -> Result<Json<Turn>, ApiError> {
     let caller = authenticate(&state, &headers)?;
-    let wait = Duration::from_secs_f64(query.wait.unwrap_or(0.0).clamp(0.0, MAX_WAIT_SECS));
+    let max = state.config.max_wait.as_secs_f64();
+    let wait = Duration::from_secs_f64(query.wait.unwrap_or(0.0).clamp(0.0, max));
     let deadline = tokio::time::Instant::now() + wait;
     // Follow before reading, so a commit between the two is not missed.
-    let mut progress = state.app.hub().progress(&id);
+    let mut progress = state.app.notifier().progress(&id).await?;
     let mut mark = progress.borrow_and_update().mark();
     let mut session = reachable(&state, &caller, &id, Access::Read).await?;
     loop {

@@ -21,7 +21,7 @@ use turnstone_engine::protocol::StreamDelta;
 use super::{ApiError, AppState, authenticate, reachable};
 use crate::api::TokenDelta;
 use crate::auth::Access;
-use crate::hub::{Delta, Progress};
+use crate::notify::{Delta, Progress};
 
 /// How long deltas are gathered into one event.
 const COALESCE: Duration = Duration::from_millis(25);
@@ -48,7 +48,8 @@ pub(super) async fn stream(
         headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     let after = resume.or(query.after).unwrap_or(0);
     // Follow before the first read, so nothing committed in between is missed.
-    let live = Live { progress: state.app.hub().progress(&id), deltas: state.app.hub().deltas(&id) };
+    let notifier = state.app.notifier();
+    let live = Live { progress: notifier.progress(&id).await?, deltas: notifier.deltas(&id) };
     let (tx, rx) = mpsc::channel::<SseEvent>(BUFFER);
     tokio::spawn(pump(state, id.into_string(), after, live, tx));
     let frames =
