@@ -1,0 +1,25 @@
+//! The HTTP functions: the runtime's router, unchanged, behind Lambda's HTTP events.
+
+use std::sync::Arc;
+
+use turnstone_runtime::app::App;
+use turnstone_runtime::http::{HttpConfig, MAX_WAIT_BEHIND_API_GATEWAY, router};
+
+/// The router of the `api` function: long-polls end before API Gateway's 30 s limit would
+/// answer 504 for them.
+pub fn api_router(app: Arc<App>, http: HttpConfig) -> axum::Router {
+    let max_wait = http.max_wait.min(MAX_WAIT_BEHIND_API_GATEWAY);
+    router(app, HttpConfig { max_wait, ..http })
+}
+
+/// Runs the `api` function: each API Gateway HTTP API (payload 2.0) request through the
+/// router.
+pub async fn run_api(app: Arc<App>, http: HttpConfig) -> Result<(), lambda_http::Error> {
+    lambda_http::run(api_router(app, http)).await
+}
+
+/// Runs the `stream` function: each Function URL request through the router, the response
+/// streamed as it is written (the SSE log of a session, live).
+pub async fn run_stream(app: Arc<App>, http: HttpConfig) -> Result<(), lambda_http::Error> {
+    lambda_http::run_with_streaming_response(router(app, http)).await
+}

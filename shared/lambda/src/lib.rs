@@ -1,0 +1,14 @@
+//! Turnstone on AWS Lambda: what each function does with the events Lambda hands it, over the
+//! shared engine ([`turnstone_runtime::assemble::Engine`], `Topology::Split`). The functions'
+//! `main.rs` files only build the engine on DynamoDB and SQS and call one of these.
+//!
+//! - [`http`]: the `api` function (the router behind API Gateway's HTTP API, long-polls cut
+//!   under its 30 s limit) and the `stream` function (the same router through a Function URL
+//!   with response streaming, for the SSE log).
+//! - [`sqs`]: the `dispatch` function: a batch of wake-ups, each session run once, failures
+//!   reported per message (`ReportBatchItemFailures`).
+//! - [`schedule`]: the `sweep` function: enqueue the sessions whose wake time passed.
+
+pub mod http;
+pub mod schedule;
+pub mod sqs;

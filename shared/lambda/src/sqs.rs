@@ -1,0 +1,79 @@
+//! The `dispatch` function: a batch of wake-ups from the SQS event source.
+//!
+//! Each session named in the batch is run once (a queue may carry several wake-ups for one
+//! session: the first run does all that is due), sessions concurrently. A record whose run
+//! failed is reported as a batch item failure, so SQS delivers it again after the queue's
+//! visibility timeout and, after the redrive limit, moves it to the dead-letter queue; a
+//! record that is not a wake-up at all is reported the same way, so it ends in the
+//! dead-letter queue for someone to look at instead of being dropped.
+
+use std::collections::BTreeMap;
+
+use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use futures_util::StreamExt;
+use turnstone_runtime::dispatch::Dispatcher;
+use turnstone_runtime::queue::WakeUp;
+
+/// How many sessions of one batch run at the same time.
+const CONCURRENT_SESSIONS: usize = 10;
+
+/// Runs the sessions a batch wakes; answers the records that must come back.
+pub async fn handle_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchResponse {
+    let mut failed: Vec<String> = Vec::new();
+    // Message ids by session, in arrival order.
+    let mut sessions: BTreeMap<String, (WakeUp, Vec<String>)> = BTreeMap::new();
+    for record in event.records {
+        let message_id = record.message_id.unwrap_or_default();
+        match record.body.as_deref().map(serde_json::from_str::<WakeUp>) {
+            Some(Ok(wake_up)) => {
+                sessions
+                    .entry(wake_up.session_id.clone())
+                    .or_insert_with(|| (wake_up, Vec::new()))
+                    .1
+                    .push(message_id);
+            }
+            Some(Err(e)) => {
+                tracing::error!(message_id, error = %e, "an SQS record is not a wake-up; it goes to the dead-letter queue");
+                failed.push(message_id);
+            }
+            None => {
+                tracing::error!(message_id, "an SQS record has no body; it goes to the dead-letter queue");
+                failed.push(message_id);
+            }
+        }
+    }
+    let runs = futures_util::stream::iter(sessions.into_values())
+        .map(|(wake_up, message_ids)| async move {
+            match dispatcher.run(&wake_up).await {
+                Ok(()) => Vec::new(),
+                Err(e) => {
+                    tracing::warn!(session_id = %wake_up.session_id, error = %e, "session run failed; its wake-up comes back");
+                    message_ids
+                }
+            }
+        })
+        .buffer_unordered(CONCURRENT_SESSIONS)
+        .collect::<Vec<_>>()
+        .await;
+    failed.extend(runs.into_iter().flatten());
+    // Both types are non-exhaustive: built from their defaults.
+    let mut response = SqsBatchResponse::default();
+    response.batch_item_failures = failed
+        .into_iter()
+        .map(|id| {
+            let mut failure = BatchItemFailure::default();
+            failure.item_identifier = id;
+            failure
+        })
+        .collect();
+    response
+}
+
+/// Runs the `dispatch` function.
+pub async fn run_dispatch(dispatcher: std::sync::Arc<Dispatcher>) -> Result<(), lambda_runtime::Error> {
+    lambda_runtime::run(lambda_runtime::service_fn(move |event: lambda_runtime::LambdaEvent<SqsEvent>| {
+        let dispatcher = std::sync::Arc::clone(&dispatcher);
+        async move { Ok::<_, lambda_runtime::Error>(handle_batch(&dispatcher, event.payload).await) }
+    }))
+    .await
+}

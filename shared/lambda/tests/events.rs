@@ -1,0 +1,234 @@
+//! Each function's handler fed the payloads Lambda hands it: an API Gateway HTTP API (payload
+//! 2.0) request, an SQS batch with a poisoned record, scheduled events. The engine behind them
+//! is the real one (`Topology::Split`, as on Lambda) over a SQLite file and the in-process
+//! queue; the DynamoDB and SQS adapters have their own suite on moto.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lambda_events::event::sqs::SqsEvent;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tower::ServiceExt;
+use turnstone_embedded::MemoryQueue;
+use turnstone_lambda::http::api_router;
+use turnstone_lambda::schedule::handle_schedule;
+use turnstone_lambda::sqs::handle_batch;
+use turnstone_runtime::assemble::{self, Engine, Topology};
+use turnstone_runtime::config::Config;
+use turnstone_runtime::http::HttpConfig;
+use turnstone_runtime::queue::{Consumer, Delivery};
+
+const CONFIG: &str = r#"
+[llm.s]
+type = "scripted"
+
+[agent.demo]
+model = "scripted"
+llm = "s"
+"#;
+
+struct Fixture {
+    engine: Engine,
+    queue: Arc<MemoryQueue>,
+    _dir: TempDir,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(CONFIG, "lambda.toml").unwrap();
+    let secrets = config.resolve_secrets(|_| None).unwrap();
+    let (store, _) = turnstone_embedded::open_local(&config, dir.path()).unwrap();
+    let queue = Arc::new(MemoryQueue::new(Duration::from_secs(30)));
+    let agents = assemble::agents(&config, &secrets).unwrap();
+    let engine = assemble::engine(&config, agents, Arc::new(store), queue.clone(), Topology::Split).unwrap();
+    Fixture { engine, queue, _dir: dir }
+}
+
+/// An API Gateway HTTP API request event (payload format 2.0), as API Gateway sends it.
+fn http_api_event(method: &str, path: &str, query: &str, body: Option<&Value>) -> String {
+    json!({
+        "version": "2.0",
+        "routeKey": "ANY /{proxy+}",
+        "rawPath": path,
+        "rawQueryString": query,
+        "cookies": [],
+        "headers": {
+            "accept": "application/json",
+            "content-type": "application/json",
+            "host": "abc123.execute-api.us-east-1.amazonaws.com",
+            "user-agent": "curl/8.5.0",
+            "x-amzn-trace-id": "Root=1-674b5a2e-0123456789abcdef01234567",
+            "x-forwarded-for": "203.0.113.7",
+            "x-forwarded-port": "443",
+            "x-forwarded-proto": "https"
+        },
+        "queryStringParameters": query.split('&').filter(|p| !p.is_empty()).map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k.to_owned(), Value::from(v))
+        }).collect::<serde_json::Map<_, _>>(),
+        "requestContext": {
+            "accountId": "123456789012",
+            "apiId": "abc123",
+            "domainName": "abc123.execute-api.us-east-1.amazonaws.com",
+            "domainPrefix": "abc123",
+            "http": {
+                "method": method,
+                "path": path,
+                "protocol": "HTTP/1.1",
+                "sourceIp": "203.0.113.7",
+                "userAgent": "curl/8.5.0"
+            },
+            "requestId": "C6oJ1jWzIAMEbCg=",
+            "routeKey": "ANY /{proxy+}",
+            "stage": "$default",
+            "time": "30/Nov/2026:18:10:00 +0000",
+            "timeEpoch": 1_796_062_200_000_i64
+        },
+        "pathParameters": { "proxy": path.trim_start_matches('/') },
+        "body": body.map(Value::to_string),
+        "isBase64Encoded": false
+    })
+    .to_string()
+}
+
+async fn call_api(engine: &Engine, event: &str) -> (u16, Value) {
+    let request = lambda_http::request::from_str(event).unwrap();
+    let response = api_router(Arc::clone(&engine.app), HttpConfig::default()).oneshot(request).await.unwrap();
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+async fn drain(queue: &MemoryQueue) -> Vec<Delivery> {
+    let got = queue.receive(100, Duration::from_millis(50)).await.unwrap();
+    for d in &got {
+        queue.ack(d).await.unwrap();
+    }
+    got
+}
+
+fn sqs_record(message_id: &str, body: &str) -> Value {
+    json!({
+        "messageId": message_id,
+        "receiptHandle": format!("AQEB{message_id}..."),
+        "body": body,
+        "attributes": {
+            "ApproximateReceiveCount": "1",
+            "SentTimestamp": "1796062200000",
+            "SenderId": "AROAEXAMPLE:turnstone-dev-api",
+            "ApproximateFirstReceiveTimestamp": "1796062200100"
+        },
+        "messageAttributes": {},
+        "md5OfBody": "0123456789abcdef0123456789abcdef",
+        "eventSource": "aws:sqs",
+        "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:turnstone-dev-wakeups",
+        "awsRegion": "us-east-1"
+    })
+}
+
+#[tokio::test]
+async fn the_api_answers_an_http_api_request_and_the_dispatch_batch_runs_the_turn() {
+    let f = fixture();
+    let input = json!({"type": "client.message", "agent_id": "demo", "turn_id": "t1",
+        "message": {"role": "user", "content": "hello lambda"}});
+    let (status, body) =
+        call_api(&f.engine, &http_api_event("POST", "/v1/sessions/s1/inputs", "", Some(&input))).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["turn_id"], "t1");
+    // The submit's commit enqueued one wake-up; nothing ran it yet (no handoff on Lambda).
+    let wakes = drain(&f.queue).await;
+    assert_eq!(wakes.len(), 1);
+    let (status, turn) =
+        call_api(&f.engine, &http_api_event("GET", "/v1/sessions/s1/turns/t1", "", None)).await;
+    assert_eq!(status, 200);
+    assert_eq!(turn["status"], "active", "{turn}");
+
+    // The SQS event source hands the wake-up to `dispatch`, twice (at-least-once delivery).
+    let body = serde_json::to_string(&wakes[0].wake_up).unwrap();
+    let event: SqsEvent = serde_json::from_value(json!({"Records": [
+        sqs_record("m-1", &body),
+        sqs_record("m-2", &body),
+    ]}))
+    .unwrap();
+    let response = handle_batch(&f.engine.dispatcher, event).await;
+    assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
+    let (_, turn) =
+        call_api(&f.engine, &http_api_event("GET", "/v1/sessions/s1/turns/t1", "wait=5", None)).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
+    let (_, messages) =
+        call_api(&f.engine, &http_api_event("GET", "/v1/sessions/s1/messages", "", None)).await;
+    assert_eq!(messages["messages"].as_array().unwrap().last().unwrap()["content"], "You said: hello lambda");
+    // A run that leaves nothing due later arms no wake-up.
+    assert!(drain(&f.queue).await.is_empty());
+
+    // Errors keep their shape behind API Gateway.
+    let (status, body) = call_api(&f.engine, &http_api_event("GET", "/v1/sessions/nope", "", None)).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "session_not_found", "{body}");
+}
+
+#[tokio::test]
+async fn a_poisoned_record_is_a_partial_batch_failure_and_the_others_run() {
+    let f = fixture();
+    for session in ["a", "b"] {
+        let input = turnstone_engine_input(session);
+        let (status, _) = call_api(
+            &f.engine,
+            &http_api_event("POST", &format!("/v1/sessions/{session}/inputs"), "", Some(&input)),
+        )
+        .await;
+        assert_eq!(status, 202);
+    }
+    drain(&f.queue).await;
+    let event: SqsEvent = serde_json::from_value(json!({"Records": [
+        sqs_record("m-a", r#"{"session_id": "a", "reason": "commit"}"#),
+        sqs_record("m-poison", "this is not a wake-up"),
+        sqs_record("m-b", r#"{"session_id": "b", "reason": "commit"}"#),
+        sqs_record("m-shape", r#"{"session": "b"}"#),
+    ]}))
+    .unwrap();
+    let response = handle_batch(&f.engine.dispatcher, event).await;
+    let mut failed: Vec<&str> =
+        response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+    failed.sort_unstable();
+    assert_eq!(failed, ["m-poison", "m-shape"]);
+    // The wire shape Lambda reads.
+    let wire = serde_json::to_value(&response).unwrap();
+    assert_eq!(wire["batchItemFailures"].as_array().unwrap().len(), 2, "{wire}");
+    assert!(wire["batchItemFailures"][0]["itemIdentifier"].is_string(), "{wire}");
+    for session in ["a", "b"] {
+        let (_, turn) = call_api(
+            &f.engine,
+            &http_api_event("GET", &format!("/v1/sessions/{session}/turns/t-{session}"), "", None),
+        )
+        .await;
+        assert_eq!(turn["status"], "completed", "{session}: {turn}");
+    }
+}
+
+fn turnstone_engine_input(session: &str) -> Value {
+    json!({"type": "client.message", "agent_id": "demo", "turn_id": format!("t-{session}"),
+        "message": {"role": "user", "content": format!("hi {session}")}})
+}
+
+#[tokio::test]
+async fn a_scheduled_sweep_enqueues_a_session_whose_wake_up_was_lost() {
+    let f = fixture();
+    let input = turnstone_engine_input("lost");
+    call_api(&f.engine, &http_api_event("POST", "/v1/sessions/lost/inputs", "", Some(&input))).await;
+    // The wake-up is lost (taken and acknowledged, never run).
+    assert_eq!(drain(&f.queue).await.len(), 1);
+    let swept = handle_schedule(&f.engine.dispatcher).await.unwrap();
+    assert_eq!(swept.enqueued, 1);
+    let again = drain(&f.queue).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].wake_up.session_id, "lost");
+    assert_eq!(again[0].wake_up.reason, "sweep");
+    // Run it: the turn ends, and the next sweep finds nothing.
+    f.engine.dispatcher.run(&again[0].wake_up).await.unwrap();
+    assert_eq!(handle_schedule(&f.engine.dispatcher).await.unwrap().enqueued, 0);
+}
