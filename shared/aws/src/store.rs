@@ -260,40 +260,23 @@ impl DynamoStore {
             .client_request_token(token)
             .send()
             .await;
-        match result {
+        const OPERATION: &str = "TransactWriteItems (commit)";
+        let err = match result {
             Ok(_) => {
-                tracing::debug!(
-                    session_id,
-                    version = tx.new_version,
-                    items = count,
-                    bytes = tx.bytes,
-                    "committed"
-                );
-                Ok(tx.new_version)
+                let (version, bytes) = (tx.new_version, tx.bytes);
+                tracing::debug!(session_id, version, items = count, bytes, "committed");
+                return Ok(version);
             }
-            Err(err) => {
-                if let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
-                    err.as_service_error()
-                {
-                    return Err(
-                        match commit::refusal(
-                            session_id,
-                            expected,
-                            &tx.roles,
-                            cancelled.cancellation_reasons(),
-                        ) {
-                            Ok(refused) => refused,
-                            Err(reasons) => self.failed(
-                                "TransactWriteItems (commit)",
-                                session_id,
-                                format!("cancelled: {reasons}"),
-                            ),
-                        },
-                    );
-                }
-                Err(self.failed("TransactWriteItems (commit)", session_id, describe(&err)))
-            }
-        }
+            Err(err) => err,
+        };
+        let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) = err.as_service_error()
+        else {
+            return Err(self.failed(OPERATION, session_id, describe(&err)));
+        };
+        Err(match commit::refusal(session_id, expected, &tx.roles, cancelled.cancellation_reasons()) {
+            Ok(refused) => refused,
+            Err(reasons) => self.failed(OPERATION, session_id, format!("cancelled: {reasons}")),
+        })
     }
 
     /// Event packs from `after + 1` on (at least `limit` events, or all), and the pack before
