@@ -145,6 +145,14 @@ pub async fn store_suite(store: &dyn Store) {
 /// Every turn id and call id a session used is kept, long after its head forgot it; a commit
 /// that would use one again is refused with [`StoreError::IdsUsed`] and writes nothing.
 pub async fn store_used_ids_are_kept_for_good(store: &dyn Store) {
+    store_used_ids_are_kept_for_good_in_batches(store, 64).await;
+}
+
+/// [`store_used_ids_are_kept_for_good`], committing the turns that make the head forget
+/// `turns_per_commit` at a time (a store whose commits hold a bounded number of items, such
+/// as one DynamoDB transaction, cannot take 64 turns at once).
+pub async fn store_used_ids_are_kept_for_good_in_batches(store: &dyn Store, turns_per_commit: usize) {
+    assert!(turns_per_commit > 0, "at least one turn per commit");
     use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DraftMessage};
     use turnstone_engine::session::{Command, PAST_TURN_IDS, RECENT_TURNS, TurnOrigin, UsedId};
     let submit_first = || Command::Submit {
@@ -171,7 +179,7 @@ pub async fn store_used_ids_are_kept_for_good(store: &dyn Store) {
     // Enough turns that the head forgets `t-first` (committed in batches, as one host might).
     for i in 0..RECENT_TURNS + PAST_TURN_IDS + 1 {
         d.turn(&format!("question {i}"), &format!("answer {i}"));
-        if i % 64 == 63 {
+        if i % turns_per_commit == turns_per_commit - 1 {
             d.commit_ok(store).await;
         }
     }

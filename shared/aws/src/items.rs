@@ -1,0 +1,231 @@
+//! The single-table layout (DESIGN.md section 5): item keys, attribute names, and reading
+//! attributes back. Every item of a session shares its partition `PK = S#<session>`; the sort
+//! key says what the item is:
+//!
+//! | `SK`                 | item                                                          |
+//! |----------------------|---------------------------------------------------------------|
+//! | `H`                  | the head: snapshot, version, message count, wake time, ...    |
+//! | `E#<first seq>`      | one commit's events, packed (a JSON array), from `first` on   |
+//! | `M#<pos>`            | one message node (immutable)                                  |
+//! | `T#<turn id>`        | a turn id the session used (kept for good)                    |
+//! | `C#<call id>`        | a call id the session used (kept for good)                    |
+//! | `B#<item SK>#<n>`    | chunk `n` of a payload too large for its item (see `chunks`)  |
+//!
+//! Numbers in sort keys are zero-padded to 20 digits, so string order is numeric order. The
+//! head alone carries the attributes of the secondary indexes (see `table`).
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use turnstone_engine::session::UsedId;
+use turnstone_engine::time::Timestamp;
+
+/// An item as the SDK holds it.
+pub(crate) type Item = HashMap<String, AttributeValue>;
+
+/// The partition key attribute.
+pub(crate) const PK: &str = "PK";
+/// The sort key attribute.
+pub(crate) const SK: &str = "SK";
+/// The head's sort key.
+pub(crate) const HEAD: &str = "H";
+
+/// The head's version (N); every commit moves it on by one.
+pub(crate) const VERSION: &str = "version";
+/// How many message nodes the session has at this version (N): a load reads exactly these.
+pub(crate) const MESSAGES: &str = "messages";
+/// The session's agent (S).
+pub(crate) const AGENT: &str = "agent";
+/// The identity that created the session (S), absent when none did.
+pub(crate) const OWNER: &str = "owner";
+/// Creation and last write, ms since the epoch (N).
+pub(crate) const CREATED_AT: &str = "created_at";
+pub(crate) const UPDATED_AT: &str = "updated_at";
+/// When the session next has timed work, ms since the epoch (N); absent when nothing is timed.
+pub(crate) const WAKE_AT: &str = "wake_at";
+
+/// An item's payload (S: JSON) when it fits in the item...
+pub(crate) const BODY: &str = "body";
+/// ...or the number of chunk items that hold it (N).
+pub(crate) const CHUNKS: &str = "chunks";
+/// An event pack's first sequence number and event count (N).
+pub(crate) const FIRST: &str = "first";
+pub(crate) const COUNT: &str = "count";
+
+/// The range key of the listing indexes (S): `<created_at>#<session>`, newest last.
+pub(crate) const CREATED_KEY: &str = "created_key";
+/// The hash key of the index of all sessions (S): always [`LISTED`].
+pub(crate) const LIST_SHARD: &str = "list_shard";
+pub(crate) const LISTED: &str = "all";
+/// The due index's keys (S), present only while the session has a wake time: the shard
+/// (`0`..[`DUE_SHARDS`]) and `<wake_at>#<session>`.
+pub(crate) const DUE_SHARD: &str = "due_shard";
+pub(crate) const WAKE_KEY: &str = "wake_key";
+
+/// How many partitions of the due index the wake times are spread over. Wake times change on
+/// most commits, so one partition would take every session's index writes; the sweep queries
+/// each shard (a handful of small queries per minute). Changing it re-keys every head.
+pub(crate) const DUE_SHARDS: u64 = 8;
+
+/// `S#<session>`.
+pub(crate) fn partition(session_id: &str) -> String {
+    format!("S#{session_id}")
+}
+
+/// The session a partition key names.
+pub(crate) fn session_of(pk: &str) -> Option<&str> {
+    pk.strip_prefix("S#")
+}
+
+/// `n` zero-padded to 20 digits (every `u64` fits), so keys sort numerically.
+pub(crate) fn padded(n: u64) -> String {
+    format!("{n:020}")
+}
+
+/// The sort key of the event pack starting at `first`.
+pub(crate) fn event_key(first: u64) -> String {
+    format!("E#{}", padded(first))
+}
+
+/// The sort key of the message node at `pos`.
+pub(crate) fn message_key(pos: u64) -> String {
+    format!("M#{}", padded(pos))
+}
+
+/// The sort key of a used turn or call id.
+pub(crate) fn used_key(id: &UsedId) -> String {
+    match id {
+        UsedId::Turn(turn) => format!("T#{turn}"),
+        UsedId::Call(call) => format!("C#{call}"),
+    }
+}
+
+/// The id a used-id sort key names.
+pub(crate) fn used_id_of(sk: &str) -> Option<UsedId> {
+    if let Some(turn) = sk.strip_prefix("T#") {
+        UsedId::from_parts("turn", turn)
+    } else {
+        sk.strip_prefix("C#").and_then(|call| UsedId::from_parts("call", call))
+    }
+}
+
+/// The sort key of chunk `n` of the payload of the item at `owner` (a sort key).
+pub(crate) fn chunk_key(owner: &str, n: usize) -> String {
+    format!("B#{owner}#{n:04}")
+}
+
+/// A timestamp as 20 digits that sort like the timestamps (shifted by 2^63, so negative
+/// times sort before positive ones).
+pub(crate) fn time_key(t: Timestamp) -> String {
+    padded(t.0.cast_unsigned() ^ (1 << 63))
+}
+
+/// `<time>#<session>`: the range key of the listing and due indexes. The session makes it
+/// unique, so a cursor resumes exactly after an item, ties included.
+pub(crate) fn timed_key(t: Timestamp, session_id: &str) -> String {
+    format!("{}#{session_id}", time_key(t))
+}
+
+/// The session a [`timed_key`] names.
+pub(crate) fn session_of_timed_key(key: &str) -> Option<&str> {
+    key.split_once('#').map(|(_, session)| session)
+}
+
+/// The due-index shard of a session: FNV-1a of its id, stable across builds and hosts.
+pub(crate) fn due_shard(session_id: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in session_id.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash % DUE_SHARDS).to_string()
+}
+
+/// A string attribute value.
+pub(crate) fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+/// A number attribute value.
+pub(crate) fn n(value: impl ToString) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+/// The key of item `sk` of a session.
+pub(crate) fn key(session_id: &str, sk: impl Into<String>) -> Item {
+    HashMap::from([(PK.to_owned(), s(partition(session_id))), (SK.to_owned(), s(sk))])
+}
+
+/// A string attribute.
+pub(crate) fn get_s<'a>(item: &'a Item, name: &str) -> Option<&'a str> {
+    match item.get(name) {
+        Some(AttributeValue::S(value)) => Some(value),
+        _ => None,
+    }
+}
+
+/// A number attribute that must be an unsigned integer.
+pub(crate) fn get_u64(item: &Item, name: &str) -> Option<u64> {
+    match item.get(name) {
+        Some(AttributeValue::N(value)) => value.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A number attribute that must be a signed integer.
+pub(crate) fn get_i64(item: &Item, name: &str) -> Option<i64> {
+    match item.get(name) {
+        Some(AttributeValue::N(value)) => value.parse().ok(),
+        _ => None,
+    }
+}
+
+/// About how many bytes DynamoDB counts for an item (attribute names plus values; a number
+/// counted by its digits, an over-estimate), to keep within the item and transaction limits.
+pub(crate) fn item_size(item: &Item) -> usize {
+    item.iter().map(|(name, value)| name.len() + value_size(value)).sum()
+}
+
+fn value_size(value: &AttributeValue) -> usize {
+    match value {
+        AttributeValue::S(s) | AttributeValue::N(s) => s.len(),
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::Ss(v) | AttributeValue::Ns(v) => v.iter().map(String::len).sum(),
+        AttributeValue::L(v) => 3 + v.iter().map(|v| 1 + value_size(v)).sum::<usize>(),
+        AttributeValue::M(m) => 3 + m.iter().map(|(k, v)| 1 + k.len() + value_size(v)).sum::<usize>(),
+        _ => 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_keys_sort_like_times() {
+        let times = [i64::MIN, -5, -1, 0, 1, 1_796_000_000_000, i64::MAX];
+        let keys: Vec<String> = times.iter().map(|t| time_key(Timestamp(*t))).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+        assert!(keys.iter().all(|k| k.len() == 20));
+    }
+
+    #[test]
+    fn keys_round_trip() {
+        assert_eq!(session_of(&partition("a#b")), Some("a#b"));
+        assert_eq!(session_of_timed_key(&timed_key(Timestamp(7), "s#1")), Some("s#1"));
+        for id in [UsedId::Turn("t#1".into()), UsedId::Call("call_1".into())] {
+            assert_eq!(used_id_of(&used_key(&id)), Some(id));
+        }
+        assert!(event_key(9) < event_key(10));
+        assert!(message_key(99) < message_key(100));
+        assert_eq!(chunk_key("M#1", 3), "B#M#1#0003");
+    }
+
+    #[test]
+    fn due_shards_are_stable_and_in_range() {
+        assert_eq!(due_shard("conf-due-1"), due_shard("conf-due-1"));
+        let shards: std::collections::BTreeSet<String> =
+            (0..200).map(|i| due_shard(&format!("session-{i}"))).collect();
+        assert_eq!(shards.len() as u64, DUE_SHARDS, "200 sessions spread over every shard");
+    }
+}

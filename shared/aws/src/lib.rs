@@ -1,0 +1,27 @@
+//! Turnstone's AWS adapters (DESIGN.md section 2): [`DynamoStore`], the `Store` port on one
+//! DynamoDB table, and [`SqsQueue`], the `Queue` and `Consumer` ports on an SQS standard queue,
+//! plus [`wake_ups_from_records`] for a Lambda function fed by that queue.
+//!
+//! - `config`: where to connect, and the SDK clients from the usual AWS environment.
+//! - `items`: the single-table layout (keys, attributes); `commit`: what one commit writes;
+//!   `chunks`: payloads too large for one item; `table`: the indexes, creating the table;
+//!   `cursor`: listing cursors; `batch`: reads by key; `store`: the port itself.
+//! - `queue`: the SQS queue; `records`: an SQS event's records as wake-ups.
+
+mod batch;
+mod chunks;
+mod commit;
+pub mod config;
+mod cursor;
+mod error;
+mod items;
+pub mod queue;
+pub mod records;
+pub mod store;
+pub mod table;
+
+pub use config::{AwsClients, AwsConfig, DEFAULT_QUEUE, DEFAULT_TABLE};
+pub use error::AwsError;
+pub use queue::{QueueSettings, SqsQueue};
+pub use records::{MalformedRecord, RecordWakeUp, Records, wake_ups_from_records};
+pub use store::DynamoStore;
