@@ -3,6 +3,9 @@
 //! [`TestHost::start`] parses a configuration (TOML text), opens a real [`SqliteStore`] file in
 //! the given data directory, builds the [`App`] over it and a [`MemoryQueue`], and runs
 //! [`turnstone_runtime::host::serve`] on `127.0.0.1:0`: the same wiring as `turnstone serve`.
+//! With `TURNSTONE_TEST_BACKEND=aws` ([`BACKEND_ENV`]) it runs on a fresh DynamoDB table and
+//! SQS queue of a moto server instead (`turnstone serve --backend aws`), so the same tests
+//! check both backends.
 //! Everything a test does to it goes through HTTP, with the [`ApiClient`] it derefs to:
 //! [`ApiClient::submit`], [`ApiClient::wait_turn`], [`ApiClient::messages`],
 //! [`ApiClient::events`], [`ApiClient::stream`] (the SSE log); [`TestHost::stop`] ends it
@@ -17,11 +20,17 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use turnstone_aws::QueueSettings;
 use turnstone_runtime::api::{EventPage, LoggedEvent, SessionSummary, Submitted, Turn};
 use turnstone_runtime::app::App;
 use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::config::Config;
+use turnstone_runtime::host::Backing;
 use turnstone_runtime::net::{self, SseEvent, SseStream};
+
+/// Set to `aws` to run test hosts on DynamoDB and SQS (a moto server; see
+/// `turnstone_aws::moto`) instead of the embedded store and queue.
+pub const BACKEND_ENV: &str = "TURNSTONE_TEST_BACKEND";
 
 /// How many queue workers the test host runs.
 const WORKERS: usize = 4;
@@ -53,11 +62,9 @@ impl TestHost {
         let config =
             Config::parse(config_toml, "e2e.toml").unwrap_or_else(|e| panic!("bad test config: {e}"));
         let secrets = config.resolve_secrets(env).unwrap_or_else(|e| panic!("test secrets: {e}"));
-        let (store, queue) =
-            turnstone_embedded::open_local(&config, data_dir).expect("open the SQLite store");
+        let backing = open_backend(&config, data_dir).await;
         let agents = assemble::agents(&config, &secrets).expect("assemble the agents");
-        let queue = Arc::new(queue);
-        let engine = assemble::engine(&config, agents, Arc::new(store), queue.clone(), Topology::OneProcess)
+        let engine = assemble::engine(&config, agents, backing.store, backing.queue, Topology::OneProcess)
             .expect("a worker client");
         let app = Arc::clone(&engine.app);
         let http_config = assemble::http(&config, &secrets);
@@ -69,7 +76,7 @@ impl TestHost {
         };
         let task = tokio::spawn(turnstone_runtime::host::serve(
             engine,
-            queue,
+            backing.consumer,
             http_config,
             listener,
             WORKERS,
@@ -104,6 +111,33 @@ impl TestHost {
                 }
             }
         }
+    }
+}
+
+/// The store and queue [`BACKEND_ENV`] asks for: the embedded ones in `data_dir`, or a fresh
+/// table and queue on moto.
+async fn open_backend(config: &Config, data_dir: &Path) -> Backing {
+    match std::env::var(BACKEND_ENV).as_deref() {
+        Ok("aws") => {
+            use turnstone_aws::moto;
+            let clients = moto::clients().await;
+            let aws = moto::config(&moto::unique("e2e"), &moto::unique("e2e"));
+            // Redelivery as quick as the local queue's; no dead-letter queue to fill.
+            let settings = QueueSettings {
+                visibility_timeout: Duration::from_secs(60),
+                max_receive_count: None,
+                ..QueueSettings::default()
+            };
+            let (store, queue) =
+                aws.open(&clients, true, &settings).await.expect("a table and a queue on moto");
+            Backing::new(store, queue)
+        }
+        Ok("local") | Err(_) => {
+            let (store, queue) =
+                turnstone_embedded::open_local(config, data_dir).expect("open the SQLite store");
+            Backing::new(store, queue)
+        }
+        Ok(other) => panic!("{BACKEND_ENV}={other:?}: expected \"local\" or \"aws\""),
     }
 }
 

@@ -1252,26 +1252,17 @@ async fn a_model_call_is_claimed_durably_before_it_is_made() {
     let openai = FakeOpenAi::start().await;
     openai.push(Reply::text("slowly").delay(Duration::from_millis(600)));
     let agents = "[agent.plain]\nmodel = \"gpt-fake\"\nllm = \"fake\"\n";
-    let (host, dir) = host(&config(&openai, agents)).await;
+    let (host, _dir) = host(&config(&openai, agents)).await;
     host.submit_ok("s-claim", &message("plain", "hi")).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while openai.request_count() == 0 {
         assert!(Instant::now() < deadline, "the model was never called");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // The call is in flight (the fake answers after 600 ms): read the store from outside.
-    let db = rusqlite::Connection::open(dir.path().join("turnstone.sqlite")).unwrap();
-    let names: Vec<String> = db
-        .prepare("SELECT name FROM events WHERE session_id = 's-claim' ORDER BY seq")
-        .unwrap()
-        .query_map([], |row| row.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    assert!(
-        names.iter().any(|n| n == "call.dispatched"),
-        "the claim is committed before the call: {names:?}"
-    );
-    assert!(!names.iter().any(|n| n == "call.settled"), "the call has not come back yet: {names:?}");
+    // The call is in flight (the fake answers after 600 ms): read the store's log.
+    let logged = host.app().store().events_after("s-claim", 0, 1000).await.unwrap();
+    let names: Vec<&str> = logged.iter().map(|e| e.event.name()).collect();
+    assert!(names.contains(&"call.dispatched"), "the claim is committed before the call: {names:?}");
+    assert!(!names.contains(&"call.settled"), "the call has not come back yet: {names:?}");
     host.stop().await;
 }

@@ -5,14 +5,14 @@
 use aws_config::{BehaviorVersion, ConfigLoader, Region, SdkConfig};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 
+use turnstone_runtime::config::AwsBackend;
+
 use crate::error::AwsError;
-use crate::queue::SqsQueue;
+use crate::queue::{QueueSettings, SqsQueue, is_url};
 use crate::store::DynamoStore;
 
-/// The table's default name.
-pub const DEFAULT_TABLE: &str = "turnstone";
-/// The wake-up queue's default name.
-pub const DEFAULT_QUEUE: &str = "turnstone-wakeups";
+/// The table's and the wake-up queue's default names (those of `[server.aws]`).
+pub use turnstone_runtime::config::{DEFAULT_AWS_QUEUE as DEFAULT_QUEUE, DEFAULT_AWS_TABLE as DEFAULT_TABLE};
 
 /// How to reach the table and the queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +52,17 @@ impl AwsClients {
     }
 }
 
+impl From<&AwsBackend> for AwsConfig {
+    fn from(backend: &AwsBackend) -> Self {
+        AwsConfig {
+            endpoint_url: backend.endpoint_url.clone(),
+            region: backend.region.clone(),
+            table: backend.table.clone(),
+            queue: backend.queue.clone(),
+        }
+    }
+}
+
 impl AwsConfig {
     /// The SDK's configuration loader with this config's endpoint and region applied and the
     /// HTTPS client on rustls (ring); credentials come from the default chain unless the
@@ -81,6 +92,23 @@ impl AwsConfig {
         let store = DynamoStore::new(clients.dynamodb.clone(), self.table.clone());
         let queue = SqsQueue::open(clients.sqs.clone(), &self.queue).await?;
         Ok((store, queue))
+    }
+
+    /// The store and the queue through `clients`, creating the table and the queue (with
+    /// `queue_settings`) first when `create` is set and they are missing.
+    pub async fn open(
+        &self,
+        clients: &AwsClients,
+        create: bool,
+        queue_settings: &QueueSettings,
+    ) -> Result<(DynamoStore, SqsQueue), AwsError> {
+        if create {
+            crate::table::create_table(&clients.dynamodb, &self.table).await?;
+            if !is_url(&self.queue) {
+                SqsQueue::create_queue(&clients.sqs, &self.queue, queue_settings).await?;
+            }
+        }
+        self.connect_with(clients).await
     }
 
     /// The store and the queue, with clients from the usual AWS environment.

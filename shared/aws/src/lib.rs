@@ -7,20 +7,26 @@
 //!   `chunks`: payloads too large for one item; `table`: the indexes, creating the table;
 //!   `cursor`: listing cursors; `batch`: reads by key; `store`: the port itself.
 //! - `queue`: the SQS queue; `records`: an SQS event's records as wake-ups.
+//! - `deployment`: what a Lambda function builds at init (settings, configuration from SSM,
+//!   secrets from Secrets Manager, the engine on the table and the queue).
 
 mod batch;
 mod chunks;
 mod commit;
 pub mod config;
 mod cursor;
+pub mod deployment;
 mod error;
 mod items;
+#[cfg(feature = "moto")]
+pub mod moto;
 pub mod queue;
 pub mod records;
 pub mod store;
 pub mod table;
 
 pub use config::{AwsClients, AwsConfig, DEFAULT_QUEUE, DEFAULT_TABLE};
+pub use deployment::{Deployment, DeploymentError, Settings};
 pub use error::AwsError;
 pub use queue::{QueueSettings, SqsQueue};
 pub use records::{MalformedRecord, RecordWakeUp, Records, wake_ups_from_records};

@@ -83,7 +83,7 @@ impl SqsQueue {
 
     /// The queue named `name_or_url` (a URL is taken as it is; a name is looked up).
     pub async fn open(client: Client, name_or_url: &str) -> Result<Self, AwsError> {
-        if name_or_url.starts_with("https://") || name_or_url.starts_with("http://") {
+        if is_url(name_or_url) {
             return Ok(Self::new(client, name_or_url));
         }
         let out =
@@ -294,6 +294,11 @@ impl Consumer for SqsQueue {
     async fn close(&self) {
         self.closed.send_replace(true);
     }
+}
+
+/// Whether a queue is named by its URL (else by its name).
+pub(crate) fn is_url(name_or_url: &str) -> bool {
+    name_or_url.starts_with("https://") || name_or_url.starts_with("http://")
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! not share a queue).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: fail loudly
 
-mod support;
+use turnstone_aws::moto as support;
 
 use std::time::Duration;
 

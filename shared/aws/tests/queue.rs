@@ -4,7 +4,7 @@
 //! batch sizes, and closing.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: fail loudly
 
-mod support;
+use turnstone_aws::moto as support;
 
 use std::time::Duration;
 

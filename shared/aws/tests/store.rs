@@ -8,7 +8,7 @@
 //! DynamoDB serializes them; the conflict is tested with the writers one after the other.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: fail loudly
 
-mod support;
+use turnstone_aws::moto as support;
 
 use std::collections::BTreeMap;
 

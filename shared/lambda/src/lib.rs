@@ -12,3 +12,12 @@
 pub mod http;
 pub mod schedule;
 pub mod sqs;
+
+/// What a function's `main` returns when it fails.
+pub type Error = lambda_runtime::Error;
+
+/// Logs as Lambda expects: one line per event to standard output, at the level `RUST_LOG`
+/// (or Lambda's own `AWS_LAMBDA_LOG_LEVEL`) sets.
+pub fn init_logging() {
+    lambda_runtime::tracing::init_default_subscriber();
+}

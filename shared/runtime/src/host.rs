@@ -11,7 +11,25 @@ use axum::serve::ListenerExt;
 use crate::assemble::Engine;
 use crate::http::{HttpConfig, router};
 use crate::pool::Pool;
-use crate::queue::Consumer;
+use crate::queue::{Consumer, PolledQueue, Queue};
+use crate::store::Store;
+
+/// Where a long-running host keeps its sessions and takes its wake-ups from.
+pub struct Backing {
+    pub store: Arc<dyn Store>,
+    /// Where wake-ups go.
+    pub queue: Arc<dyn Queue>,
+    /// The same queue's consuming side, which this host's workers poll.
+    pub consumer: Arc<dyn Consumer>,
+}
+
+impl Backing {
+    /// `store` and `queue`, which the host both sends to and polls.
+    pub fn new(store: impl Store, queue: impl PolledQueue) -> Self {
+        let queue = Arc::new(queue);
+        Backing { store: Arc::new(store), queue: queue.clone(), consumer: queue }
+    }
+}
 
 /// How often the sweep looks for sessions whose wake-up was lost.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);

@@ -66,6 +66,32 @@ pub struct ServeArgs {
     /// How many sessions are run at once.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub workers: usize,
+    /// Where sessions and wake-ups live: `local` (the embedded store) or `aws` (a DynamoDB
+    /// table and an SQS queue; credentials and region from the usual AWS environment)
+    /// [default: the config's server.backend, else local].
+    #[arg(long, value_name = "local|aws")]
+    pub backend: Option<BackendArg>,
+    /// The AWS endpoint of the `aws` backend, e.g. a local stand-in such as moto [default: the
+    /// config's server.aws.endpoint_url, else AWS].
+    #[arg(long, value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// The DynamoDB table of the `aws` backend [default: server.aws.table, else turnstone].
+    #[arg(long, value_name = "NAME")]
+    pub table: Option<String>,
+    /// The SQS queue (name or URL) of the `aws` backend [default: server.aws.queue, else
+    /// turnstone-wakeups].
+    #[arg(long, value_name = "NAME|URL")]
+    pub queue: Option<String>,
+    /// Create the `aws` backend's table and queue (with its dead-letter queue) when missing.
+    #[arg(long)]
+    pub create: bool,
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    Local,
+    Aws,
 }
 
 /// `turnstone chat`.

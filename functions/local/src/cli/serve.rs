@@ -1,39 +1,71 @@
-//! `turnstone serve`: the all-in-one local host over the embedded store and queue.
-
-use std::sync::Arc;
+//! `turnstone serve`: the all-in-one local host, over the embedded store and queue or (with
+//! `--backend aws`) over a DynamoDB table and an SQS queue, as a deployment on AWS uses.
 
 use anyhow::Context;
+use turnstone_aws::{AwsConfig, QueueSettings};
 use turnstone_runtime::assemble::{self, Topology};
-use turnstone_runtime::config::Config;
+use turnstone_runtime::config::{Backend, Config};
+use turnstone_runtime::host::Backing;
 
-use super::ServeArgs;
+use super::{BackendArg, ServeArgs};
 
 /// Runs the host until Ctrl-C / SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::demo()?,
     };
+    apply_flags(&mut config, &args);
     let secrets = config.resolve_secrets(|name| std::env::var(name).ok())?;
     let addr = args.addr.unwrap_or(config.server.addr);
-    let data_dir = args.data_dir.clone().unwrap_or_else(|| config.server.data_dir.clone());
-    let (store, queue) = turnstone_embedded::open_local(&config, &data_dir)
-        .with_context(|| format!("opening the store in {}", data_dir.display()))?;
+    let (backing, data) = match config.server.backend {
+        Backend::Local => {
+            let data_dir = args.data_dir.clone().unwrap_or_else(|| config.server.data_dir.clone());
+            let (store, queue) = turnstone_embedded::open_local(&config, &data_dir)
+                .with_context(|| format!("opening the store in {}", data_dir.display()))?;
+            let data = format!("{}, durability {}", data_dir.display(), config.server.durability);
+            (Backing::new(store, queue), data)
+        }
+        Backend::Aws => {
+            let aws = AwsConfig::from(&config.server.aws);
+            let clients = aws.clients().await;
+            let (store, queue) = aws
+                .open(&clients, args.create, &QueueSettings::default())
+                .await
+                .context("opening the aws backend (add --create to create a missing table and queue)")?;
+            let data = format!("DynamoDB table {}, SQS queue {}", store.table(), queue.url());
+            (Backing::new(store, queue), data)
+        }
+    };
     let agents = assemble::agents(&config, &secrets)?;
-    let queue = Arc::new(queue);
-    let engine = assemble::engine(&config, agents, Arc::new(store), queue.clone(), Topology::OneProcess)
+    let engine = assemble::engine(&config, agents, backing.store, backing.queue, Topology::OneProcess)
         .context("building the worker HTTP client")?;
     let http = assemble::http(&config, &secrets);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let agents: Vec<&str> = engine.app.agent_ids().collect();
-    eprintln!(
-        "turnstone listening on http://{addr} (agents: {}; data: {}, durability {})",
-        agents.join(", "),
-        data_dir.display(),
-        config.server.durability
-    );
-    turnstone_runtime::host::serve(engine, queue, http, listener, args.workers, shutdown_signal()).await?;
+    eprintln!("turnstone listening on http://{addr} (agents: {}; data: {data})", agents.join(", "));
+    turnstone_runtime::host::serve(engine, backing.consumer, http, listener, args.workers, shutdown_signal())
+        .await?;
     Ok(())
+}
+
+/// The command line's backend settings over the file's.
+fn apply_flags(config: &mut Config, args: &ServeArgs) {
+    let server = &mut config.server;
+    match args.backend {
+        Some(BackendArg::Local) => server.backend = Backend::Local,
+        Some(BackendArg::Aws) => server.backend = Backend::Aws,
+        None => {}
+    }
+    if let Some(url) = &args.endpoint_url {
+        server.aws.endpoint_url = Some(url.clone());
+    }
+    if let Some(table) = &args.table {
+        server.aws.table = table.clone();
+    }
+    if let Some(queue) = &args.queue {
+        server.aws.queue = queue.clone();
+    }
 }
 
 async fn shutdown_signal() {

@@ -101,6 +101,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// What an acknowledged commit of the embedded store survives (default `full`).
     pub durability: Durability,
+    /// Where sessions and wake-ups live (default `local`: the embedded store and queue).
+    pub backend: Backend,
+    /// The table and queue of the `aws` backend (`[server.aws]`).
+    pub aws: AwsBackend,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +114,59 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("./turnstone-data"),
             max_body_bytes: 1024 * 1024,
             durability: Durability::default(),
+            backend: Backend::default(),
+            aws: AwsBackend::default(),
+        }
+    }
+}
+
+/// Where the local host keeps sessions and wake-ups (`[server] backend`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The embedded SQLite store and the in-process queue.
+    #[default]
+    Local,
+    /// A DynamoDB table and an SQS queue (`[server.aws]`), as a deployment on AWS uses.
+    Aws,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Local => "local",
+            Backend::Aws => "aws",
+        })
+    }
+}
+
+/// The `aws` backend's table when none is named.
+pub const DEFAULT_AWS_TABLE: &str = "turnstone";
+/// The `aws` backend's queue when none is named.
+pub const DEFAULT_AWS_QUEUE: &str = "turnstone-wakeups";
+
+/// The DynamoDB table and SQS queue of the `aws` backend (`[server.aws]`); credentials and,
+/// unless set here, the region come from the usual AWS environment.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AwsBackend {
+    /// The table (default `turnstone`).
+    pub table: String,
+    /// The queue's name or URL (default `turnstone-wakeups`).
+    pub queue: String,
+    /// Another endpoint for both services, e.g. a local stand-in such as moto.
+    pub endpoint_url: Option<String>,
+    /// The region (default: from the environment).
+    pub region: Option<String>,
+}
+
+impl Default for AwsBackend {
+    fn default() -> Self {
+        AwsBackend {
+            table: DEFAULT_AWS_TABLE.to_owned(),
+            queue: DEFAULT_AWS_QUEUE.to_owned(),
+            endpoint_url: None,
+            region: None,
         }
     }
 }

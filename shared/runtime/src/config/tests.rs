@@ -20,6 +20,13 @@ addr = "0.0.0.0:9000"
 data_dir = "/var/lib/turnstone"
 max_body_bytes = 2048
 durability = "process"
+backend = "aws"
+
+[server.aws]
+table = "sessions-prod"
+queue = "https://sqs.eu-west-1.amazonaws.com/123456789012/wakeups-prod"
+endpoint_url = "http://127.0.0.1:5000"
+region = "eu-west-1"
 
 [defaults]
 llm = { timeout_secs = 60, max_retries = 1, backoff_base_secs = 0.5, backoff_max_secs = 5 }
@@ -136,6 +143,13 @@ fn a_full_example_parses_to_every_field() {
             data_dir: PathBuf::from("/var/lib/turnstone"),
             max_body_bytes: 2048,
             durability: Durability::Process,
+            backend: Backend::Aws,
+            aws: AwsBackend {
+                table: "sessions-prod".to_owned(),
+                queue: "https://sqs.eu-west-1.amazonaws.com/123456789012/wakeups-prod".to_owned(),
+                endpoint_url: Some("http://127.0.0.1:5000".to_owned()),
+                region: Some("eu-west-1".to_owned()),
+            },
         }
     );
     let engine = Defaults::default();
@@ -302,7 +316,7 @@ fn unknown_keys_are_named_where_they_are() {
     );
     assert_eq!(
         err("[server]\nport = 8787\n"),
-        "turnstone.toml:2:1: server.port: unknown key \"port\"; expected one of: addr, data_dir, max_body_bytes, durability"
+        "turnstone.toml:2:1: server.port: unknown key \"port\"; expected one of: addr, data_dir, max_body_bytes, durability, backend, aws"
     );
     assert_eq!(
         err("[auth]\napi_keys = \"x\"\n"),

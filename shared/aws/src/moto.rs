@@ -1,4 +1,5 @@
-//! Test support: a moto server to test the AWS adapters against, and fresh tables and queues.
+//! Test support (feature `moto`): a moto server to test against, and fresh tables and queues
+//! on it, for this crate's tests and for every crate that runs something on the AWS adapters.
 //!
 //! `TURNSTONE_MOTO_ENDPOINT` names a running moto server (`scripts/test` starts one for the
 //! whole run). Without it, the first test of a test binary starts `.venv/bin/moto_server` on a
@@ -6,7 +7,7 @@
 //! runs under a shell that kills it (moto keeps nothing worth a clean exit) when its standard
 //! input, a pipe from this process, closes, which happens however this process ends. Neither available: the tests fail, saying how to
 //! install moto. Every table and queue gets a unique name, so tests never see each other's data.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: fail loudly
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test support: fails loudly
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -15,8 +16,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::{AwsClients, AwsConfig, DynamoStore, QueueSettings, SqsQueue};
 use aws_sdk_dynamodb::config::Credentials;
-use turnstone_aws::{AwsClients, AwsConfig, DynamoStore, QueueSettings, SqsQueue};
 use turnstone_runtime::clock::{Clock, SystemClock};
 
 /// The variable naming a running moto server, e.g. `http://127.0.0.1:5000`.

@@ -1,0 +1,9 @@
+//! The `dispatch` Lambda function: runs the sessions that a batch of SQS wake-ups names
+//! (model calls, worker deliveries, timers, sub-agents), reporting failed records alone.
+
+#[tokio::main]
+async fn main() -> Result<(), turnstone_lambda::Error> {
+    turnstone_lambda::init_logging();
+    let deployment = turnstone_aws::Deployment::from_env().await?;
+    turnstone_lambda::sqs::run_dispatch(deployment.engine.dispatcher).await
+}

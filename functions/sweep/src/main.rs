@@ -1,0 +1,9 @@
+//! The `sweep` Lambda function: on its schedule, enqueues the sessions whose wake time passed
+//! (a lost wake-up, or a wait longer than SQS can delay).
+
+#[tokio::main]
+async fn main() -> Result<(), turnstone_lambda::Error> {
+    turnstone_lambda::init_logging();
+    let deployment = turnstone_aws::Deployment::from_env().await?;
+    turnstone_lambda::schedule::run_sweep(deployment.engine.dispatcher).await
+}

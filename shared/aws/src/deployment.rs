@@ -1,0 +1,150 @@
+//! A deployment on AWS as a Lambda function builds it at init: the settings the template puts
+//! in its environment, the Turnstone configuration from an SSM parameter (or the built-in demo
+//! configuration), the secrets it names from one Secrets Manager secret, and the engine over
+//! the DynamoDB table and the SQS queue, with the API and the dispatcher apart
+//! (`Topology::Split`: each function is its own process).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use aws_config::SdkConfig;
+use turnstone_runtime::assemble::{self, Engine, SetupError, Topology};
+use turnstone_runtime::config::{Config, ConfigError};
+use turnstone_runtime::http::HttpConfig;
+
+use crate::config::{AwsClients, AwsConfig};
+use crate::error::AwsError;
+
+/// The variables the template sets (DESIGN.md section 9).
+pub const TABLE_VAR: &str = "TURNSTONE_TABLE";
+pub const QUEUE_URL_VAR: &str = "TURNSTONE_QUEUE_URL";
+pub const CONFIG_PARAMETER_VAR: &str = "TURNSTONE_CONFIG_PARAMETER";
+pub const SECRETS_ARN_VAR: &str = "TURNSTONE_SECRETS_ARN";
+
+/// Where a deployment's parts are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The table and the queue.
+    pub aws: AwsConfig,
+    /// The SSM parameter holding the configuration (TOML); `None`: the demo configuration.
+    pub config_parameter: Option<String>,
+    /// The Secrets Manager secret (a JSON object of variable name -> value) that the
+    /// configuration's `*_env` settings are looked up in first; `None`: the process
+    /// environment only.
+    pub secrets_arn: Option<String>,
+}
+
+impl Settings {
+    /// The settings from `var` (the process environment in a function): the table and queue
+    /// are required, an empty optional setting counts as unset.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Settings, DeploymentError> {
+        let set = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let required = |name: &'static str| set(name).ok_or(DeploymentError::MissingSetting(name));
+        Ok(Settings {
+            aws: AwsConfig {
+                table: required(TABLE_VAR)?,
+                queue: required(QUEUE_URL_VAR)?,
+                ..AwsConfig::default()
+            },
+            config_parameter: set(CONFIG_PARAMETER_VAR),
+            secrets_arn: set(SECRETS_ARN_VAR),
+        })
+    }
+}
+
+/// What a function runs: the engine and the HTTP API's settings.
+pub struct Deployment {
+    pub engine: Engine,
+    pub http: HttpConfig,
+}
+
+impl Deployment {
+    /// The deployment a function's environment describes, with SDK clients from the usual AWS
+    /// environment (the function's role).
+    pub async fn from_env() -> Result<Deployment, DeploymentError> {
+        let settings = Settings::from_vars(|name| std::env::var(name).ok())?;
+        let sdk = settings.aws.loader().load().await;
+        Deployment::open(&settings, &sdk).await
+    }
+
+    /// The deployment `settings` describe, through `sdk`.
+    pub async fn open(settings: &Settings, sdk: &SdkConfig) -> Result<Deployment, DeploymentError> {
+        let config = match &settings.config_parameter {
+            Some(name) => {
+                let text = read_parameter(sdk, name).await?;
+                Config::parse(&text, &format!("ssm:{name}"))?
+            }
+            None => Config::demo()?,
+        };
+        let stored = match &settings.secrets_arn {
+            Some(arn) => read_secrets(sdk, arn).await?,
+            None => BTreeMap::new(),
+        };
+        let secrets =
+            config.resolve_secrets(|name| stored.get(name).cloned().or_else(|| std::env::var(name).ok()))?;
+        let (store, queue) = settings.aws.connect_with(&AwsClients::new(sdk)).await?;
+        let agents = assemble::agents(&config, &secrets)?;
+        let engine = assemble::engine(&config, agents, Arc::new(store), Arc::new(queue), Topology::Split)
+            .map_err(|e| DeploymentError::HttpClient(e.to_string()))?;
+        Ok(Deployment { engine, http: assemble::http(&config, &secrets) })
+    }
+}
+
+/// The configuration text in SSM parameter `name` (decrypted if a SecureString).
+async fn read_parameter(sdk: &SdkConfig, name: &str) -> Result<String, DeploymentError> {
+    let failed = |message: String| DeploymentError::ConfigParameter { name: name.to_owned(), message };
+    let answer = aws_sdk_ssm::Client::new(sdk)
+        .get_parameter()
+        .name(name)
+        .with_decryption(true)
+        .send()
+        .await
+        .map_err(|e| failed(aws_sdk_ssm::error::DisplayErrorContext(e).to_string()))?;
+    answer.parameter.and_then(|p| p.value).ok_or_else(|| failed("the parameter has no value".to_owned()))
+}
+
+/// The variables in Secrets Manager secret `arn`: a JSON object of strings.
+async fn read_secrets(sdk: &SdkConfig, arn: &str) -> Result<BTreeMap<String, String>, DeploymentError> {
+    let failed = |message: String| DeploymentError::Secrets { arn: arn.to_owned(), message };
+    let answer = aws_sdk_secretsmanager::Client::new(sdk)
+        .get_secret_value()
+        .secret_id(arn)
+        .send()
+        .await
+        .map_err(|e| failed(aws_sdk_secretsmanager::error::DisplayErrorContext(e).to_string()))?;
+    let text = answer.secret_string.ok_or_else(|| failed("the secret has no string value".to_owned()))?;
+    // Never echo the secret's text in the error: only where it is wrong.
+    serde_json::from_str(&text).map_err(|e| {
+        failed(format!(
+            "the secret is not a JSON object of strings (line {}, column {}); write it as {{\"NAME\": \"value\", ...}}",
+            e.line(),
+            e.column()
+        ))
+    })
+}
+
+/// Why a function cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum DeploymentError {
+    /// A setting the template provides is missing from the environment.
+    #[error("{0} is not set (the template sets it; set it to run a function elsewhere)")]
+    MissingSetting(&'static str),
+    /// The configuration parameter could not be read.
+    #[error("cannot read the configuration from SSM parameter {name}: {message}")]
+    ConfigParameter { name: String, message: String },
+    /// The secrets could not be read.
+    #[error("cannot read the secrets from {arn}: {message}")]
+    Secrets { arn: String, message: String },
+    /// The configuration is invalid, or a secret it names is missing.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// An agent's model provider cannot be set up.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    /// The table or the queue cannot be reached.
+    #[error(transparent)]
+    Aws(#[from] AwsError),
+    /// The worker webhook's HTTP client cannot be built.
+    #[error("cannot build the worker HTTP client: {0}")]
+    HttpClient(String),
+}

@@ -1,0 +1,146 @@
+//! A Lambda function's start on moto: settings from its environment, the configuration from an
+//! SSM parameter, the secrets it names from a Secrets Manager secret, and the engine on the
+//! table and queue, running a turn end to end (submit, the wake-up on SQS, the dispatcher).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: fail loudly
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::config::Credentials;
+use turnstone_aws::moto as support;
+use turnstone_aws::{Deployment, DeploymentError, QueueSettings, Settings, SqsQueue};
+use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DraftMessage};
+use turnstone_runtime::auth::Caller;
+use turnstone_runtime::queue::Consumer;
+
+const CONFIG: &str = r#"
+[llm.s]
+type = "scripted"
+
+[agent.helper]
+model = "scripted"
+llm = "s"
+
+[auth]
+api_keys_env = "TURNSTONE_API_KEYS"
+"#;
+
+async fn sdk() -> aws_config::SdkConfig {
+    support::config("unused", "unused")
+        .loader()
+        .credentials_provider(Credentials::new("test", "test", None, None, "moto"))
+        .load()
+        .await
+}
+
+fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> =
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    move |name| map.get(name).cloned()
+}
+
+#[tokio::test]
+async fn a_function_starts_from_ssm_and_secrets_manager_and_runs_a_turn() {
+    let sdk = sdk().await;
+    let (store, clients) = support::store_and_clients().await;
+    let queue_name = support::unique("tq");
+    let queue_url =
+        SqsQueue::create_queue(&clients.sqs, &queue_name, &QueueSettings::default()).await.unwrap();
+    let parameter = format!("/{}/config", support::unique("turnstone"));
+    aws_sdk_ssm::Client::new(&sdk)
+        .put_parameter()
+        .name(&parameter)
+        .value(CONFIG)
+        .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+        .send()
+        .await
+        .unwrap();
+    let secret = aws_sdk_secretsmanager::Client::new(&sdk)
+        .create_secret()
+        .name(support::unique("turnstone-secrets"))
+        .secret_string(r#"{"TURNSTONE_API_KEYS": "alice:k3y-alice"}"#)
+        .send()
+        .await
+        .unwrap();
+    let settings = Settings::from_vars(vars(&[
+        ("TURNSTONE_TABLE", store.table()),
+        ("TURNSTONE_QUEUE_URL", &queue_url),
+        ("TURNSTONE_CONFIG_PARAMETER", &parameter),
+        ("TURNSTONE_SECRETS_ARN", secret.arn().unwrap()),
+    ]))
+    .unwrap();
+    let settings = Settings { aws: support::config(store.table(), &queue_url), ..settings };
+    let deployment = Deployment::open(&settings, &sdk).await.unwrap();
+    let app = &deployment.engine.app;
+    assert_eq!(app.agent_ids().collect::<Vec<_>>(), ["helper"], "the agents of the SSM configuration");
+    let auth = deployment.http.auth.as_ref().expect("[auth] from the configuration");
+    let alice = auth.authenticate(Some("Bearer k3y-alice")).unwrap();
+    assert!(
+        matches!(&alice, Caller::Client(identity) if identity.id.as_deref() == Some("alice")),
+        "{alice:?}"
+    );
+
+    // A turn: the API's submit sends the wake-up to SQS; the dispatcher runs it from there.
+    let input = ClientInput::Message(ClientMessageInput {
+        agent_id: "helper".into(),
+        turn_id: Some("t1".into()),
+        message: DraftMessage::user("hello from lambda"),
+        stream: None,
+    });
+    app.submit("s1", input, false, &alice).await.unwrap();
+    let (_, queue) = support::config(store.table(), &queue_url).connect_with(&clients).await.unwrap();
+    let deliveries = queue.receive(10, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(deliveries.len(), 1, "one wake-up for the submit");
+    deployment.engine.dispatcher.run(&deliveries[0].wake_up).await.unwrap();
+    queue.ack(&deliveries[0]).await.unwrap();
+    let session = app.session("s1").await.unwrap();
+    let reply =
+        session.tree().active_path().last().unwrap().content.as_ref().map(|c| c.text()).unwrap_or_default();
+    assert_eq!(reply, "You said: hello from lambda");
+    assert!(queue.receive(10, Duration::from_secs(1)).await.unwrap().is_empty(), "nothing due later");
+}
+
+#[tokio::test]
+async fn a_function_that_cannot_start_says_why() {
+    let missing = Settings::from_vars(vars(&[("TURNSTONE_TABLE", "t")])).err().unwrap();
+    assert!(matches!(missing, DeploymentError::MissingSetting("TURNSTONE_QUEUE_URL")), "{missing}");
+
+    let sdk = sdk().await;
+    let (store, clients) = support::store_and_clients().await;
+    let queue_url = SqsQueue::create_queue(&clients.sqs, &support::unique("tq"), &QueueSettings::default())
+        .await
+        .unwrap();
+    let base = Settings {
+        aws: support::config(store.table(), &queue_url),
+        config_parameter: Some("/turnstone/none-such".to_owned()),
+        secrets_arn: None,
+    };
+    let error = Deployment::open(&base, &sdk).await.err().unwrap().to_string();
+    assert!(error.contains("SSM parameter /turnstone/none-such"), "{error}");
+
+    // A secret that is not a JSON object: the error says where, never what.
+    let secret = aws_sdk_secretsmanager::Client::new(&sdk)
+        .create_secret()
+        .name(support::unique("turnstone-bad"))
+        .secret_string("TURNSTONE_API_KEYS=alice:hunter2")
+        .send()
+        .await
+        .unwrap();
+    let settings =
+        Settings { config_parameter: None, secrets_arn: secret.arn().map(str::to_owned), ..base.clone() };
+    let error = Deployment::open(&settings, &sdk).await.err().unwrap().to_string();
+    assert!(error.contains("not a JSON object of strings"), "{error}");
+    assert!(!error.contains("hunter2"), "the secret leaked into the error: {error}");
+
+    // The demo configuration when no parameter is set; a missing table is named.
+    let settings = Settings {
+        aws: support::config("no-such-table", &queue_url),
+        config_parameter: None,
+        secrets_arn: None,
+    };
+    let deployment = Deployment::open(&settings, &sdk).await.unwrap();
+    assert!(deployment.engine.app.agent_ids().any(|a| a == "demo"));
+    let error = deployment.engine.app.session("anything").await.err().unwrap().to_string();
+    assert!(error.contains("no-such-table"), "{error}");
+}
