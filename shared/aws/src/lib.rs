@@ -1,12 +1,12 @@
 //! Turnstone's AWS adapters (DESIGN.md section 2): [`DynamoStore`], the `Store` port on one
 //! DynamoDB table, and [`SqsQueue`], the `Queue` and `Consumer` ports on an SQS standard queue,
-//! plus [`wake_ups_from_records`] for a Lambda function fed by that queue.
+//! and what a Lambda function builds from its environment ([`Deployment`]).
 //!
 //! - `config`: where to connect, and the SDK clients from the usual AWS environment.
 //! - `items`: the single-table layout (keys, attributes); `commit`: what one commit writes;
 //!   `chunks`: payloads too large for one item; `table`: the indexes, creating the table;
 //!   `cursor`: listing cursors; `batch`: reads by key; `store`: the port itself.
-//! - `queue`: the SQS queue; `records`: an SQS event's records as wake-ups.
+//! - `queue`: the SQS queue.
 //! - `deployment`: what a Lambda function builds at init (settings, configuration from SSM,
 //!   secrets from Secrets Manager, the engine on the table and the queue).
 
@@ -21,7 +21,6 @@ mod items;
 #[cfg(feature = "moto")]
 pub mod moto;
 pub mod queue;
-pub mod records;
 pub mod store;
 pub mod table;
 
@@ -29,5 +28,4 @@ pub use config::{AwsClients, AwsConfig, DEFAULT_QUEUE, DEFAULT_TABLE};
 pub use deployment::{Deployment, DeploymentError, Settings};
 pub use error::AwsError;
 pub use queue::{QueueSettings, SqsQueue};
-pub use records::{MalformedRecord, RecordWakeUp, Records, wake_ups_from_records};
 pub use store::DynamoStore;

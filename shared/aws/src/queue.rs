@@ -167,7 +167,7 @@ impl SqsQueue {
                 tracing::warn!(queue = %self.url, message_id = id, "a message without body or receipt handle");
                 continue;
             };
-            match crate::records::parse_body(body) {
+            match WakeUp::from_body(body) {
                 Ok(wake_up) => deliveries.push(Delivery { wake_up, receipt }),
                 Err(error) => {
                     tracing::warn!(queue = %self.url, message_id = id, %error, "not a wake-up; left for the dead-letter queue");
@@ -223,8 +223,7 @@ pub fn delay_seconds(delay: Duration) -> i32 {
 #[async_trait]
 impl Queue for SqsQueue {
     async fn send(&self, wake_up: WakeUp, delay: Duration) -> Result<(), QueueError> {
-        let body = serde_json::to_string(&wake_up)
-            .map_err(|err| self.failed("SendMessage", format!("cannot serialize the wake-up: {err}")))?;
+        let body = wake_up.to_body();
         let delay_seconds = delay_seconds(delay);
         if delay > MAX_DELAY {
             tracing::debug!(session_id = %wake_up.session_id, ?delay, "delay capped at 900 s; re-checked on arrival");

@@ -9,7 +9,7 @@ use turnstone_aws::moto as support;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use turnstone_aws::{QueueSettings, wake_ups_from_records};
+use turnstone_aws::QueueSettings;
 use turnstone_runtime::queue::{Consumer, Queue, QueueError, WakeUp};
 
 fn wake(session_id: &str, reason: &str) -> WakeUp {
@@ -57,39 +57,6 @@ async fn a_lost_acknowledgement_means_redelivery_after_the_visibility_timeout() 
     assert_ne!(again[0].receipt, first[0].receipt, "a new receipt handle per receive");
     queue.ack(&again[0]).await.unwrap();
     assert!(queue.receive(10, Duration::from_secs(4)).await.unwrap().is_empty(), "acknowledged: gone");
-}
-
-#[tokio::test]
-async fn bodies_that_are_not_wake_ups_are_reported_by_message_id_in_a_lambda_batch() {
-    let (queue, clients, _) = support::queue(&settings(30)).await;
-    for body in ["not json", r#"{"session_id":"","reason":"input"}"#] {
-        clients.sqs.send_message().queue_url(queue.url()).message_body(body).send().await.unwrap();
-    }
-    queue.send(wake("good", "input"), Duration::ZERO).await.unwrap();
-    // The records as the dispatch function's SQS event carries them.
-    let raw = clients
-        .sqs
-        .receive_message()
-        .queue_url(queue.url())
-        .max_number_of_messages(10)
-        .wait_time_seconds(1)
-        .send()
-        .await
-        .unwrap()
-        .messages
-        .unwrap_or_default();
-    assert_eq!(raw.len(), 3);
-    let records: Vec<(&str, &str)> =
-        raw.iter().map(|m| (m.message_id().unwrap(), m.body().unwrap())).collect();
-    let read = wake_ups_from_records(records.iter().copied());
-    assert_eq!(read.wake_ups.iter().map(|w| w.wake_up.clone()).collect::<Vec<_>>(), [wake("good", "input")]);
-    let good_id = records.iter().find(|(_, body)| body.contains("good")).unwrap().0;
-    assert_eq!(read.wake_ups[0].message_id, good_id);
-    let mut bad: Vec<&str> = read.malformed_ids().collect();
-    let mut expected: Vec<&str> = records.iter().map(|(id, _)| *id).filter(|id| *id != good_id).collect();
-    bad.sort_unstable();
-    expected.sort_unstable();
-    assert_eq!(bad, expected, "the malformed records, by message id");
 }
 
 #[tokio::test]

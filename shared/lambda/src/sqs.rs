@@ -24,7 +24,7 @@ pub async fn handle_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchR
     let mut sessions: BTreeMap<String, (WakeUp, Vec<String>)> = BTreeMap::new();
     for record in event.records {
         let message_id = record.message_id.unwrap_or_default();
-        match record.body.as_deref().map(serde_json::from_str::<WakeUp>) {
+        match record.body.as_deref().map(WakeUp::from_body) {
             Some(Ok(wake_up)) => {
                 sessions
                     .entry(wake_up.session_id.clone())

@@ -17,6 +17,23 @@ pub struct WakeUp {
     pub reason: String,
 }
 
+impl WakeUp {
+    /// The wake-up as a queue message's body: its JSON.
+    pub fn to_body(&self) -> String {
+        // Two strings: serializing cannot fail (the fallback is never taken).
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// A queue message's body as a wake-up, or why it is not one.
+    pub fn from_body(body: &str) -> Result<WakeUp, String> {
+        let wake_up: WakeUp = serde_json::from_str(body).map_err(|e| format!("not a wake-up: {e}"))?;
+        if wake_up.session_id.is_empty() {
+            return Err("not a wake-up: session_id is empty".to_owned());
+        }
+        Ok(wake_up)
+    }
+}
+
 /// A received wake-up, to acknowledge once handled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
