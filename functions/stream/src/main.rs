@@ -3,7 +3,8 @@
 
 #[tokio::main]
 async fn main() -> Result<(), turnstone_lambda::Error> {
-    turnstone_lambda::init_logging();
+    let started = turnstone_lambda::init_logging();
     let deployment = turnstone_aws::Deployment::from_env().await?;
+    turnstone_lambda::ready(started);
     turnstone_lambda::http::run_stream(deployment.engine.app, deployment.http).await
 }

@@ -17,7 +17,16 @@ pub mod sqs;
 pub type Error = lambda_runtime::Error;
 
 /// Logs as Lambda expects: one line per event to standard output, at the level `RUST_LOG`
-/// (or Lambda's own `AWS_LAMBDA_LOG_LEVEL`) sets.
-pub fn init_logging() {
+/// (or Lambda's own `AWS_LAMBDA_LOG_LEVEL`) sets. Returns when the function started, for
+/// [`ready`].
+pub fn init_logging() -> std::time::Instant {
+    let started = std::time::Instant::now();
     lambda_runtime::tracing::init_default_subscriber();
+    started
+}
+
+/// Logs how long the function's own initialization took (configuration, secrets, clients),
+/// before it takes its first event.
+pub fn ready(started: std::time::Instant) {
+    tracing::info!(init_ms = started.elapsed().as_millis() as u64, "initialized");
 }
