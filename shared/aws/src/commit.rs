@@ -17,7 +17,7 @@
 //! is refused before anything is sent.
 
 use aws_sdk_dynamodb::types::{CancellationReason, Put, TransactWriteItem};
-use turnstone_engine::session::{Event, UsedId};
+use turnstone_engine::session::UsedId;
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::store::{Commit, StoreError};
 
@@ -135,28 +135,11 @@ pub(crate) fn transaction(
     Ok(Transaction { items, roles, new_version, bytes })
 }
 
-/// The commit must be about this session and agree with itself (as the SQLite store checks).
+/// The commit must be about this session and agree with itself.
 fn check(session_id: &str, commit: &Commit<'_>) -> Result<(), AwsError> {
-    let invalid = |message: String| AwsError::InvalidCommit { session_id: session_id.to_owned(), message };
-    let session = commit.session;
-    if *session.id() != *session_id {
-        return Err(invalid(format!("the commit carries session {:?}", session.id())));
-    }
-    let event_count = commit.events.len() as u64;
-    if event_count > session.events_applied() {
-        return Err(invalid(format!(
-            "{event_count} new events but the session has applied only {}",
-            session.events_applied()
-        )));
-    }
-    let recorded = commit.events.iter().filter(|e| matches!(e, Event::MessageRecorded { .. })).count();
-    if recorded > session.tree().len() {
-        return Err(invalid(format!(
-            "{recorded} recorded messages but the session's tree holds {}",
-            session.tree().len()
-        )));
-    }
-    Ok(())
+    commit
+        .check(session_id)
+        .map_err(|message| AwsError::InvalidCommit { session_id: session_id.to_owned(), message })
 }
 
 /// The ids the commit uses first, each once (a queued turn that starts in the same commit

@@ -5,7 +5,7 @@
 //! - `config`: where to connect, and the SDK clients from the usual AWS environment.
 //! - `items`: the single-table layout (keys, attributes); `commit`: what one commit writes;
 //!   `chunks`: payloads too large for one item; `table`: the indexes, creating the table;
-//!   `cursor`: listing cursors; `batch`: reads by key; `store`: the port itself.
+//!   `batch`: reads by key; `store`: the port itself.
 //! - `queue`: the SQS queue.
 //! - `deployment`: what a Lambda function builds at init (settings, configuration from SSM,
 //!   secrets from Secrets Manager, the engine on the table and the queue).
@@ -14,7 +14,6 @@ mod batch;
 mod chunks;
 mod commit;
 pub mod config;
-mod cursor;
 pub mod deployment;
 mod error;
 mod items;

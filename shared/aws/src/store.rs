@@ -20,12 +20,11 @@ use turnstone_engine::session::{Event, Session, UsedId};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
 use turnstone_runtime::store::{
-    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
+    Commit, ListingCursor, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
 
 use crate::chunks::{self, Body, JoinError};
 use crate::commit;
-use crate::cursor::Cursor;
 use crate::error::{AwsError, describe};
 use crate::items::{
     self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED, MESSAGES,
@@ -434,10 +433,7 @@ impl Store for DynamoStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<Page<SessionListing>, StoreError> {
-        let after = match cursor {
-            Some(text) => Some(Cursor::decode(text).ok_or(StoreError::InvalidCursor)?),
-            None => None,
-        };
+        let after = ListingCursor::decode(cursor)?;
         // A page of nothing could not say where the next one starts: at least one item.
         let limit = limit.max(1);
         let (index, hash_name, hash_value) = match (&filter.owner, &filter.agent_id) {
@@ -464,7 +460,10 @@ impl Store for DynamoStore {
                 Some(cursor) => query
                     .key_condition_expression("#h = :h AND #r < :after")
                     .expression_attribute_names("#r", CREATED_KEY)
-                    .expression_attribute_values(":after", items::s(cursor.created_key())),
+                    .expression_attribute_values(
+                        ":after",
+                        items::s(items::timed_key(cursor.created_at, &cursor.session_id)),
+                    ),
                 None => query.key_condition_expression("#h = :h"),
             };
             if let (Some(_), Some(agent)) = (&filter.owner, &filter.agent_id) {
@@ -516,13 +515,8 @@ impl Store for DynamoStore {
                 session_id,
             });
         }
-        let next_cursor = if more {
-            listed.last().map(|last| {
-                Cursor { created_at: last.created_at, session_id: last.session_id.clone() }.encode()
-            })
-        } else {
-            None
-        };
+        let next_cursor =
+            if more { listed.last().map(|last| ListingCursor::after(last).encode()) } else { None };
         Ok(Page { items: listed, next_cursor })
     }
 

@@ -148,9 +148,8 @@ impl App {
 
     /// A context for one command, knowing the ids in `used` beyond the session's head.
     fn ctx(&self, used: &UsedIds) -> Ctx {
-        // Fresh, distinct entropy per command; the ids it mints land in the events.
-        let n = self.entropy.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
-        Ctx { now: self.clock.now(), seed: n, used: used.clone() }
+        let n = self.entropy.fetch_add(1, Ordering::Relaxed);
+        Ctx { now: self.clock.now(), seed: command_seed(n), used: used.clone() }
     }
 
     /// The init of a new session for `agent_id`.
@@ -492,6 +491,14 @@ impl App {
     }
 }
 
+/// The seed of the `n`th command's ids: the counter scrambled. A command mints its ids by
+/// stepping its seed (splitmix64); seeds that themselves stepped by that same increment would
+/// make one command's second id the next command's first (two messages with one id in a
+/// session), so consecutive commands get unrelated seeds instead.
+fn command_seed(n: u64) -> u64 {
+    turnstone_engine::ids::IdMinter::new(n).next_u64()
+}
+
 /// How a commit is made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Mode {
@@ -553,4 +560,25 @@ pub(crate) fn still_claimed(session: &Session, effect: &Effect) -> bool {
 /// Whether an error is the engine saying a claim is no longer due.
 pub(crate) fn is_stale_claim(e: &Error) -> bool {
     matches!(e, Error::Rejected(Rejection::StaleClaim(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use turnstone_engine::ids::IdMinter;
+
+    use super::command_seed;
+
+    #[test]
+    fn consecutive_commands_mint_no_id_twice() {
+        let mut seen = HashSet::new();
+        let base = 0x1234_5678_9abc_def0_u64;
+        for n in 0..2000 {
+            let mut minter = IdMinter::new(command_seed(base.wrapping_add(n)));
+            for _ in 0..8 {
+                assert!(seen.insert(minter.next_u64()), "command {n} minted an id an earlier command had");
+            }
+        }
+    }
 }

@@ -92,6 +92,60 @@ pub struct SessionFilter {
     pub owner: Option<String>,
 }
 
+/// Where a listing page ended: the last session on it, in the newest-first order
+/// `(created_at DESC, session_id DESC)` every store lists in. Handed to callers opaque, as
+/// `v1.<created_at>.<session id as hex>`; the next page starts strictly after it. Anything
+/// else is refused as [`StoreError::InvalidCursor`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListingCursor {
+    /// The last item's creation time.
+    pub created_at: Timestamp,
+    /// The last item's session id.
+    pub session_id: String,
+}
+
+const CURSOR_PREFIX: &str = "v1.";
+
+impl ListingCursor {
+    /// The cursor after `listing`.
+    pub fn after(listing: &SessionListing) -> Self {
+        ListingCursor { created_at: listing.created_at, session_id: listing.session_id.clone() }
+    }
+
+    /// The cursor as handed to callers.
+    pub fn encode(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::with_capacity(CURSOR_PREFIX.len() + 21 + self.session_id.len() * 2);
+        out.push_str(CURSOR_PREFIX);
+        let _ = write!(out, "{}.", self.created_at.0);
+        for byte in self.session_id.bytes() {
+            let _ = write!(out, "{byte:02x}");
+        }
+        out
+    }
+
+    /// A caller's cursor read back, if any: one this code did not write is refused.
+    pub fn decode(text: Option<&str>) -> Result<Option<ListingCursor>, StoreError> {
+        text.map(|text| Self::parse(text).ok_or(StoreError::InvalidCursor)).transpose()
+    }
+
+    fn parse(text: &str) -> Option<ListingCursor> {
+        let rest = text.strip_prefix(CURSOR_PREFIX)?;
+        let (created_at, hex) = rest.split_once('.')?;
+        if created_at.is_empty() || hex.is_empty() || hex.len() % 2 != 0 {
+            return None;
+        }
+        let created_at: i64 = created_at.parse().ok()?;
+        let bytes = hex
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| std::str::from_utf8(pair).ok().and_then(|p| u8::from_str_radix(p, 16).ok()))
+            .collect::<Option<Vec<u8>>>()?;
+        let session_id = String::from_utf8(bytes).ok()?;
+        Some(ListingCursor { created_at: Timestamp(created_at), session_id })
+    }
+}
+
 /// A page of a listing.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Page<T> {
@@ -192,7 +246,52 @@ pub trait Store: Send + Sync + 'static {
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError>;
 }
 
+impl Commit<'_> {
+    /// Whether the commit is about `session_id` and agrees with itself; what is wrong if not
+    /// (every store checks this before writing).
+    pub fn check(&self, session_id: &str) -> Result<(), String> {
+        let session = self.session;
+        if *session.id() != *session_id {
+            return Err(format!("the commit carries session {:?}", session.id()));
+        }
+        let event_count = self.events.len() as u64;
+        if event_count > session.events_applied() {
+            return Err(format!(
+                "{event_count} new events but the session has applied only {}",
+                session.events_applied()
+            ));
+        }
+        let recorded = self.events.iter().filter(|e| matches!(e, Event::MessageRecorded { .. })).count();
+        if recorded > session.tree().len() {
+            return Err(format!(
+                "{recorded} recorded messages but the session's tree holds {}",
+                session.tree().len()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `turn t1, call c2`.
 fn display_ids(ids: &[UsedId]) -> String {
     ids.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_round_trips() {
+        let c = ListingCursor { created_at: Timestamp(-5), session_id: "s-1/ü#x".into() };
+        assert_eq!(ListingCursor::decode(Some(&c.encode())).unwrap(), Some(c));
+        assert_eq!(ListingCursor::decode(None).unwrap(), None);
+    }
+
+    #[test]
+    fn a_cursor_this_code_did_not_write_is_refused() {
+        for text in ["", "v1.", "v1.12", "v1.12.", "v1.x.6162", "v1.1.616", "v1.1.zz", "v2.1.61", "v1.1.ff"] {
+            assert!(matches!(ListingCursor::decode(Some(text)), Err(StoreError::InvalidCursor)), "{text:?}");
+        }
+    }
 }

@@ -65,7 +65,6 @@
 //! no second connection: its reads run on the writer thread, between groups. No `std` lock is
 //! ever held across an `.await`.
 
-mod cursor;
 mod schema;
 
 use std::path::{Path, PathBuf};
@@ -85,13 +84,12 @@ use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
 pub use turnstone_runtime::config::Durability;
 use turnstone_runtime::store::{
-    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
+    Commit, ListingCursor, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
 
 pub use schema::SCHEMA_VERSION;
 
 use crate::error::{SqliteError, backend};
-use cursor::Cursor;
 
 /// The most commits one group (one write transaction) carries.
 pub const MAX_GROUP: usize = 256;
@@ -572,26 +570,10 @@ impl PreparedCommit {
         commit: &Commit<'_>,
         now: Timestamp,
     ) -> Result<Self, SqliteError> {
-        let invalid =
-            |message: String| SqliteError::InvalidCommit { session_id: session_id.to_owned(), message };
+        commit
+            .check(session_id)
+            .map_err(|message| SqliteError::InvalidCommit { session_id: session_id.to_owned(), message })?;
         let session = commit.session;
-        if *session.id() != *session_id {
-            return Err(invalid(format!("the commit carries session {:?}", session.id())));
-        }
-        let event_count = commit.events.len() as u64;
-        if event_count > session.events_applied() {
-            return Err(invalid(format!(
-                "{event_count} new events but the session has applied only {}",
-                session.events_applied()
-            )));
-        }
-        let recorded = commit.events.iter().filter(|e| matches!(e, Event::MessageRecorded { .. })).count();
-        if recorded > session.tree().len() {
-            return Err(invalid(format!(
-                "{recorded} recorded messages but the session's tree holds {}",
-                session.tree().len()
-            )));
-        }
         let serialize = |source| SqliteError::Serialize { session_id: session_id.to_owned(), source };
         let snapshot = serde_json::to_string(session).map_err(serialize)?;
         let first_seq = commit.first_seq();
@@ -835,7 +817,7 @@ fn list_sql(filter: &SessionFilter, after: bool) -> String {
 fn list(
     conn: &Connection,
     filter: &SessionFilter,
-    after: Option<&Cursor>,
+    after: Option<&ListingCursor>,
     limit: usize,
 ) -> Result<Page<SessionListing>, StoreError> {
     let sql = list_sql(filter, after.is_some());
@@ -850,7 +832,7 @@ fn list(
         named.push((":owner", owner));
     }
     if let Some(cursor) = after {
-        named.push((":created_at", &cursor.created_at));
+        named.push((":created_at", &cursor.created_at.0));
         named.push((":session_id", &cursor.session_id));
     }
     let mut items = stmt
@@ -869,9 +851,7 @@ fn list(
         .map_err(backend)?;
     let next_cursor = if items.len() > limit {
         items.truncate(limit);
-        items.last().map(|last| {
-            Cursor { created_at: last.created_at.0, session_id: last.session_id.clone() }.encode()
-        })
+        items.last().map(|last| ListingCursor::after(last).encode())
     } else {
         None
     };
@@ -962,10 +942,7 @@ impl Store for SqliteStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<Page<SessionListing>, StoreError> {
-        let after = match cursor {
-            Some(text) => Some(Cursor::decode(text).ok_or(StoreError::InvalidCursor)?),
-            None => None,
-        };
+        let after = ListingCursor::decode(cursor)?;
         let filter = filter.clone();
         // A page of nothing could not say where the next one starts: at least one item.
         let limit = limit.max(1);
