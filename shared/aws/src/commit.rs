@@ -24,8 +24,8 @@ use turnstone_runtime::store::{Commit, StoreError};
 use crate::chunks;
 use crate::error::{AwsError, build_error};
 use crate::items::{
-    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED, MESSAGES,
-    OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY,
+    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED,
+    MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY,
 };
 
 /// The most items one `TransactWriteItems` takes.
@@ -84,10 +84,25 @@ pub(crate) fn transaction(
         head.insert(DUE_SHARD.to_owned(), items::s(items::due_shard(session_id)));
         head.insert(WAKE_KEY.to_owned(), items::s(items::timed_key(wake_at, session_id)));
     }
-    let snapshot = serde_json::to_string(session).map_err(serialize)?;
+    // The declared agent config (a system prompt, every tool's schema) is the bulk of a head and
+    // never changes: the creating commit writes it once as its own item, the head leaves it out.
+    let mut snapshot = serde_json::to_value(session).map_err(serialize)?;
+    let declared = snapshot
+        .get_mut("init")
+        .and_then(|init| init.as_object_mut())
+        .and_then(|init| init.remove("declared"));
+    let snapshot = serde_json::to_string(&snapshot).map_err(serialize)?;
     let mut chunk_items = chunks::lay_out(session_id, HEAD, snapshot, Some(new_version), &mut head);
 
     let mut puts: Vec<(Item, Role)> = vec![(head, Role::Head)];
+    if expected == 0
+        && let Some(declared) = declared.filter(|d| !d.is_null())
+    {
+        let mut item = items::key(session_id, DECLARED);
+        let body = serde_json::to_string(&declared).map_err(serialize)?;
+        chunk_items.extend(chunks::lay_out(session_id, DECLARED, body, None, &mut item));
+        puts.push((item, Role::Data));
+    }
     for id in first_used(commit) {
         puts.push((items::key(session_id, items::used_key(&id)), Role::Used(id)));
     }

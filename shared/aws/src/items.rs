@@ -29,6 +29,10 @@ pub(crate) const PK: &str = "PK";
 pub(crate) const SK: &str = "SK";
 /// The head's sort key.
 pub(crate) const HEAD: &str = "H";
+/// The sort key of the agent config the session was created with (`init.declared` of the
+/// snapshot): it never changes, so the creating commit writes it once and the head leaves it
+/// out. Sorts right after the head, so one query reads both.
+pub(crate) const DECLARED: &str = "I";
 
 /// The head's version (N); every commit moves it on by one.
 pub(crate) const VERSION: &str = "version";

@@ -27,8 +27,8 @@ use crate::chunks::{self, Body, JoinError};
 use crate::commit;
 use crate::error::{AwsError, describe};
 use crate::items::{
-    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED, MESSAGES,
-    OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_KEY,
+    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED,
+    MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_KEY,
 };
 use crate::table;
 
@@ -93,24 +93,37 @@ impl DynamoStore {
         AwsError::Table { operation, table: self.table.clone(), message }.into()
     }
 
-    /// Reads the head (strongly consistent), its chunks if it has any, and the snapshot.
+    /// Reads the head and the declared agent config in one strongly consistent query (their
+    /// sort keys are adjacent), their chunks if they have any, and the snapshot.
     async fn read_head(&self, session_id: &str) -> Result<Option<Head>, StoreError> {
         for _ in 0..HEAD_ATTEMPTS {
             let out = self
                 .client
-                .get_item()
+                .query()
                 .table_name(&self.table)
-                .set_key(Some(items::key(session_id, HEAD)))
+                .key_condition_expression("#pk = :pk AND #sk BETWEEN :head AND :declared")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_values(":pk", items::s(items::partition(session_id)))
+                .expression_attribute_values(":head", items::s(HEAD))
+                .expression_attribute_values(":declared", items::s(DECLARED))
                 .consistent_read(true)
                 .send()
                 .await
-                .map_err(|err| self.failed("GetItem (head)", session_id, describe(&err)))?;
-            let Some(item) = out.item else { return Ok(None) };
+                .map_err(|err| self.failed("Query (head)", session_id, describe(&err)))?;
+            let mut found = out.items.unwrap_or_default();
+            let declared = found
+                .iter()
+                .position(|i| items::get_s(i, SK) == Some(DECLARED))
+                .map(|at| found.swap_remove(at));
+            let Some(item) = found.into_iter().find(|i| items::get_s(i, SK) == Some(HEAD)) else {
+                return Ok(None);
+            };
             let version =
                 items::get_u64(&item, VERSION).ok_or_else(|| corrupt(session_id, "head version"))?;
             let messages =
                 items::get_u64(&item, MESSAGES).ok_or_else(|| corrupt(session_id, "head message count"))?;
-            let snapshot: Session = match chunks::body(&item) {
+            let mut snapshot: serde_json::Value = match chunks::body(&item) {
                 Some(Body::Inline(body)) => {
                     parse(session_id, body.as_bytes(), || "head snapshot".to_owned())?
                 }
@@ -125,6 +138,28 @@ impl DynamoStore {
                 }
                 None => return Err(corrupt(session_id, "the head holds no snapshot")),
             };
+            if let Some(declared) = declared {
+                let declared: serde_json::Value = match chunks::body(&declared) {
+                    Some(Body::Inline(body)) => {
+                        parse(session_id, body.as_bytes(), || "declared config".to_owned())?
+                    }
+                    Some(Body::Chunked(count)) => {
+                        let fetched = self.chunks(session_id, DECLARED, count).await?;
+                        let bytes = chunks::join(DECLARED, count, None, &fetched)
+                            .map_err(|err| corrupt(session_id, format!("declared config: {err}")))?;
+                        parse(session_id, &bytes, || "declared config".to_owned())?
+                    }
+                    None => return Err(corrupt(session_id, "the declared config item holds nothing")),
+                };
+                match snapshot.get_mut("init").and_then(|init| init.as_object_mut()) {
+                    Some(init) => {
+                        init.insert("declared".to_owned(), declared);
+                    }
+                    None => return Err(corrupt(session_id, "a declared config for a head without init")),
+                }
+            }
+            let snapshot: Session = serde_json::from_value(snapshot)
+                .map_err(|e| corrupt(session_id, format!("head snapshot: {e}")))?;
             if *snapshot.id() != *session_id {
                 return Err(corrupt(session_id, format!("the head holds session {:?}", snapshot.id())));
             }

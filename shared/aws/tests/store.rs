@@ -129,6 +129,31 @@ async fn ids_used_before_are_named_exactly() {
 }
 
 #[tokio::test]
+async fn the_declared_agent_config_is_written_once_and_kept_out_of_the_head() {
+    let (store, clients) = support::store_and_clients().await;
+    let mut d = Driver::create("declared", "agent", None, false, T0);
+    d.commit_ok(&store).await;
+    let declared = |items: &BTreeMap<String, std::collections::HashMap<String, AttributeValue>>| {
+        items["I"]["body"].as_s().unwrap().clone()
+    };
+    let first = items_of(&store, &clients, "declared").await;
+    assert!(declared(&first).contains("test-model"), "the creating commit writes the config");
+    for i in 0..3 {
+        d.turn(&format!("q{i}"), &format!("a{i}"));
+        d.commit_ok(&store).await;
+    }
+    let items = items_of(&store, &clients, "declared").await;
+    let head = items["H"]["body"].as_s().unwrap();
+    assert!(!head.contains("test-model"), "the head leaves the config out: {head}");
+    assert_eq!(declared(&items), declared(&first), "written once, never again");
+    // Loaded whole: the session has its declared config back.
+    assert_stored(&store, &d).await;
+    let loaded = store.load("declared").await.unwrap().unwrap();
+    assert_eq!(loaded.session.init().unwrap().declared, d.session.init().unwrap().declared);
+    assert!(loaded.session.init().unwrap().declared.is_some());
+}
+
+#[tokio::test]
 async fn load_since_reads_only_the_messages_from_a_position() {
     let (store, clients) = support::store_and_clients().await;
     assert!(store.load_since("since-missing", 0).await.unwrap().is_none());
