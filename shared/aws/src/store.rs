@@ -97,21 +97,7 @@ impl DynamoStore {
     /// sort keys are adjacent), their chunks if they have any, and the snapshot.
     async fn read_head(&self, session_id: &str) -> Result<Option<Head>, StoreError> {
         for _ in 0..HEAD_ATTEMPTS {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("#pk = :pk AND #sk BETWEEN :head AND :declared")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_names("#sk", SK)
-                .expression_attribute_values(":pk", items::s(items::partition(session_id)))
-                .expression_attribute_values(":head", items::s(HEAD))
-                .expression_attribute_values(":declared", items::s(DECLARED))
-                .consistent_read(true)
-                .send()
-                .await
-                .map_err(|err| self.failed("Query (head)", session_id, describe(&err)))?;
-            let mut found = out.items.unwrap_or_default();
+            let (mut found, _) = self.query_page(session_id, (HEAD, DECLARED), true, None, None).await?;
             let declared = found
                 .iter()
                 .position(|i| items::get_s(i, SK) == Some(DECLARED))
@@ -139,24 +125,12 @@ impl DynamoStore {
                 None => return Err(corrupt(session_id, "the head holds no snapshot")),
             };
             if let Some(declared) = declared {
-                let declared: serde_json::Value = match chunks::body(&declared) {
-                    Some(Body::Inline(body)) => {
-                        parse(session_id, body.as_bytes(), || "declared config".to_owned())?
-                    }
-                    Some(Body::Chunked(count)) => {
-                        let fetched = self.chunks(session_id, DECLARED, count).await?;
-                        let bytes = chunks::join(DECLARED, count, None, &fetched)
-                            .map_err(|err| corrupt(session_id, format!("declared config: {err}")))?;
-                        parse(session_id, &bytes, || "declared config".to_owned())?
-                    }
-                    None => return Err(corrupt(session_id, "the declared config item holds nothing")),
+                // One payload per item given.
+                let config = self.payloads(session_id, &[declared]).await?.pop().unwrap_or_default();
+                let Some(init) = snapshot.get_mut("init").and_then(|init| init.as_object_mut()) else {
+                    return Err(corrupt(session_id, "a declared config for a head without init"));
                 };
-                match snapshot.get_mut("init").and_then(|init| init.as_object_mut()) {
-                    Some(init) => {
-                        init.insert("declared".to_owned(), declared);
-                    }
-                    None => return Err(corrupt(session_id, "a declared config for a head without init")),
-                }
+                init.insert("declared".to_owned(), config);
             }
             let snapshot: Session = serde_json::from_value(snapshot)
                 .map_err(|e| corrupt(session_id, format!("head snapshot: {e}")))?;

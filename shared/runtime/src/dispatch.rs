@@ -45,34 +45,11 @@ impl Dispatcher {
     }
 
     /// Handles one wake-up: runs the session's due work until none is left, then arms the
-    /// next wake-up if work is due later. Idempotent: a duplicate or late wake-up finds
-    /// nothing due, or re-arms. An error leaves the wake-up to be delivered again.
+    /// next wake-up if work is due later (after a bounded number of effects it re-enqueues
+    /// itself instead). Idempotent: a duplicate or late wake-up finds nothing due, or re-arms.
+    /// An error leaves the wake-up to be delivered again.
     pub async fn run(&self, wake_up: &WakeUp) -> Result<()> {
-        self.run_session(&wake_up.session_id).await
-    }
-
-    /// Enqueues every session whose wake time has passed (a wake-up may have been lost).
-    pub async fn sweep(&self, limit: usize) -> Result<usize> {
-        self.wake_due(self.app.now(), "sweep", limit).await
-    }
-
-    /// Enqueues every session that has a wake time, due or not: after a restart, an
-    /// in-process queue has lost the delayed wake-ups of the previous process.
-    pub async fn recover(&self, limit: usize) -> Result<usize> {
-        self.wake_due(Timestamp(i64::MAX), "recover", limit).await
-    }
-
-    async fn wake_due(&self, until: Timestamp, reason: &str, limit: usize) -> Result<usize> {
-        let due = self.app.store().due(until, limit).await?;
-        for session_id in &due {
-            self.app.wake(session_id, reason).await?;
-        }
-        Ok(due.len())
-    }
-
-    /// Performs a session's due work until none is left (or the run's budget is spent, in
-    /// which case it re-enqueues itself).
-    async fn run_session(&self, session_id: &str) -> Result<()> {
+        let session_id = wake_up.session_id.as_str();
         // The state the last effect committed: the next plan starts from it instead of a load
         // (commits are version-checked, so a state that went stale only costs a reload).
         let mut known = None;
@@ -120,6 +97,24 @@ impl Dispatcher {
             }
         }
         self.app.wake(session_id, "budget").await
+    }
+    /// Enqueues every session whose wake time has passed (a wake-up may have been lost).
+    pub async fn sweep(&self, limit: usize) -> Result<usize> {
+        self.wake_due(self.app.now(), "sweep", limit).await
+    }
+
+    /// Enqueues every session that has a wake time, due or not: after a restart, an
+    /// in-process queue has lost the delayed wake-ups of the previous process.
+    pub async fn recover(&self, limit: usize) -> Result<usize> {
+        self.wake_due(Timestamp(i64::MAX), "recover", limit).await
+    }
+
+    async fn wake_due(&self, until: Timestamp, reason: &str, limit: usize) -> Result<usize> {
+        let due = self.app.store().due(until, limit).await?;
+        for session_id in &due {
+            self.app.wake(session_id, reason).await?;
+        }
+        Ok(due.len())
     }
 
     /// Performs `effect`, planned from `known`; returns what it committed last, if it knows it,
