@@ -23,16 +23,20 @@ use turnstone_runtime::pool::Pool;
 use turnstone_runtime::queue::{Consumer, Delivery, Queue, QueueError, WakeUp};
 use turnstone_tests::{ApiClient, FakeWorker};
 
-/// An in-process queue that counts what is sent to it.
+/// An in-process queue that counts what is sent to it, and keeps the delayed wake-ups.
 struct CountingQueue {
     inner: MemoryQueue,
     sent: AtomicUsize,
+    delayed: std::sync::Mutex<Vec<(WakeUp, Duration)>>,
 }
 
 #[async_trait]
 impl Queue for CountingQueue {
     async fn send(&self, wake_up: WakeUp, delay: Duration) -> Result<(), QueueError> {
         self.sent.fetch_add(1, Ordering::SeqCst);
+        if delay > Duration::ZERO {
+            self.delayed.lock().unwrap().push((wake_up.clone(), delay));
+        }
         self.inner.send(wake_up, delay).await
     }
 }
@@ -71,6 +75,7 @@ impl Split {
         let queue = Arc::new(CountingQueue {
             inner: MemoryQueue::new(Duration::from_secs(30)),
             sent: AtomicUsize::new(0),
+            delayed: std::sync::Mutex::default(),
         });
         let agents = assemble::agents(&config, &secrets).unwrap();
         let api =
@@ -215,4 +220,29 @@ async fn a_turn_of_many_steps_sends_one_wake_up() {
         assert!(decisions >= 4, "each turn is several worker decisions: {decisions}");
         split.stop().await;
     }
+}
+
+#[tokio::test]
+async fn a_wake_up_whose_commit_never_lands_looks_again_later() {
+    // A wake-up is sent before the commit it announces; a commit that then fails leaves a
+    // wake-up that finds the session short of it. It waits a moment, then leaves one more
+    // wake-up for later (a slow commit may still land) and ends.
+    let split = Split::start(SCRIPTED, Topology::Split, Duration::from_secs(20)).await;
+    let turn_id = split.client.submit_ok("s4", &message("demo", "hello")).await;
+    let ended = split.client.wait_turn("s4", &turn_id).await;
+    assert!(ended.status.is_ended(), "{ended:?}");
+    let announced = WakeUp { seq: Some(10_000), ..WakeUp::new("s4", "commit") };
+    split.queue.send(announced, Duration::ZERO).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let delayed = split.queue.delayed.lock().unwrap().clone();
+        if let Some((wake_up, delay)) = delayed.iter().find(|(w, _)| w.reason == "late commit") {
+            assert_eq!((wake_up.session_id.as_str(), wake_up.seq), ("s4", None));
+            assert!(*delay > Duration::from_secs(30), "looks again after any commit in flight: {delay:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no later wake-up: {delayed:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    split.stop().await;
 }

@@ -1,23 +1,31 @@
-//! What one commit writes: a single `TransactWriteItems`, and what its cancellation means.
+//! What one commit writes: one write request (DESIGN.md section 5), and what its refusal
+//! means.
 //!
-//! The transaction holds, in this order:
-//! 1. the head `Put`, conditioned on the version (`attribute_not_exists(PK)` to create,
-//!    `version = :expected` after that), carrying the new snapshot, version, message count,
-//!    agent, owner, times and the index attributes (the due index's only with a wake time);
-//! 2. one `Put` per turn or call id the events use first ([`Commit::first_used`]), each
-//!    conditioned `attribute_not_exists(SK)`, so an id once used is kept for good;
-//! 3. one event pack: every event of the commit in one item, keyed by its first sequence
-//!    number;
-//! 4. one item per new message node;
-//! 5. the chunk items of whichever of these payloads did not fit in its item.
+//! A commit is its event pack `E#<first seq>`, put on the condition that no pack starts
+//! there: two writers of one session continue the log from the same position, so only one
+//! wins, and a stale writer's position is taken already. Most commits are that one
+//! `PutItem` (a pack under 1 KB costs one write unit). The pack also carries the commit's
+//! wake time in the due index's keys when no queued wake-up covers it
+//! ([`Commit::wake_queued`]).
 //!
-//! All or nothing: when DynamoDB cancels it, the reasons come back in the same order, so the
-//! head's failed condition is a [`StoreError::Conflict`] and an id item's an `IdsUsed` naming
-//! exactly the ids already there. A commit larger than a transaction may be (100 items, 4 MB)
-//! is refused before anything is sent.
+//! Now and then a commit is a **checkpoint**: one `TransactWriteItems` of, in this order,
+//! 1. the pack (same condition), marked with the session's message count;
+//! 2. the head `H`: the snapshot as of this commit (without the declared agent config, which
+//!    the creating checkpoint writes once as `I`), the listing attributes, and the version it
+//!    stands for, conditioned on being newer than the head it replaces;
+//! 3. one item per turn or call id first used since the last checkpoint (`T#`, `C#`), each
+//!    conditioned on its absence: ids are kept for good from here on;
+//! 4. one item of the message nodes recorded since the last checkpoint (`M#<last position>`);
+//! 5. the chunks of any payload too large for its item.
+//!
+//! A checkpoint is due when the session is created; after [`CHECKPOINT_COMMITS`] commits,
+//! [`CHECKPOINT_BYTES`] of packs or [`CHECKPOINT_IDS`] new ids (they bound what a cold load
+//! replays and what one checkpoint writes); and when a payload needs chunks. A commit that
+//! uses an id first is refused if the id is among those of the packs since the checkpoint, or
+//! (between checkpoints, read before the pack is written) among the id items.
 
 use aws_sdk_dynamodb::types::{CancellationReason, Put, TransactWriteItem};
-use turnstone_engine::session::UsedId;
+use turnstone_engine::session::{Event, UsedId};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::store::{Commit, StoreError};
 
@@ -25,7 +33,7 @@ use crate::chunks;
 use crate::error::{AwsError, build_error};
 use crate::items::{
     self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED,
-    MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY,
+    MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
 };
 
 /// The most items one `TransactWriteItems` takes.
@@ -35,41 +43,135 @@ pub(crate) const MAX_BYTES: usize = 4_000_000;
 /// The most bytes one item holds (400 KB).
 pub(crate) const MAX_ITEM_BYTES: usize = 400 * 1024;
 
+/// Commits after a checkpoint that make the next one due.
+pub(crate) const CHECKPOINT_COMMITS: u32 = 32;
+/// Bytes of packs after a checkpoint that make the next one due.
+pub(crate) const CHECKPOINT_BYTES: usize = 64 * 1024;
+/// Ids first used after a checkpoint that make the next one due (a transaction holds 100
+/// items).
+pub(crate) const CHECKPOINT_IDS: usize = 64;
+
+/// What the store knows of a session's log since its last checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Tail {
+    /// The log length the head's snapshot stands for.
+    pub checkpoint: u64,
+    /// How many message nodes the `M#` items hold (every one recorded up to the checkpoint).
+    pub stored_messages: u64,
+    /// Turn and call ids first used since the checkpoint, not yet kept as items.
+    pub pending: Vec<UsedId>,
+    /// Commits and bytes of packs since the checkpoint.
+    pub commits: u32,
+    pub bytes: usize,
+}
+
+impl Tail {
+    /// The tail after a pack of `events` (`bytes` long) written by an ordinary commit, or by a
+    /// checkpoint that left the session with `messages` nodes.
+    pub fn after(&self, events: &[Event], bytes: usize, checkpoint: Option<(u64, u64)>) -> Tail {
+        if let Some((seq, messages)) = checkpoint {
+            return Tail { checkpoint: seq, stored_messages: messages, ..Tail::default() };
+        }
+        let mut pending = self.pending.clone();
+        for id in UsedId::first_used_by(events) {
+            if !pending.contains(&id) {
+                pending.push(id);
+            }
+        }
+        Tail { pending, commits: self.commits + 1, bytes: self.bytes + bytes, ..self.clone() }
+    }
+}
+
+/// How a commit is written.
+#[derive(Debug)]
+pub(crate) enum Write {
+    /// The pack alone, with the ids it uses first (checked against the id items before).
+    Pack { pack: Item, first_used: Vec<UsedId> },
+    /// A checkpoint.
+    Checkpoint(Transaction),
+}
+
+/// A checkpoint as one transaction.
+#[derive(Debug)]
+pub(crate) struct Transaction {
+    pub items: Vec<TransactWriteItem>,
+    pub roles: Vec<Role>,
+}
+
 /// What an item of the transaction is, to read the cancellation reasons (same order).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Role {
+    Pack,
     Head,
     Used(UsedId),
     Data,
 }
 
-/// A commit as one transaction.
+/// A commit, laid out.
 #[derive(Debug)]
-pub(crate) struct Transaction {
-    pub items: Vec<TransactWriteItem>,
-    pub roles: Vec<Role>,
-    /// The version the head will have.
+pub(crate) struct Planned {
+    pub write: Write,
+    /// The session's version after it.
     pub new_version: u64,
+    /// The tail after it.
+    pub tail: Tail,
     /// About how many bytes of items it writes.
     pub bytes: usize,
 }
 
-/// Builds the transaction of `commit` onto `table`, refusing one that does not fit.
-pub(crate) fn transaction(
+/// Lays out `commit` of `session_id` onto `table`, made against version `expected` whose tail is `tail`,
+/// at `now`, by `writer` (a token unique to this attempt: a retried request that finds its
+/// own pack knows it won).
+pub(crate) fn plan(
     table: &str,
     session_id: &str,
     expected: u64,
     commit: &Commit<'_>,
+    tail: &Tail,
     now: Timestamp,
-) -> Result<Transaction, AwsError> {
-    check(session_id, commit)?;
+    writer: &str,
+) -> Result<Planned, AwsError> {
+    commit
+        .check(session_id)
+        .map_err(|message| AwsError::InvalidCommit { session_id: session_id.to_owned(), message })?;
     let serialize = |source| AwsError::Serialize { session_id: session_id.to_owned(), source };
     let session = commit.session;
     let new_version = expected + 1;
+    let first = commit.first_seq();
 
+    let sk = items::event_key(first);
+    let mut pack = items::key(session_id, sk.as_str());
+    pack.insert(FIRST.to_owned(), items::n(first));
+    pack.insert(COUNT.to_owned(), items::n(commit.events.len()));
+    pack.insert(VERSION.to_owned(), items::n(new_version));
+    pack.insert(UPDATED_AT.to_owned(), items::n(now.0));
+    pack.insert(WRITER.to_owned(), items::s(writer));
+    if let Some(wake_at) = commit.wake_at.filter(|_| !commit.wake_queued) {
+        pack.insert(WAKE_AT.to_owned(), items::n(wake_at.0));
+        pack.insert(DUE_SHARD.to_owned(), items::s(items::due_shard(session_id)));
+        pack.insert(WAKE_KEY.to_owned(), items::s(items::timed_key(wake_at, session_id)));
+    }
+    let body = serde_json::to_string(commit.events).map_err(serialize)?;
+    let pack_bytes = body.len();
+    let mut chunk_items = chunks::lay_out(session_id, &sk, body, None, &mut pack);
+
+    let first_used = first_used(commit);
+    let ordinary = tail.after(commit.events, pack_bytes, None);
+    let checkpoint = expected == 0
+        || !chunk_items.is_empty()
+        || ordinary.commits >= CHECKPOINT_COMMITS
+        || ordinary.bytes >= CHECKPOINT_BYTES
+        || ordinary.pending.len() >= CHECKPOINT_IDS;
+    if !checkpoint {
+        let bytes = items::item_size(&pack);
+        return Ok(Planned { write: Write::Pack { pack, first_used }, new_version, tail: ordinary, bytes });
+    }
+
+    let messages = session.tree().len() as u64;
+    pack.insert(MESSAGES.to_owned(), items::n(messages));
     let mut head = items::key(session_id, HEAD);
     head.insert(VERSION.to_owned(), items::n(new_version));
-    head.insert(MESSAGES.to_owned(), items::n(session.tree().len()));
+    head.insert(MESSAGES.to_owned(), items::n(messages));
     head.insert(AGENT.to_owned(), items::s(session.agent_id()));
     // An index key may not be empty: an empty owner is not indexed (and lists as none).
     if let Some(owner) = session.init().and_then(|i| i.identity.id.as_deref()).filter(|o| !o.is_empty()) {
@@ -79,11 +181,6 @@ pub(crate) fn transaction(
     head.insert(UPDATED_AT.to_owned(), items::n(now.0));
     head.insert(CREATED_KEY.to_owned(), items::s(items::timed_key(session.created_at(), session_id)));
     head.insert(LIST_SHARD.to_owned(), items::s(LISTED));
-    if let Some(wake_at) = commit.wake_at {
-        head.insert(WAKE_AT.to_owned(), items::n(wake_at.0));
-        head.insert(DUE_SHARD.to_owned(), items::s(items::due_shard(session_id)));
-        head.insert(WAKE_KEY.to_owned(), items::s(items::timed_key(wake_at, session_id)));
-    }
     // The declared agent config (a system prompt, every tool's schema) is the bulk of a head and
     // never changes: the creating commit writes it once as its own item, the head leaves it out.
     let mut snapshot = serde_json::to_value(session).map_err(serialize)?;
@@ -92,9 +189,9 @@ pub(crate) fn transaction(
         .and_then(|init| init.as_object_mut())
         .and_then(|init| init.remove("declared"));
     let snapshot = serde_json::to_string(&snapshot).map_err(serialize)?;
-    let mut chunk_items = chunks::lay_out(session_id, HEAD, snapshot, Some(new_version), &mut head);
+    chunk_items.extend(chunks::lay_out(session_id, HEAD, snapshot, Some(new_version), &mut head));
 
-    let mut puts: Vec<(Item, Role)> = vec![(head, Role::Head)];
+    let mut puts: Vec<(Item, Role)> = vec![(pack, Role::Pack), (head, Role::Head)];
     if expected == 0
         && let Some(declared) = declared.filter(|d| !d.is_null())
     {
@@ -103,25 +200,18 @@ pub(crate) fn transaction(
         chunk_items.extend(chunks::lay_out(session_id, DECLARED, body, None, &mut item));
         puts.push((item, Role::Data));
     }
-    for id in first_used(commit) {
-        puts.push((items::key(session_id, items::used_key(&id)), Role::Used(id)));
+    for id in &ordinary.pending {
+        puts.push((items::key(session_id, items::used_key(id)), Role::Used(id.clone())));
     }
-    if !commit.events.is_empty() {
-        let first = commit.first_seq();
-        let sk = items::event_key(first);
-        let mut pack = items::key(session_id, sk.as_str());
-        pack.insert(FIRST.to_owned(), items::n(first));
-        pack.insert(COUNT.to_owned(), items::n(commit.events.len()));
-        let body = serde_json::to_string(commit.events).map_err(serialize)?;
-        chunk_items.extend(chunks::lay_out(session_id, &sk, body, None, &mut pack));
-        puts.push((pack, Role::Data));
-    }
-    for (pos, node) in commit.new_messages() {
-        let sk = items::message_key(pos);
-        let mut message = items::key(session_id, sk.as_str());
-        let body = serde_json::to_string(&node).map_err(serialize)?;
-        chunk_items.extend(chunks::lay_out(session_id, &sk, body, None, &mut message));
-        puts.push((message, Role::Data));
+    if messages > tail.stored_messages {
+        let nodes: Vec<_> = session.tree().nodes().skip(tail.stored_messages as usize).collect();
+        let sk = items::messages_key(messages - 1);
+        let mut batch = items::key(session_id, sk.as_str());
+        batch.insert(FIRST.to_owned(), items::n(tail.stored_messages));
+        batch.insert(COUNT.to_owned(), items::n(nodes.len()));
+        let body = serde_json::to_string(&nodes).map_err(serialize)?;
+        chunk_items.extend(chunks::lay_out(session_id, &sk, body, None, &mut batch));
+        puts.push((batch, Role::Data));
     }
     puts.extend(chunk_items.into_iter().map(|chunk| (chunk, Role::Data)));
 
@@ -131,35 +221,27 @@ pub(crate) fn transaction(
     for (item, role) in puts {
         let put = Put::builder().table_name(table).set_item(Some(item));
         let put = match &role {
-            Role::Head if expected == 0 => {
+            Role::Pack | Role::Used(_) => {
                 put.condition_expression("attribute_not_exists(#pk)").expression_attribute_names("#pk", PK)
             }
             Role::Head => put
-                .condition_expression("#version = :expected")
+                .condition_expression("attribute_not_exists(#pk) OR #version < :new")
+                .expression_attribute_names("#pk", PK)
                 .expression_attribute_names("#version", VERSION)
-                .expression_attribute_values(":expected", items::n(expected)),
-            Role::Used(_) => {
-                put.condition_expression("attribute_not_exists(#sk)").expression_attribute_names("#sk", SK)
-            }
+                .expression_attribute_values(":new", items::n(new_version)),
             Role::Data => put,
         };
         let put = put.build().map_err(build_error("TransactWriteItems"))?;
         items.push(TransactWriteItem::builder().put(put).build());
         roles.push(role);
     }
-    Ok(Transaction { items, roles, new_version, bytes })
+    let tail = Tail { checkpoint: session.events_applied(), stored_messages: messages, ..Tail::default() };
+    Ok(Planned { write: Write::Checkpoint(Transaction { items, roles }), new_version, tail, bytes })
 }
 
-/// The commit must be about this session and agree with itself.
-fn check(session_id: &str, commit: &Commit<'_>) -> Result<(), AwsError> {
-    commit
-        .check(session_id)
-        .map_err(|message| AwsError::InvalidCommit { session_id: session_id.to_owned(), message })
-}
-
-/// The ids the commit uses first, each once (a queued turn that starts in the same commit
-/// names its id twice; one transaction may not write an item twice).
-fn first_used(commit: &Commit<'_>) -> Vec<UsedId> {
+/// The ids `commit` uses first, each once (a queued turn that starts in the same commit names
+/// its id twice; one transaction may not write an item twice).
+pub(crate) fn first_used(commit: &Commit<'_>) -> Vec<UsedId> {
     let mut seen = std::collections::HashSet::new();
     commit.first_used().into_iter().filter(|id| seen.insert(id.clone())).collect()
 }
@@ -170,7 +252,7 @@ fn fits(session_id: &str, puts: &[(Item, Role)]) -> Result<usize, AwsError> {
     if puts.len() > MAX_ITEMS {
         let used = puts.iter().filter(|(_, role)| matches!(role, Role::Used(_))).count();
         return Err(too_large(format!(
-            "{} items (the head, {used} used ids, events, messages and chunks), at most {MAX_ITEMS}",
+            "{} items (the pack, the head, {used} used ids, messages and chunks), at most {MAX_ITEMS}",
             puts.len()
         )));
     }
@@ -188,8 +270,7 @@ fn fits(session_id: &str, puts: &[(Item, Role)]) -> Result<usize, AwsError> {
     }
     Ok(total)
 }
-
-/// What a cancelled transaction means for the commit. DynamoDB gives one reason per item, in
+/// What a cancelled checkpoint means for the commit. DynamoDB gives one reason per item, in
 /// the request's order, `None` for an item that was fine; moto does the same.
 pub(crate) fn refusal(
     session_id: &str,
@@ -206,7 +287,7 @@ pub(crate) fn refusal(
             return Ok(conflict);
         }
         match role {
-            Role::Head if failed(reason, "ConditionalCheckFailed") => return Ok(conflict),
+            Role::Pack | Role::Head if failed(reason, "ConditionalCheckFailed") => return Ok(conflict),
             Role::Used(id) if failed(reason, "ConditionalCheckFailed") => used.push(id.clone()),
             _ => {}
         }
@@ -233,9 +314,14 @@ mod tests {
     }
 
     #[test]
-    fn the_head_failing_is_a_conflict_even_when_ids_fail_too() {
-        let roles = [Role::Head, Role::Used(UsedId::Turn("t".into())), Role::Data];
-        let reasons = [reason("ConditionalCheckFailed"), reason("ConditionalCheckFailed"), reason("None")];
+    fn the_pack_failing_is_a_conflict_even_when_ids_fail_too() {
+        let roles = [Role::Pack, Role::Head, Role::Used(UsedId::Turn("t".into())), Role::Data];
+        let reasons = [
+            reason("ConditionalCheckFailed"),
+            reason("None"),
+            reason("ConditionalCheckFailed"),
+            reason("None"),
+        ];
         let refused = refusal("s", 3, &roles, &reasons).unwrap();
         assert!(matches!(refused, StoreError::Conflict { expected: 3, .. }), "{refused:?}");
     }
@@ -243,13 +329,13 @@ mod tests {
     #[test]
     fn only_failed_ids_are_named() {
         let (t1, c1, t2) = (UsedId::Turn("t1".into()), UsedId::Call("c1".into()), UsedId::Turn("t2".into()));
-        let roles = [Role::Head, Role::Used(t1), Role::Used(c1.clone()), Role::Used(t2.clone()), Role::Data];
+        let roles = [Role::Pack, Role::Head, Role::Used(t1), Role::Used(c1.clone()), Role::Used(t2.clone())];
         let reasons = [
             reason("None"),
             reason("None"),
-            reason("ConditionalCheckFailed"),
-            reason("ConditionalCheckFailed"),
             reason("None"),
+            reason("ConditionalCheckFailed"),
+            reason("ConditionalCheckFailed"),
         ];
         match refusal("s", 3, &roles, &reasons).unwrap() {
             StoreError::IdsUsed { ids, .. } => assert_eq!(ids, [c1, t2]),
@@ -259,11 +345,25 @@ mod tests {
 
     #[test]
     fn other_reasons_are_backend_failures() {
-        let roles = [Role::Head, Role::Data];
+        let roles = [Role::Pack, Role::Data];
         let reasons = [reason("None"), reason("ValidationError")];
         let message = refusal("s", 3, &roles, &reasons).unwrap_err();
         assert!(message.contains("item 1: ValidationError"), "{message}");
         let reasons = [reason("None"), reason("TransactionConflict")];
         assert!(matches!(refusal("s", 3, &roles, &reasons), Ok(StoreError::Conflict { .. })));
+    }
+
+    #[test]
+    fn a_tail_collects_new_ids_until_a_checkpoint_resets_it() {
+        let started = |id: &str| Event::TurnAliased { alias: id.into(), turn_id: "t0".into() };
+        let tail = Tail { checkpoint: 5, stored_messages: 2, ..Tail::default() };
+        let one = tail.after(&[started("a"), started("a")], 100, None);
+        assert_eq!(one.pending, [UsedId::Turn("a".into())]);
+        assert_eq!((one.commits, one.bytes, one.checkpoint, one.stored_messages), (1, 100, 5, 2));
+        let two = one.after(&[started("b")], 50, None);
+        assert_eq!(two.pending.len(), 2);
+        assert_eq!((two.commits, two.bytes), (2, 150));
+        let reset = two.after(&[started("c")], 10, Some((9, 4)));
+        assert_eq!(reset, Tail { checkpoint: 9, stored_messages: 4, ..Tail::default() });
     }
 }

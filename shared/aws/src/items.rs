@@ -2,17 +2,22 @@
 //! attributes back. Every item of a session shares its partition `PK = S#<session>`; the sort
 //! key says what the item is:
 //!
-//! | `SK`                 | item                                                          |
-//! |----------------------|---------------------------------------------------------------|
-//! | `H`                  | the head: snapshot, version, message count, wake time, ...    |
-//! | `E#<first seq>`      | one commit's events, packed (a JSON array), from `first` on   |
-//! | `M#<pos>`            | one message node (immutable)                                  |
-//! | `T#<turn id>`        | a turn id the session used (kept for good)                    |
-//! | `C#<call id>`        | a call id the session used (kept for good)                    |
-//! | `B#<item SK>#<n>`    | chunk `n` of a payload too large for its item (see `chunks`)  |
+//! | `SK`                 | item                                                              |
+//! |----------------------|-------------------------------------------------------------------|
+//! | `E#<first seq>`      | one commit: its events, packed (a JSON array), from `first` on     |
+//! | `H`                  | the head: the snapshot as of the last checkpoint, listing fields  |
+//! | `I`                  | the declared agent config the session was created with            |
+//! | `M#<last pos>`       | the message nodes one checkpoint stored, `first..=last` (immutable) |
+//! | `T#<turn id>`        | a turn id the session used (kept for good)                        |
+//! | `C#<call id>`        | a call id the session used (kept for good)                        |
+//! | `B#<item SK>#<n>`    | chunk `n` of a payload too large for its item (see `chunks`)      |
 //!
-//! Numbers in sort keys are zero-padded to 20 digits, so string order is numeric order. The
-//! head alone carries the attributes of the secondary indexes (see `table`).
+//! The log is the packs; the head is a checkpoint of it (see `commit`). A session is its head
+//! and the packs after it, its messages the `M#` items and the packs after the head.
+//!
+//! Numbers in sort keys are zero-padded to 20 digits, so string order is numeric order. Heads
+//! carry the listing indexes' attributes; packs whose wake time no queued wake-up covers carry
+//! the due index's (see `table`).
 
 use std::collections::HashMap;
 
@@ -34,15 +39,19 @@ pub(crate) const HEAD: &str = "H";
 /// out. Sorts right after the head, so one query reads both.
 pub(crate) const DECLARED: &str = "I";
 
-/// The head's version (N); every commit moves it on by one.
+/// The session's version (N): one more with every commit. On a pack, the version it made;
+/// on a head, the version its snapshot stands for; on a head's chunk, the head's.
 pub(crate) const VERSION: &str = "version";
-/// How many message nodes the session has at this version (N): a load reads exactly these.
+/// How many message nodes the `M#` items hold (N), on a head and on a checkpoint's pack.
 pub(crate) const MESSAGES: &str = "messages";
+/// A token unique to the request that wrote a pack (S): a retried request that finds the
+/// pack in place knows whether it was its own.
+pub(crate) const WRITER: &str = "writer";
 /// The session's agent (S).
 pub(crate) const AGENT: &str = "agent";
 /// The identity that created the session (S), absent when none did.
 pub(crate) const OWNER: &str = "owner";
-/// Creation and last write, ms since the epoch (N).
+/// Creation and (on a head and a pack) last write, ms since the epoch (N).
 pub(crate) const CREATED_AT: &str = "created_at";
 pub(crate) const UPDATED_AT: &str = "updated_at";
 /// When the session next has timed work, ms since the epoch (N); absent when nothing is timed.
@@ -52,7 +61,8 @@ pub(crate) const WAKE_AT: &str = "wake_at";
 pub(crate) const BODY: &str = "body";
 /// ...or the number of chunk items that hold it (N).
 pub(crate) const CHUNKS: &str = "chunks";
-/// An event pack's first sequence number and event count (N).
+/// An event pack's first sequence number and event count (N); a message item's first
+/// position and node count.
 pub(crate) const FIRST: &str = "first";
 pub(crate) const COUNT: &str = "count";
 
@@ -91,9 +101,9 @@ pub(crate) fn event_key(first: u64) -> String {
     format!("E#{}", padded(first))
 }
 
-/// The sort key of the message node at `pos`.
-pub(crate) fn message_key(pos: u64) -> String {
-    format!("M#{}", padded(pos))
+/// The sort key of the message item whose last node is at `last`.
+pub(crate) fn messages_key(last: u64) -> String {
+    format!("M#{}", padded(last))
 }
 
 /// The sort key of a used turn or call id.
@@ -128,11 +138,6 @@ pub(crate) fn time_key(t: Timestamp) -> String {
 /// unique, so a cursor resumes exactly after an item, ties included.
 pub(crate) fn timed_key(t: Timestamp, session_id: &str) -> String {
     format!("{}#{session_id}", time_key(t))
-}
-
-/// The session a [`timed_key`] names.
-pub(crate) fn session_of_timed_key(key: &str) -> Option<&str> {
-    key.split_once('#').map(|(_, session)| session)
 }
 
 /// The due-index shard of a session: FNV-1a of its id, stable across builds and hosts.
@@ -216,12 +221,11 @@ mod tests {
     #[test]
     fn keys_round_trip() {
         assert_eq!(session_of(&partition("a#b")), Some("a#b"));
-        assert_eq!(session_of_timed_key(&timed_key(Timestamp(7), "s#1")), Some("s#1"));
         for id in [UsedId::Turn("t#1".into()), UsedId::Call("call_1".into())] {
             assert_eq!(used_id_of(&used_key(&id)), Some(id));
         }
         assert!(event_key(9) < event_key(10));
-        assert!(message_key(99) < message_key(100));
+        assert!(messages_key(99) < messages_key(100));
         assert_eq!(chunk_key("M#1", 3), "B#M#1#0003");
     }
 

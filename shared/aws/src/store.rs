@@ -2,17 +2,23 @@
 //! [`crate::items`], what a commit writes in [`crate::commit`], large payloads in
 //! [`crate::chunks`], the indexes in [`crate::table`].
 //!
-//! Reads that must see the latest commit (the head, messages, events, used ids, listed heads)
-//! are strongly consistent; index queries (listing, due work) cannot be and are not.
+//! A session is its last checkpoint (the head, and the message items) and the event packs
+//! after it, replayed. A store remembers the sessions it last read or wrote (at most
+//! [`CACHED_SESSIONS`]): loading one of those again reads only the packs written since, one
+//! query; a commit against the version it remembers reads nothing first.
+//!
+//! Reads that must see the latest commit (the head, messages, events, used ids, packs) are
+//! strongly consistent; index queries (listing, due work) cannot be and are not.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use serde::de::DeserializeOwned;
 use turnstone_engine::protocol::TreeNode;
@@ -24,13 +30,16 @@ use turnstone_runtime::store::{
 };
 
 use crate::chunks::{self, Body, JoinError};
-use crate::commit;
+use crate::commit::{self, Tail, Write};
 use crate::error::{AwsError, describe};
 use crate::items::{
     self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED,
-    MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_KEY,
+    MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
 };
 use crate::table;
+
+/// How many sessions a store remembers before it starts over.
+pub const CACHED_SESSIONS: usize = 4096;
 
 /// How often a load reads the head again when its chunks belong to a newer commit.
 const HEAD_ATTEMPTS: u32 = 5;
@@ -39,13 +48,15 @@ const HEAD_ATTEMPTS: u32 = 5;
 /// zero-padded `u64`.
 const LAST_NUMBER: &str = "99999999999999999999";
 
-/// The `Store` port on a DynamoDB table. Cheap to clone: clones share the SDK client.
+/// The `Store` port on a DynamoDB table. Cheap to clone: clones share the SDK client and
+/// what the store remembers.
 #[derive(Clone)]
 pub struct DynamoStore {
     client: Client,
     table: String,
     clock: Arc<dyn Clock>,
     tokens: Arc<Tokens>,
+    cache: Arc<Mutex<HashMap<String, Cached>>>,
 }
 
 impl std::fmt::Debug for DynamoStore {
@@ -54,11 +65,21 @@ impl std::fmt::Debug for DynamoStore {
     }
 }
 
+/// A session as this store last read or wrote it: its state, version, and log since the
+/// last checkpoint.
+#[derive(Debug, Clone)]
+struct Cached {
+    session: Session,
+    version: u64,
+    tail: Tail,
+}
+
 /// A session's head as read.
 struct Head {
     session: Session,
+    /// The version its snapshot stands for.
     version: u64,
-    /// How many message nodes the session has at this version.
+    /// How many message nodes the message items hold.
     messages: u64,
 }
 
@@ -70,7 +91,13 @@ impl DynamoStore {
 
     /// The store on `table`; `clock` stamps `updated_at`.
     pub fn with_clock(client: Client, table: impl Into<String>, clock: Arc<dyn Clock>) -> Self {
-        DynamoStore { client, table: table.into(), clock, tokens: Arc::new(Tokens::default()) }
+        DynamoStore {
+            client,
+            table: table.into(),
+            clock,
+            tokens: Arc::new(Tokens::default()),
+            cache: Arc::default(),
+        }
     }
 
     /// The table's name.
@@ -91,6 +118,81 @@ impl DynamoStore {
 
     fn table_failed(&self, operation: &'static str, message: String) -> StoreError {
         AwsError::Table { operation, table: self.table.clone(), message }.into()
+    }
+
+    fn cached(&self, session_id: &str) -> Option<Cached> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(session_id).cloned()
+    }
+
+    fn remember(&self, session_id: &str, cached: Cached) {
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if cache.len() >= CACHED_SESSIONS && !cache.contains_key(session_id) {
+            cache.clear();
+        }
+        match cache.get(session_id) {
+            // Never step back: a slower reader may finish after a newer commit.
+            Some(known) if known.version > cached.version => {}
+            _ => {
+                cache.insert(session_id.to_owned(), cached);
+            }
+        }
+    }
+
+    /// The session as it stands now, or None if it does not exist: what this store remembers
+    /// and the packs written since (one query), or else the head, the message items and the
+    /// packs after the head.
+    async fn current(&self, session_id: &str) -> Result<Option<Cached>, StoreError> {
+        let known = match self.cached(session_id) {
+            Some(known) => known,
+            None => {
+                let Some(head) = self.read_head(session_id).await? else { return Ok(None) };
+                let mut session = head.session;
+                session.restore_messages(self.messages(session_id, 0, head.messages).await?);
+                let checkpoint = session.events_applied();
+                let tail = Tail { checkpoint, stored_messages: head.messages, ..Tail::default() };
+                Cached { session, version: head.version, tail }
+            }
+        };
+        let packs = self.packs_after(session_id, known.session.events_applied()).await?;
+        let current = self.replay(session_id, known, &packs).await?;
+        self.remember(session_id, current.clone());
+        Ok(Some(current))
+    }
+
+    /// `known` with `packs` (the packs right after it, in order) applied.
+    async fn replay(&self, session_id: &str, known: Cached, packs: &[Item]) -> Result<Cached, StoreError> {
+        let Cached { mut session, mut version, mut tail } = known;
+        let bodies: Vec<Vec<Event>> = self.payloads(session_id, packs).await?;
+        for (pack, events) in packs.iter().zip(bodies) {
+            let first =
+                items::get_u64(pack, FIRST).ok_or_else(|| corrupt(session_id, "event pack without first"))?;
+            if first != session.events_applied() + 1 {
+                return Err(corrupt(
+                    session_id,
+                    format!("the pack at {first} does not follow event {}", session.events_applied()),
+                ));
+            }
+            if items::get_u64(pack, COUNT) != Some(events.len() as u64) || events.is_empty() {
+                return Err(corrupt(
+                    session_id,
+                    format!("event pack {first} holds another count than it says"),
+                ));
+            }
+            if items::get_u64(pack, VERSION) != Some(version + 1) {
+                return Err(corrupt(
+                    session_id,
+                    format!("event pack {first} does not follow version {version}"),
+                ));
+            }
+            version += 1;
+            for event in &events {
+                session.apply(event);
+            }
+            let checkpoint =
+                items::get_u64(pack, MESSAGES).map(|messages| (session.events_applied(), messages));
+            tail = tail.after(&events, pack_bytes(pack), checkpoint);
+        }
+        Ok(Cached { session, version, tail })
     }
 
     /// Reads the head and the declared agent config in one strongly consistent query (their
@@ -226,65 +328,192 @@ impl DynamoStore {
             .collect()
     }
 
-    /// The message nodes at positions `from..to`, in order.
+    /// The message nodes at positions `from..to` (all held by message items), in order.
     async fn messages(&self, session_id: &str, from: u64, to: u64) -> Result<Vec<TreeNode>, StoreError> {
         if from >= to {
             return Ok(Vec::new());
         }
-        let (first, last) = (items::message_key(from), items::message_key(to - 1));
+        // Message items are keyed by their last position: the first at or after `from` holds it.
+        let range = (items::messages_key(from), format!("M#{LAST_NUMBER}"));
+        let found = self.query_all(session_id, (&range.0, &range.1)).await?;
+        let batches: Vec<Vec<TreeNode>> = self.payloads(session_id, &found).await?;
+        let mut nodes = Vec::with_capacity((to - from) as usize);
+        let mut next = None;
+        for (item, batch) in found.iter().zip(batches) {
+            let first = items::get_u64(item, FIRST)
+                .ok_or_else(|| corrupt(session_id, "message item without first"))?;
+            if next.is_some_and(|next| next != first)
+                || items::get_u64(item, COUNT) != Some(batch.len() as u64)
+            {
+                return Err(corrupt(
+                    session_id,
+                    format!("the message item at {first} does not fit its neighbours"),
+                ));
+            }
+            next = Some(first + batch.len() as u64);
+            nodes.extend(
+                (first..).zip(batch).filter(|(pos, _)| (from..to).contains(pos)).map(|(_, node)| node),
+            );
+        }
+        if nodes.len() as u64 != to - from {
+            return Err(corrupt(session_id, format!("only {} of messages {from}..{to} found", nodes.len())));
+        }
+        Ok(nodes)
+    }
+
+    /// Every item of a session with sort keys from `from` to `to` (inclusive), in order.
+    async fn query_all(&self, session_id: &str, range: (&str, &str)) -> Result<Vec<Item>, StoreError> {
         let mut found = Vec::new();
         let mut start = None;
         loop {
-            let (page, next) = self.query_page(session_id, (&first, &last), true, None, start).await?;
+            let (page, next) = self.query_page(session_id, range, true, None, start).await?;
             found.extend(page);
             match next {
                 Some(key) => start = Some(key),
-                None => break,
+                None => return Ok(found),
             }
         }
-        for (expected, item) in (from..).zip(&found) {
-            if items::get_s(item, SK) != Some(items::message_key(expected).as_str()) {
-                return Err(corrupt(session_id, format!("message {expected} is missing")));
-            }
-        }
-        if found.len() as u64 != to - from {
-            return Err(corrupt(session_id, format!("only {} of messages {from}..{to} found", found.len())));
-        }
-        self.payloads(session_id, &found).await
     }
 
-    /// Commits `commit`: one `TransactWriteItems` (see [`crate::commit`]).
+    /// The packs after log position `after`, in order.
+    async fn packs_after(&self, session_id: &str, after: u64) -> Result<Vec<Item>, StoreError> {
+        let range = (items::event_key(after + 1), format!("E#{LAST_NUMBER}"));
+        self.query_all(session_id, (&range.0, &range.1)).await
+    }
+
+    /// The session at version `expected`, remembered or read; None if it is not at that
+    /// version.
+    async fn at_version(&self, session_id: &str, expected: u64) -> Result<Option<Cached>, StoreError> {
+        let known = match self.cached(session_id) {
+            Some(known) if known.version == expected => Some(known),
+            _ => self.current(session_id).await?,
+        };
+        Ok(known.filter(|k| k.version == expected))
+    }
+
+    /// Commits `commit`: one `PutItem` of its pack, or one checkpoint (see [`crate::commit`]).
     async fn write(&self, session_id: &str, expected: u64, commit: &Commit<'_>) -> Result<u64, StoreError> {
-        let tx = commit::transaction(&self.table, session_id, expected, commit, self.clock.now())?;
-        let count = tx.items.len();
-        // The token makes the SDK's own retries of this request idempotent (DynamoDB answers a
-        // repeated token within 10 minutes with the first outcome), so a retry after a lost
-        // response is not refused as a conflict with itself. moto ignores it.
-        let token = self.tokens.next(session_id, expected);
+        let conflict = || StoreError::Conflict { session_id: session_id.to_owned(), expected };
+        // The commit must continue the log where the version it names ends.
+        let (log_length, tail) = if expected == 0 {
+            (0, Tail::default())
+        } else {
+            match self.at_version(session_id, expected).await? {
+                Some(known) => (known.session.events_applied(), known.tail),
+                None => return Err(conflict()),
+            }
+        };
+        if commit.first_seq() != log_length + 1 {
+            return Err(conflict());
+        }
+        // Ids the packs since the checkpoint used are known here; older ones are items.
+        let reused: Vec<UsedId> =
+            commit::first_used(commit).into_iter().filter(|id| tail.pending.contains(id)).collect();
+        if !reused.is_empty() {
+            return Err(StoreError::IdsUsed { session_id: session_id.to_owned(), ids: reused });
+        }
+        let writer = self.tokens.next(session_id, expected);
+        let planned =
+            commit::plan(&self.table, session_id, expected, commit, &tail, self.clock.now(), &writer)?;
+        match planned.write {
+            Write::Pack { pack, first_used } => {
+                let used = self.stored_ids(session_id, &first_used).await?;
+                if !used.is_empty() {
+                    return Err(StoreError::IdsUsed { session_id: session_id.to_owned(), ids: used });
+                }
+                let sk = items::event_key(log_length + 1);
+                self.put_pack(session_id, expected, pack, &sk, &writer).await?;
+            }
+            Write::Checkpoint(tx) => {
+                // The token makes the SDK's own retries of this request idempotent (DynamoDB
+                // answers a repeated token within 10 minutes with the first outcome), so a retry
+                // after a lost response is not refused as a conflict with itself. moto ignores it.
+                let result = self
+                    .client
+                    .transact_write_items()
+                    .set_transact_items(Some(tx.items))
+                    .client_request_token(writer)
+                    .send()
+                    .await;
+                const OPERATION: &str = "TransactWriteItems (checkpoint)";
+                if let Err(err) = result {
+                    let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) =
+                        err.as_service_error()
+                    else {
+                        return Err(self.failed(OPERATION, session_id, describe(&err)));
+                    };
+                    return Err(
+                        match commit::refusal(
+                            session_id,
+                            expected,
+                            &tx.roles,
+                            cancelled.cancellation_reasons(),
+                        ) {
+                            Ok(refused) => refused,
+                            Err(reasons) => {
+                                self.failed(OPERATION, session_id, format!("cancelled: {reasons}"))
+                            }
+                        },
+                    );
+                }
+            }
+        }
+        tracing::debug!(session_id, version = planned.new_version, bytes = planned.bytes, "committed");
+        let cached =
+            Cached { session: commit.session.clone(), version: planned.new_version, tail: planned.tail };
+        self.remember(session_id, cached);
+        Ok(planned.new_version)
+    }
+
+    /// Puts a commit's pack unless one starts there. A request the SDK retried after a lost
+    /// answer may find its own pack: the writer token tells.
+    async fn put_pack(
+        &self,
+        session_id: &str,
+        expected: u64,
+        pack: Item,
+        sk: &str,
+        writer: &str,
+    ) -> Result<(), StoreError> {
         let result = self
             .client
-            .transact_write_items()
-            .set_transact_items(Some(tx.items))
-            .client_request_token(token)
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(pack))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
             .send()
             .await;
-        const OPERATION: &str = "TransactWriteItems (commit)";
+        const OPERATION: &str = "PutItem (commit)";
         let err = match result {
-            Ok(_) => {
-                let (version, bytes) = (tx.new_version, tx.bytes);
-                tracing::debug!(session_id, version, items = count, bytes, "committed");
-                return Ok(version);
-            }
+            Ok(_) => return Ok(()),
             Err(err) => err,
         };
-        let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) = err.as_service_error()
-        else {
+        if !matches!(err.as_service_error(), Some(PutItemError::ConditionalCheckFailedException(_))) {
             return Err(self.failed(OPERATION, session_id, describe(&err)));
-        };
-        Err(match commit::refusal(session_id, expected, &tx.roles, cancelled.cancellation_reasons()) {
-            Ok(refused) => refused,
-            Err(reasons) => self.failed(OPERATION, session_id, format!("cancelled: {reasons}")),
-        })
+        }
+        let found =
+            crate::batch::get(&self.client, &self.table, vec![items::key(session_id, sk)], &[WRITER], true)
+                .await
+                .map_err(|message| self.failed("BatchGetItem (pack)", session_id, message))?;
+        if found.iter().any(|item| items::get_s(item, WRITER) == Some(writer)) {
+            return Ok(());
+        }
+        Err(StoreError::Conflict { session_id: session_id.to_owned(), expected })
+    }
+
+    /// Which of `ids` the id items hold.
+    async fn stored_ids(&self, session_id: &str, ids: &[UsedId]) -> Result<Vec<UsedId>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = ids.iter().map(|id| items::key(session_id, items::used_key(id))).collect();
+        let found = crate::batch::get(&self.client, &self.table, keys, &[SK], true)
+            .await
+            .map_err(|message| self.failed("BatchGetItem (used ids)", session_id, message))?;
+        let found: HashSet<UsedId> =
+            found.iter().filter_map(|item| items::get_s(item, SK).and_then(items::used_id_of)).collect();
+        Ok(ids.iter().filter(|id| found.contains(id)).cloned().collect())
     }
 
     /// Event packs from `after + 1` on (at least `limit` events, or all), and the pack before
@@ -352,37 +581,33 @@ fn parse<T: DeserializeOwned>(
     serde_json::from_slice(bytes).map_err(|e| corrupt(session_id, format!("{}: {e}", what())))
 }
 
+/// About how many bytes a pack's events take (its body, or its chunks).
+fn pack_bytes(pack: &Item) -> usize {
+    match chunks::body(pack) {
+        Some(Body::Inline(body)) => body.len(),
+        Some(Body::Chunked(count)) => count * chunks::CHUNK_BYTES,
+        None => 0,
+    }
+}
+
 #[async_trait]
 impl Store for DynamoStore {
     async fn load(&self, session_id: &str) -> Result<Option<Loaded>, StoreError> {
-        let Some(head) = self.read_head(session_id).await? else { return Ok(None) };
-        let nodes = self.messages(session_id, 0, head.messages).await?;
-        let mut session = head.session;
-        session.restore_messages(nodes);
-        Ok(Some(Loaded { session, version: head.version }))
-    }
-
-    async fn load_since(
-        &self,
-        session_id: &str,
-        from: u64,
-    ) -> Result<Option<(Loaded, Vec<TreeNode>)>, StoreError> {
-        let Some(head) = self.read_head(session_id).await? else { return Ok(None) };
-        let nodes = self.messages(session_id, from, head.messages).await?;
-        Ok(Some((Loaded { session: head.session, version: head.version }, nodes)))
+        Ok(self.current(session_id).await?.map(|c| Loaded { version: c.version, session: c.session }))
     }
 
     async fn used_ids(&self, session_id: &str, ids: &[UsedId]) -> Result<Vec<UsedId>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let keys = ids.iter().map(|id| items::key(session_id, items::used_key(id))).collect();
-        let found = crate::batch::get(&self.client, &self.table, keys, &[SK], true)
-            .await
-            .map_err(|message| self.failed("BatchGetItem (used ids)", session_id, message))?;
-        let found: HashSet<UsedId> =
-            found.iter().filter_map(|item| items::get_s(item, SK).and_then(items::used_id_of)).collect();
-        Ok(ids.iter().filter(|id| found.contains(id)).cloned().collect())
+        // Ids used since the last checkpoint are in the packs after it; older ones are items.
+        let Some(current) = self.current(session_id).await? else { return Ok(Vec::new()) };
+        let stored = self.stored_ids(session_id, ids).await?;
+        Ok(ids
+            .iter()
+            .filter(|id| current.tail.pending.contains(id) || stored.contains(id))
+            .cloned()
+            .collect())
     }
 
     async fn commit(
@@ -498,29 +723,47 @@ impl Store for DynamoStore {
         let more = sessions.len() > limit;
         sessions.truncate(limit);
         let keys = sessions.iter().map(|id| items::key(id, HEAD)).collect();
-        let heads = crate::batch::get(
-            &self.client,
-            &self.table,
-            keys,
-            &[PK, VERSION, AGENT, OWNER, CREATED_AT, UPDATED_AT],
-            true,
-        )
-        .await
-        .map_err(|message| self.table_failed("BatchGetItem (listed heads)", message))?;
+        let heads = crate::batch::get(&self.client, &self.table, keys, &[PK, AGENT, OWNER, CREATED_AT], true)
+            .await
+            .map_err(|message| self.table_failed("BatchGetItem (listed heads)", message))?;
         let mut heads: HashMap<String, Item> = heads
             .into_iter()
             .filter_map(|head| Some((items::get_s(&head, PK).and_then(items::session_of)?.to_owned(), head)))
             .collect();
+        // The version and last write are the latest pack's: one small query per session.
+        let mut latest = HashMap::new();
+        for group in sessions.chunks(LISTING_READS_AT_ONCE) {
+            let mut reads = tokio::task::JoinSet::new();
+            for session_id in group {
+                let (store, session_id) = (self.clone(), session_id.clone());
+                reads.spawn(async move {
+                    let range = (items::event_key(0), format!("E#{LAST_NUMBER}"));
+                    let found =
+                        store.query_page(&session_id, (&range.0, &range.1), false, Some(1), None).await;
+                    (session_id, found.map(|(page, _)| page.into_iter().next()))
+                });
+            }
+            while let Some(joined) = reads.join_next().await {
+                let (session_id, found) = joined.map_err(|err| {
+                    self.table_failed("Query (latest pack)", format!("the query task failed: {err}"))
+                })?;
+                if let Some(pack) = found? {
+                    latest.insert(session_id, pack);
+                }
+            }
+        }
         let mut listed = Vec::with_capacity(sessions.len());
         for session_id in sessions {
-            let Some(head) = heads.remove(&session_id) else { continue };
-            let field = |name: &str| corrupt(&session_id, format!("head {name}"));
+            let (Some(head), Some(pack)) = (heads.remove(&session_id), latest.remove(&session_id)) else {
+                continue;
+            };
+            let field = |name: &str| corrupt(&session_id, format!("listed {name}"));
             listed.push(SessionListing {
                 agent_id: items::get_s(&head, AGENT).ok_or_else(|| field(AGENT))?.to_owned(),
                 owner: items::get_s(&head, OWNER).map(str::to_owned),
-                version: items::get_u64(&head, VERSION).ok_or_else(|| field(VERSION))?,
+                version: items::get_u64(&pack, VERSION).ok_or_else(|| field(VERSION))?,
                 created_at: Timestamp(items::get_i64(&head, CREATED_AT).ok_or_else(|| field(CREATED_AT))?),
-                updated_at: Timestamp(items::get_i64(&head, UPDATED_AT).ok_or_else(|| field(UPDATED_AT))?),
+                updated_at: Timestamp(items::get_i64(&pack, UPDATED_AT).ok_or_else(|| field(UPDATED_AT))?),
                 session_id,
             });
         }
@@ -535,45 +778,102 @@ impl Store for DynamoStore {
         }
         // Every wake key up to `now` sorts before the key of the next millisecond.
         let bound = items::time_key(now.plus_ms(1));
-        let mut queries = tokio::task::JoinSet::new();
+        let mut shards = tokio::task::JoinSet::new();
         for shard in 0..items::DUE_SHARDS {
-            let (client, table, bound) = (self.client.clone(), self.table.clone(), bound.clone());
-            queries.spawn(async move {
-                client
-                    .query()
-                    .table_name(table)
-                    .index_name(table::DUE)
-                    .key_condition_expression("#s = :s AND #w < :bound")
-                    .expression_attribute_names("#s", DUE_SHARD)
-                    .expression_attribute_names("#w", WAKE_KEY)
-                    .expression_attribute_values(":s", items::s(shard.to_string()))
-                    .expression_attribute_values(":bound", items::s(bound))
-                    .limit(i32::try_from(limit).unwrap_or(i32::MAX))
-                    .send()
-                    .await
-                    .map_err(|err| describe(&err))
-            });
+            let (store, bound) = (self.clone(), bound.clone());
+            shards.spawn(async move { store.due_in_shard(shard, &bound, limit).await });
         }
-        let mut due: Vec<String> = Vec::new();
-        while let Some(joined) = queries.join_next().await {
-            let out = joined
-                .map_err(|err| self.table_failed("Query (due)", format!("the query task failed: {err}")))?
-                .map_err(|message| self.table_failed("Query (due)", message))?;
-            // Each shard's first `limit` are enough: the merged first `limit` are among them.
-            due.extend(
-                out.items
-                    .unwrap_or_default()
-                    .iter()
-                    .filter_map(|i| items::get_s(i, WAKE_KEY))
-                    .map(str::to_owned),
-            );
+        let mut due: Vec<(String, String)> = Vec::new();
+        while let Some(joined) = shards.join_next().await {
+            due.extend(joined.map_err(|err| {
+                self.table_failed("Query (due)", format!("the query task failed: {err}"))
+            })??);
         }
+        // Each shard's first `limit` are enough: the merged first `limit` are among them.
         due.sort();
-        Ok(due
-            .iter()
-            .take(limit)
-            .filter_map(|key| items::session_of_timed_key(key))
-            .map(str::to_owned)
-            .collect())
+        Ok(due.into_iter().take(limit).map(|(_, session_id)| session_id).collect())
+    }
+}
+
+/// How many sessions' latest packs a listing reads at once.
+const LISTING_READS_AT_ONCE: usize = 32;
+
+impl DynamoStore {
+    /// Up to `limit` sessions of due-index shard `shard` whose wake time sorts before `bound`,
+    /// as `(wake key, session)`. An entry is a pack's: one with a newer pack after it is out of
+    /// date (the session moved on, and a newer commit or a run holds its wake time), and is
+    /// taken out of the index on the way.
+    async fn due_in_shard(
+        &self,
+        shard: u64,
+        bound: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut due = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(table::DUE)
+                .key_condition_expression("#s = :s AND #w < :bound")
+                .expression_attribute_names("#s", DUE_SHARD)
+                .expression_attribute_names("#w", WAKE_KEY)
+                .expression_attribute_values(":s", items::s(shard.to_string()))
+                .expression_attribute_values(":bound", items::s(bound))
+                .limit(i32::try_from(limit).unwrap_or(i32::MAX))
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|err| self.table_failed("Query (due)", describe(&err)))?;
+            for entry in out.items.unwrap_or_default() {
+                let (Some(wake_key), Some(session_id), Some(sk)) = (
+                    items::get_s(&entry, WAKE_KEY),
+                    items::get_s(&entry, PK).and_then(items::session_of),
+                    items::get_s(&entry, SK),
+                ) else {
+                    continue;
+                };
+                if self.outdated(session_id, sk).await? {
+                    self.unindex(session_id, sk).await;
+                } else {
+                    due.push((wake_key.to_owned(), session_id.to_owned()));
+                }
+            }
+            match out.last_evaluated_key.filter(|k| !k.is_empty()) {
+                Some(key) if due.len() < limit => start = Some(key),
+                _ => return Ok(due),
+            }
+        }
+    }
+
+    /// Whether a pack follows the pack at `sk`.
+    async fn outdated(&self, session_id: &str, sk: &str) -> Result<bool, StoreError> {
+        let first = sk.strip_prefix("E#").and_then(|n| n.parse::<u64>().ok());
+        let Some(first) = first else { return Ok(false) };
+        let range = (items::event_key(first + 1), format!("E#{LAST_NUMBER}"));
+        let (page, _) = self.query_page(session_id, (&range.0, &range.1), true, Some(1), None).await?;
+        Ok(!page.is_empty())
+    }
+
+    /// Takes the pack at `sk` out of the due index. A failure only leaves it to the next sweep.
+    async fn unindex(&self, session_id: &str, sk: &str) {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(items::key(session_id, sk)))
+            .update_expression("REMOVE #s, #w, #a")
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#s", DUE_SHARD)
+            .expression_attribute_names("#w", WAKE_KEY)
+            .expression_attribute_names("#a", WAKE_AT)
+            .expression_attribute_names("#pk", PK)
+            .send()
+            .await;
+        if let Err(err) = result {
+            tracing::warn!(session_id, pack = sk, error = %describe(&err), "could not take an outdated wake time out of the due index");
+        }
     }
 }

@@ -13,7 +13,7 @@ use turnstone_aws::QueueSettings;
 use turnstone_runtime::queue::{Consumer, Queue, QueueError, WakeUp};
 
 fn wake(session_id: &str, reason: &str) -> WakeUp {
-    WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() }
+    WakeUp::new(session_id, reason)
 }
 
 fn settings(visibility_secs: u64) -> QueueSettings {

@@ -18,7 +18,7 @@ use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DraftMessage};
 use turnstone_engine::session::{Command, TurnOrigin, UsedId};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::conformance::{Commits, Driver, T0, all_events, assert_log, assert_stored};
-use turnstone_runtime::store::{Store, StoreError};
+use turnstone_runtime::store::{Commit, Store, StoreError};
 
 /// Every item of a session's partition, by sort key.
 async fn items_of(
@@ -97,35 +97,120 @@ async fn two_writers_at_one_version_one_wins() {
 
 #[tokio::test]
 async fn ids_used_before_are_named_exactly() {
-    let store = support::store().await;
+    use turnstone_engine::session::{PAST_TURN_IDS, RECENT_TURNS};
+    let (store, clients) = support::store_and_clients().await;
     let mut d = Driver::create("ids", "agent", None, false, T0);
     d.commit_ok(&store).await;
-    // Same seed: the copy mints the same call id for the same turn; another seed, another one.
-    let same_seed = d.clone();
-    let other_seed = d.clone().with_seed(4242);
     d.exec(submit_turn("t-shared", "first"));
-    let (call, _) = d.due_llm().expect("the turn's model call");
+    let call = d.claim_llm();
+    d.finish_llm(call.clone(), "answer");
     d.commit_ok(&store).await;
-
-    // A writer that names the current version but does not know the turn: its ids decide.
-    for (mut writer, expected) in [
-        (same_seed, vec![UsedId::Turn("t-shared".into()), UsedId::Call(call.clone())]),
-        (other_seed, vec![UsedId::Turn("t-shared".into())]),
-    ] {
-        writer.exec(submit_turn("t-shared", "again"));
-        writer.version = d.version;
-        match writer.commit(&store).await {
-            Err(StoreError::IdsUsed { session_id, ids }) => {
-                assert_eq!(session_id, "ids");
-                assert_eq!(ids, expected, "exactly the ids used before, in the events' order");
+    // The session forgets t-shared after a few turns; the store keeps it, first with the packs
+    // since the last checkpoint, then (from the next checkpoint on) as an item.
+    let call_item = format!("C#{}", call.0.as_str());
+    for i in 0.. {
+        d.turn(&format!("q{i}"), &format!("a{i}"));
+        d.commit_ok(&store).await;
+        if i == RECENT_TURNS + PAST_TURN_IDS {
+            assert!(!d.session.knows_turn(&"t-shared".into()));
+            let mut again = d.clone();
+            again.exec(submit_turn("t-shared", "too early"));
+            match again.commit(&store).await {
+                Err(StoreError::IdsUsed { ids, .. }) => assert_eq!(ids, [UsedId::Turn("t-shared".into())]),
+                other => panic!("t-shared is among the packs' ids: refused, got {other:?}"),
             }
-            other => panic!("a commit reusing t-shared must be refused with IdsUsed, got {other:?}"),
         }
-        assert_stored(&store, &d).await;
-        assert_log(&store, &d, 100).await;
+        let items = items_of(&store, &clients, "ids").await;
+        if items.contains_key("T#t-shared") {
+            assert!(items.contains_key(&call_item), "{:?}", items.keys());
+            break;
+        }
+        assert!(i < 40, "a checkpoint within 40 commits");
     }
-    let probe = [UsedId::Call(call), UsedId::Turn("t-shared".into()), UsedId::Turn("t-other".into())];
-    assert_eq!(store.used_ids("ids", &probe).await.unwrap(), probe[..2]);
+    d.forget_committed();
+
+    // A commit that uses the id again, between checkpoints: the id items are read first.
+    let committed = d.clone();
+    d.exec(submit_turn("t-shared", "again"));
+    match d.commit(&store).await {
+        Err(StoreError::IdsUsed { session_id, ids }) => {
+            assert_eq!(session_id, "ids");
+            assert_eq!(ids, [UsedId::Turn("t-shared".into())], "exactly the ids used before");
+        }
+        other => panic!("a commit reusing t-shared must be refused with IdsUsed, got {other:?}"),
+    }
+    assert_stored(&store, &committed).await;
+
+    // Ids used since the last checkpoint are not items yet, and are used all the same.
+    let mut d = committed;
+    d.exec(submit_turn("t-new", "new"));
+    d.commit_ok(&store).await;
+    assert!(!items_of(&store, &clients, "ids").await.contains_key("T#t-new"));
+    let probe = [
+        UsedId::Call(call.0),
+        UsedId::Turn("t-new".into()),
+        UsedId::Turn("t-shared".into()),
+        UsedId::Turn("t-other".into()),
+    ];
+    assert_eq!(store.used_ids("ids", &probe).await.unwrap(), probe[..3]);
+    let cold = DynamoStore::new(clients.dynamodb.clone(), store.table());
+    assert_eq!(
+        cold.used_ids("ids", &probe).await.unwrap(),
+        probe[..3],
+        "a store that read the session afresh"
+    );
+}
+
+#[tokio::test]
+async fn most_commits_write_one_pack_and_a_checkpoint_now_and_then() {
+    let (store, clients) = support::store_and_clients().await;
+    let mut d = Driver::create("packs", "agent", None, false, T0);
+    d.commit_ok(&store).await;
+    let heads = |items: &BTreeMap<String, std::collections::HashMap<String, AttributeValue>>| {
+        items["H"]["version"].as_n().unwrap().parse::<u64>().unwrap()
+    };
+    assert_eq!(heads(&items_of(&store, &clients, "packs").await), 1, "the creating commit is a checkpoint");
+    // A plain turn's three commits (submit, claim, outcome) are packs alone: the head stays.
+    d.submit("q");
+    d.commit_ok(&store).await;
+    assert_eq!(heads(&items_of(&store, &clients, "packs").await), 1, "submit");
+    let call = d.claim_llm();
+    d.commit_ok(&store).await;
+    assert_eq!(heads(&items_of(&store, &clients, "packs").await), 1, "claim");
+    d.finish_llm(call, "a");
+    d.commit_ok(&store).await;
+    let items = items_of(&store, &clients, "packs").await;
+    assert_eq!(heads(&items), 1, "outcome");
+    assert_eq!(items.keys().filter(|k| k.starts_with("E#")).count(), 4);
+    assert!(
+        !items.keys().any(|k| k.starts_with("M#") || k.starts_with("T#") || k.starts_with("C#")),
+        "{:?}",
+        items.keys()
+    );
+    // After enough commits, a checkpoint: the head moves on, the messages and ids since the last
+    // one become items.
+    let mut checkpointed = None;
+    for i in 0..40 {
+        d.turn(&format!("q{i}"), &format!("a{i}"));
+        d.commit_ok(&store).await;
+        let items = items_of(&store, &clients, "packs").await;
+        if heads(&items) > 1 {
+            checkpointed = Some(items);
+            break;
+        }
+    }
+    let items = checkpointed.expect("a checkpoint within 40 commits");
+    assert_eq!(heads(&items), d.version);
+    let stored: u64 = items["H"]["messages"].as_n().unwrap().parse().unwrap();
+    assert_eq!(stored, d.session.tree().len() as u64);
+    let batch = &items[&format!("M#{:020}", stored - 1)];
+    assert_eq!(batch["first"].as_n().unwrap(), "0");
+    assert_eq!(batch["count"].as_n().unwrap(), &stored.to_string());
+    assert!(items.keys().any(|k| k.starts_with("T#")), "the turn ids became items");
+    // A store that never saw the session reads it whole: checkpoint, message items, packs after.
+    let cold = DynamoStore::new(clients.dynamodb.clone(), store.table());
+    let loaded = cold.load("packs").await.unwrap().unwrap();
+    assert_eq!((loaded.session, loaded.version), (d.session.clone(), d.version));
 }
 
 #[tokio::test]
@@ -167,19 +252,16 @@ async fn load_since_reads_only_the_messages_from_a_position() {
     }
     let all: Vec<_> = d.session.tree().nodes().cloned().collect();
     assert_eq!(all.len(), 10);
+    // From this store (which remembers the session) and from one that reads it afresh.
+    let cold = || DynamoStore::new(clients.dynamodb.clone(), store.table());
     for from in 0..=12 {
-        let (head, nodes) = store.load_since("since", from).await.unwrap().unwrap();
-        assert_eq!(head.version, d.version);
-        assert_eq!(head.session.tree().len(), 0, "the nodes come apart from the session");
-        assert_eq!(nodes, all[(from as usize).min(10)..], "load_since(since, {from})");
+        for reader in [store.clone(), cold()] {
+            let (head, nodes) = reader.load_since("since", from).await.unwrap().unwrap();
+            assert_eq!(head.version, d.version);
+            assert_eq!(head.session.tree().len(), 0, "the nodes come apart from the session");
+            assert_eq!(nodes, all[(from as usize).min(10)..], "load_since(since, {from})");
+        }
     }
-    // The head knows how many messages it has: nodes of a commit past it are not read.
-    let mut later = d.clone();
-    later.turn("q5", "a5");
-    later.commit_ok(&store).await;
-    let items = items_of(&store, &clients, "since").await;
-    assert_eq!(items.keys().filter(|k| k.starts_with("M#")).count(), 12);
-    assert_eq!(items["H"]["messages"].as_n().unwrap(), "12");
 }
 
 #[tokio::test]
@@ -227,16 +309,22 @@ async fn a_large_head_is_chunked_and_read_at_its_version() {
     assert!(head.get("body").is_none());
     assert_eq!(head["chunks"].as_n().unwrap(), "3");
 
-    // Every commit rewrites the head's chunks in place, tagged with the new version.
-    for i in 0..3 {
+    // A checkpoint rewrites the head's chunks in place, tagged with its version.
+    let mut items = items_of(&store, &clients, "big-head").await;
+    for i in 0..40 {
         d.turn(&format!("q{i}"), &format!("a{i}"));
         d.commit_ok(&store).await;
-        assert_stored(&store, &d).await;
+        items = items_of(&store, &clients, "big-head").await;
+        if items["H"]["version"].as_n().unwrap() != "1" {
+            break;
+        }
     }
-    let items = items_of(&store, &clients, "big-head").await;
+    assert_stored(&store, &d).await;
+    let version = items["H"]["version"].as_n().unwrap();
+    assert_ne!(version, "1", "a checkpoint since the creating one");
     for n in 0..3 {
         let chunk = &items[&format!("B#H#{n:04}")];
-        assert_eq!(chunk["version"].as_n().unwrap(), &d.version.to_string());
+        assert_eq!(chunk["version"].as_n().unwrap(), version);
     }
     // A chunk of another version than the head (a commit in between) is read again, and a
     // head whose chunks never match is reported, naming the session.
@@ -251,7 +339,8 @@ async fn a_large_head_is_chunked_and_read_at_its_version() {
         .send()
         .await
         .unwrap();
-    let err = store.load("big-head").await.expect_err("chunks of another version");
+    let cold = DynamoStore::new(clients.dynamodb.clone(), store.table());
+    let err = cold.load("big-head").await.expect_err("chunks of another version");
     assert!(err.to_string().contains("big-head") && err.to_string().contains("kept changing"), "{err}");
 }
 
@@ -350,18 +439,41 @@ async fn due_work_is_found_across_the_index_shards_soonest_first() {
     let cut = by_time[9].0;
     assert_eq!(store.due(cut, 100).await.unwrap(), ids(10), "due at exactly a wake time");
 
-    // A commit without a wake time removes the due index's keys: the head leaves the index.
+    // A commit without a wake time: its pack carries no due keys, and the pack before it (the
+    // session's entry until now) is out of date, taken out of the index by the next `due`.
     let (id, _, d) = drivers.iter_mut().find(|(id, ..)| *id == by_time[0].1).unwrap();
     d.submit("handled");
     d.commit_waking(&store, None).await.unwrap();
-    let head = &items_of(&store, &clients, id).await["H"];
-    assert!(
-        head.get("wake_at").is_none() && head.get("due_shard").is_none() && head.get("wake_key").is_none()
+    let due_keys = |item: &std::collections::HashMap<String, AttributeValue>| {
+        ["wake_at", "due_shard", "wake_key"].iter().filter(|k| item.contains_key(**k)).count()
+    };
+    let items = items_of(&store, &clients, id).await;
+    let packs: Vec<_> = items.iter().filter(|(k, _)| k.starts_with("E#")).map(|(_, v)| v).collect();
+    assert_eq!(
+        packs.iter().map(|p| due_keys(p)).collect::<Vec<_>>(),
+        [3, 0],
+        "the old pack's entry, none on the new"
     );
     assert_eq!(
         store.due(now, 3).await.unwrap(),
         by_time[1..4].iter().map(|(_, id)| id.clone()).collect::<Vec<_>>()
     );
+    let items = items_of(&store, &clients, id).await;
+    assert!(items.iter().filter(|(k, _)| k.starts_with("E#")).all(|(_, p)| due_keys(p) == 0), "taken out");
+
+    // A wake time a queued wake-up covers is left out of the index (the queue holds it).
+    let (id, _, d) = drivers.iter_mut().find(|(id, ..)| *id == by_time[1].1).unwrap();
+    d.submit("covered");
+    let commit =
+        Commit { session: &d.session, events: d.uncommitted(), wake_at: Some(now), wake_queued: true };
+    let version = store.commit(id, d.version, commit).await.unwrap();
+    d.committed(version);
+    assert_eq!(
+        store.due(now, 2).await.unwrap(),
+        by_time[2..4].iter().map(|(_, id)| id.clone()).collect::<Vec<_>>()
+    );
+    let items = items_of(&store, &clients, id).await;
+    assert!(items.iter().filter(|(k, _)| k.starts_with("E#")).all(|(_, p)| due_keys(p) == 0));
 }
 
 #[tokio::test]

@@ -126,10 +126,11 @@ impl State {
                 // Redelivery after the visibility timeout; a pending wake-up already due is
                 // coalesced into it.
                 Some(expired) => {
-                    if entry.pending.as_ref().is_some_and(|(_, due)| *due <= now) {
-                        entry.pending = None;
+                    let mut wake_up = expired.wake_up;
+                    if let Some((pending, _)) = entry.pending.take_if(|(_, due)| *due <= now) {
+                        wake_up.merge(&pending);
                     }
-                    expired.wake_up
+                    wake_up
                 }
                 None => match entry.pending.take() {
                     Some((wake_up, _)) => wake_up,
@@ -194,9 +195,19 @@ impl Queue for MemoryQueue {
             let due = after(Instant::now(), delay);
             let session_id = wake_up.session_id.clone();
             let entry = state.entries.entry(session_id.clone()).or_default();
-            match &entry.pending {
-                Some((_, earlier)) if *earlier <= due => return Ok(()),
-                _ => entry.pending = Some((wake_up, due)),
+            // One pending wake-up per session: the earliest, waiting for the latest commit
+            // either announces.
+            match &mut entry.pending {
+                Some((kept, earlier)) if *earlier <= due => {
+                    kept.merge(&wake_up);
+                    return Ok(());
+                }
+                Some((kept, _)) => {
+                    let mut wake_up = wake_up;
+                    wake_up.merge(kept);
+                    entry.pending = Some((wake_up, due));
+                }
+                None => entry.pending = Some((wake_up, due)),
             }
             state.reindex(&session_id);
         }

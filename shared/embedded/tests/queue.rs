@@ -12,7 +12,7 @@ use turnstone_runtime::queue::{Consumer, Queue, QueueError, WakeUp};
 const VT: Duration = Duration::from_secs(30);
 
 fn wake(session_id: &str, reason: &str) -> WakeUp {
-    WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() }
+    WakeUp::new(session_id, reason)
 }
 
 fn ids(deliveries: &[turnstone_runtime::queue::Delivery]) -> Vec<&str> {
@@ -235,4 +235,24 @@ async fn closing_through_the_port_closes_the_queue() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     queue.close().await;
     assert!(matches!(waiter.await.unwrap(), Err(QueueError::Closed)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn coalesced_wake_ups_wait_for_the_latest_commit_they_announce() {
+    let queue = MemoryQueue::new(VT);
+    let announcing = |seq: Option<u64>| WakeUp { seq, ..wake("s", "commit") };
+    // Kept: the earlier wake-up; it waits for the later commit either announces.
+    queue.send(announcing(Some(5)), Duration::from_secs(1)).await.unwrap();
+    queue.send(announcing(Some(9)), Duration::from_secs(3)).await.unwrap();
+    queue.send(announcing(None), Duration::from_secs(2)).await.unwrap();
+    // Replaced by a sooner one, which takes the commit over.
+    queue.send(announcing(Some(7)), Duration::ZERO).await.unwrap();
+    let got = queue.receive(10, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].wake_up.seq, Some(9));
+    // A redelivery after the timeout takes in a pending wake-up that is due by then.
+    queue.send(announcing(Some(12)), Duration::from_secs(1)).await.unwrap();
+    tokio::time::sleep(VT).await;
+    let again = queue.receive(10, Duration::ZERO).await.unwrap();
+    assert_eq!((again.len(), again[0].wake_up.seq), (1, Some(12)));
 }

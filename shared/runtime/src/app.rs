@@ -266,21 +266,24 @@ impl App {
                 plan = session.plan(now);
             }
             let wake_at = wake_time(&plan, now);
-            let commit = Commit { session: &session, events: &events, wake_at };
+            // A run of the session arms its next wake-up when it ends, and whoever holds a
+            // claimed effect performs it; otherwise a wake-up goes out when the session is due
+            // sooner than it already was. It goes out before the commit, so no crash can leave
+            // a commit without one (at worst a wake-up finds nothing new).
+            let announced = match wake_at {
+                Some(at)
+                    if !mode.in_run && claimed.is_none() && scheduled.is_none_or(|before| at < before) =>
+                {
+                    self.announce(session_id, at, session.events_applied()).await
+                }
+                _ => false,
+            };
+            let commit =
+                Commit { session: &session, events: &events, wake_at, wake_queued: mode.in_run || announced };
             match self.store.commit(session_id, version, commit).await {
                 Ok(version) => {
                     self.remember_messages(&session);
                     self.notify(session_id, &session, &events);
-                    // A run of the session arms its next wake-up when it ends, and whoever
-                    // holds a claimed effect performs it; otherwise a wake-up goes out only
-                    // when the session is due sooner than it already was.
-                    if let Some(at) = wake_at
-                        && !mode.in_run
-                        && claimed.is_none()
-                        && scheduled.is_none_or(|before| at < before)
-                    {
-                        self.wake_at(session_id, "commit", at).await;
-                    }
                     return Ok(Executed { session, events, version, claimed });
                 }
                 Err(StoreError::Conflict { .. }) => continue,
@@ -325,20 +328,32 @@ impl App {
         self.notifier.committed(session_id, session.events_applied(), &ended_turns);
     }
 
-    /// Enqueues a wake-up for `session_id` at `at`. A failure is only logged: the head records
-    /// the wake time, and the sweep finds the session.
-    pub(crate) async fn wake_at(&self, session_id: &str, reason: &str, at: Timestamp) {
-        let delay = Duration::from_millis(u64::try_from(at.0 - self.clock.now().0).unwrap_or(0));
-        let wake = WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() };
-        if let Err(e) = self.queue.send(wake, delay).await {
-            tracing::warn!(session_id, reason, error = %e, "could not enqueue a wake-up; the sweep will");
+    /// Enqueues a wake-up for `session_id` at `at`.
+    pub(crate) async fn wake_at(&self, session_id: &str, reason: &str, at: Timestamp) -> Result<()> {
+        self.queue.send(WakeUp::new(session_id, reason), self.delay_until(at)).await.map_err(Error::from)
+    }
+
+    fn delay_until(&self, at: Timestamp) -> Duration {
+        Duration::from_millis(u64::try_from(at.0 - self.clock.now().0).unwrap_or(0))
+    }
+
+    /// Enqueues, ahead of the commit that reaches log length `seq`, the wake-up it needs at
+    /// `at`. Whether it went out: if not, the commit asks the store to index its wake time
+    /// (see [`Commit::wake_queued`]), and the sweep finds the session.
+    async fn announce(&self, session_id: &str, at: Timestamp, seq: u64) -> bool {
+        let wake = WakeUp { seq: Some(seq), ..WakeUp::new(session_id, "commit") };
+        match self.queue.send(wake, self.delay_until(at)).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(session_id, error = %e, "could not enqueue a wake-up; the sweep will");
+                false
+            }
         }
     }
 
     /// Enqueues a wake-up for `session_id` now.
     pub(crate) async fn wake(&self, session_id: &str, reason: &str) -> Result<()> {
-        let wake = WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() };
-        self.queue.send(wake, Duration::ZERO).await.map_err(Error::from)
+        self.queue.send(WakeUp::new(session_id, reason), Duration::ZERO).await.map_err(Error::from)
     }
 
     /// Submits a client input for `caller`; creates the session, owned by the caller, on its

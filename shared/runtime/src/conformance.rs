@@ -62,7 +62,8 @@ impl Commits for Driver {
         store: &dyn Store,
         wake_at: Option<Timestamp>,
     ) -> Result<u64, StoreError> {
-        let commit = Commit { session: &self.session, events: self.uncommitted(), wake_at };
+        let commit =
+            Commit { session: &self.session, events: self.uncommitted(), wake_at, wake_queued: false };
         let version = store.commit(self.session.id(), self.version, commit).await?;
         self.committed(version);
         Ok(version)
@@ -507,7 +508,7 @@ pub async fn queue_suite(queue: &dyn PolledQueue, suite: QueueSuite) {
 }
 
 fn wake(session_id: &str, reason: &str) -> WakeUp {
-    WakeUp { session_id: session_id.to_owned(), reason: reason.to_owned() }
+    WakeUp::new(session_id, reason)
 }
 
 /// The first delivery for `session_id` within `within` (others are left unacknowledged).

@@ -21,6 +21,13 @@ use crate::worker::WorkerClient;
 /// Bounds the effects one run performs before yielding the session to the queue again.
 const MAX_EFFECTS_PER_RUN: usize = 256;
 
+/// How long a wake-up waits for the commit it announced before it leaves the check to a
+/// later one (pauses of 2, 4, ... ms: a commit lands within milliseconds).
+const ANNOUNCED_COMMIT_WAIT: Duration = Duration::from_millis(300);
+/// When that later wake-up looks again: after any commit in flight has certainly landed or
+/// failed (a Lambda function's timeout bounds it).
+const LATE_COMMIT_CHECK: Duration = Duration::from_secs(60);
+
 /// A run's commits to its own session: the run arms the next wake-up when it ends.
 const IN_RUN: Mode = Mode { claim_next: false, in_run: true };
 /// An effect's outcome, claiming the next due effect in the same write.
@@ -53,6 +60,12 @@ impl Dispatcher {
         // The state the last effect committed: the next plan starts from it instead of a load
         // (commits are version-checked, so a state that went stale only costs a reload).
         let mut known = None;
+        if let Some(seq) = wake_up.seq {
+            match self.announced_commit(session_id, seq).await? {
+                Some(landed) => known = Some(landed),
+                None => return Ok(()),
+            }
+        }
         // An effect already claimed (by the last commit, or by a submit of this process).
         let mut claimed = self.app.take_handoff(session_id);
         for _ in 0..MAX_EFFECTS_PER_RUN {
@@ -85,8 +98,10 @@ impl Dispatcher {
                 // Nothing is due yet: arm the wake-up for what is due later. The run's own
                 // commits sent none, and a queue may have merged it into the one that brought
                 // us here (the in-process queue keeps a session's earliest only).
+                // Its own commits left the wake time to this wake-up (`Commit::wake_queued`):
+                // if arming fails, the error leaves this one to be delivered again.
                 if let Some(at) = plan.wake_at {
-                    self.app.wake_at(session_id, "timer", at).await;
+                    self.app.wake_at(session_id, "timer", at).await?;
                 }
                 return Ok(());
             };
@@ -98,6 +113,28 @@ impl Dispatcher {
         }
         self.app.wake(session_id, "budget").await
     }
+    /// The session once the commit a wake-up announced (reaching log length `seq`) has
+    /// landed: it was sent just before that commit was written, so it may arrive first. A
+    /// commit that has not landed after a short wait failed, or is slow: one more wake-up,
+    /// [`LATE_COMMIT_CHECK`] later, looks again, and this one ends (None).
+    async fn announced_commit(&self, session_id: &str, seq: u64) -> Result<Option<(Session, u64)>> {
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let (session, version) = self.app.load(session_id).await?;
+            if session.events_applied() >= seq {
+                return Ok(Some((session, version)));
+            }
+            if pause > ANNOUNCED_COMMIT_WAIT {
+                tracing::debug!(session_id, seq, "the announced commit has not landed; looking again later");
+                let at = self.app.now().plus_ms(LATE_COMMIT_CHECK.as_millis() as u64);
+                self.app.wake_at(session_id, "late commit", at).await?;
+                return Ok(None);
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+        }
+    }
+
     /// Enqueues every session whose wake time has passed (a wake-up may have been lost).
     pub async fn sweep(&self, limit: usize) -> Result<usize> {
         self.wake_due(self.app.now(), "sweep", limit).await

@@ -15,9 +15,25 @@ pub struct WakeUp {
     pub session_id: String,
     /// Why (for logs): `input`, `timer`, `child`, `sweep`, ...
     pub reason: String,
+    /// The log length of the commit this wake-up announces, when it was sent before that
+    /// commit was written (so that no commit is ever left without its wake-up): a consumer
+    /// that finds the session shorter waits for the commit to land.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
 }
 
 impl WakeUp {
+    /// "Look at `session_id`", for `reason`.
+    pub fn new(session_id: impl Into<String>, reason: impl Into<String>) -> Self {
+        WakeUp { session_id: session_id.into(), reason: reason.into(), seq: None }
+    }
+
+    /// One wake-up standing for `self` and `other` (a queue that keeps one per session): it
+    /// waits for the later of their commits.
+    pub fn merge(&mut self, other: &WakeUp) {
+        self.seq = self.seq.max(other.seq);
+    }
+
     /// The wake-up as a queue message's body: its JSON.
     pub fn to_body(&self) -> String {
         // Two strings: serializing cannot fail (the fallback is never taken).

@@ -28,6 +28,10 @@ pub struct Commit<'a> {
     pub events: &'a [Event],
     /// When the session next has timed work (None: nothing timed).
     pub wake_at: Option<Timestamp>,
+    /// Whether a wake-up for `wake_at` (or sooner) is already on the queue or held by the run
+    /// making this commit. [`Store::due`] must find every session whose latest commit has a
+    /// wake time that no wake-up covers; a store may leave covered ones out of its index.
+    pub wake_queued: bool,
 }
 
 impl Commit<'_> {
@@ -242,7 +246,8 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Page<SessionListing>, StoreError>;
 
-    /// Up to `limit` sessions whose wake time is at or before `now`.
+    /// Up to `limit` sessions whose wake time is at or before `now`: at least every one
+    /// whose latest commit's wake time no queued wake-up covers ([`Commit::wake_queued`]).
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError>;
 }
 
