@@ -112,3 +112,45 @@ fn a_head_and_a_log_written_before_lean_turns_still_load() {
     assert_eq!(Session::replay("w", &h.log), h.session);
     assert_eq!(h.last_turn().data, Some(serde_json::json!("hi there")));
 }
+
+/// A worker agent's model calls refer to the agent config version in force instead of copying
+/// its system prompt and tools: what the step writes does not grow with the agent's size, and
+/// the request the call makes is the same as with a copy.
+#[test]
+fn a_worker_sessions_model_call_refers_to_its_agent_config_version() {
+    let system = "Answer briefly and check your work. ".repeat(20);
+    let mut written = Vec::new();
+    for tools in [1usize, 20] {
+        let mut config = agent("m");
+        config.system = Some(system.clone());
+        let declared: Vec<_> = (0..tools)
+            .map(|i| {
+                serde_json::from_value(serde_json::json!({
+                    "name": format!("tool_{i}"),
+                    "description": "Looks something up in the records. ".repeat(5),
+                    "input": {"type": "object", "properties": {"query": {"type": "string"}}}
+                }))
+                .unwrap()
+            })
+            .collect();
+        config.tools = Some(declared);
+        let mut h = harness("w", init("w", Some(config), true));
+        h.accept();
+        h.exec(message("w", "hello"));
+        let start = h.log.len();
+        h.accept();
+        let created: Vec<String> = h.log[start..]
+            .iter()
+            .filter(|e| matches!(e, Event::CallCreated { .. }))
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect();
+        assert_eq!(created.len(), 1, "{:?}", names(&h.log[start..]));
+        assert!(!created[0].contains("Answer briefly") && !created[0].contains("tool_0"), "{}", created[0]);
+        let call = h.session.calls().iter().find(|c| c.is_server_llm()).expect("the model call");
+        let request = h.session.llm_request(call).expect("its request");
+        assert_eq!(request.messages[0].content_text(), system, "the system prompt of its version");
+        assert_eq!(request.tools.map(|t| t.len()), Some(tools), "the tools of its version");
+        written.push(created[0].len());
+    }
+    assert_eq!(written[0], written[1], "call.created is the same size for 1 tool and 20");
+}

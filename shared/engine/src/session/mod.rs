@@ -377,6 +377,18 @@ impl Session {
             .or_else(|| self.init.as_ref().filter(|i| !i.has_worker).and_then(|i| i.declared.as_ref()))
     }
 
+    /// The agent config version on the active path (its index among the versions), if one
+    /// was written.
+    pub fn current_agent_version(&self) -> Option<u32> {
+        let at = self.agents.iter().rposition(|v| self.tree.is_on_active_path(v.anchor.as_ref()))?;
+        u32::try_from(at).ok()
+    }
+
+    /// Agent config version `index`.
+    pub fn agent_version(&self, index: u32) -> Option<&AgentConfig> {
+        self.agents.get(usize::try_from(index).ok()?).map(|v| &v.value)
+    }
+
     /// An open (not yet reported) call.
     pub fn call(&self, id: &CallId) -> Option<&CallRecord> {
         self.calls.iter().find(|c| &c.id == id)

@@ -90,12 +90,20 @@ pub enum CallSpec {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         format: Option<LlmFormat>,
         /// The system prompt, fixed when the call was requested (none with explicit messages).
-        /// In a session without a worker neither it nor the offered tools are copied here: that
-        /// session's config never changes after `session.start`, so they are worked out when a
-        /// request is built, equal to what a copy would hold, and a call's record (in
-        /// `call.created`, and in the head while it is open) stays small.
+        /// Neither it nor the offered tools are copied here when the config they come from is
+        /// known for good: a session without a worker keeps its declared config (it never
+        /// changes after `session.start`), one with a worker names the version (`agent`). They
+        /// are worked out when a request is built, equal to what a copy would hold, and a
+        /// call's record (in `call.created`, and in the head while it is open) stays small
+        /// whatever the agent's size.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         system: Option<String>,
+        /// In a session with a worker, whose config can change: the agent config version (its
+        /// index among the session's versions, which are kept for good) in force when the call
+        /// was requested. Its system prompt and tools are the call's, worked out when a request
+        /// is built instead of copied here (records written before hold copies).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<u32>,
     },
     SubAgent {
         /// The child's agent.

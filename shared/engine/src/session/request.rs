@@ -69,15 +69,20 @@ impl Session {
     /// The request of an LLM call's next attempt: explicit messages as given, otherwise the
     /// system prompt and the conversation from the root to the call's anchor.
     pub fn llm_request(&self, call: &CallRecord) -> Option<LlmRequest> {
-        let CallSpec::LlmCall { action, system, .. } = &call.spec else { return None };
-        // Without a worker the config is the declared one for good, so the call refers to it
-        // (records written before kept copies, which are equal).
-        let from_agent = !self.has_worker();
-        let system =
-            if from_agent { self.current_agent().and_then(|c| c.system.clone()) } else { system.clone() };
-        let tools = match &action.tools {
-            None if from_agent => self.offered_tools(call.turn_id.as_ref()),
-            tools => tools.clone(),
+        let CallSpec::LlmCall { action, system, agent, .. } = &call.spec else { return None };
+        // The config the call refers to: without a worker the declared one for good, with one
+        // the version it names (records written before kept copies, which are equal).
+        let config = match agent {
+            _ if !self.has_worker() => Some(self.current_agent()),
+            Some(version) => Some(self.agent_version(*version)),
+            None => None,
+        };
+        let (system, tools) = match config {
+            Some(config) => (
+                config.and_then(|c| c.system.clone()),
+                action.tools.clone().or_else(|| self.tools_offered_by(config, call.turn_id.as_ref())),
+            ),
+            None => (system.clone(), action.tools.clone()),
         };
         let messages = match &action.messages {
             Some(explicit) => explicit.clone(),
@@ -101,9 +106,17 @@ impl Session {
     /// The tools a model call offers when its action names none: the agent's tools, one tool
     /// per sub-agent (taking a `message`), and the client tools the turn brought.
     pub fn offered_tools(&self, turn_id: Option<&TurnId>) -> Option<Vec<LlmTool>> {
+        self.tools_offered_by(self.current_agent(), turn_id)
+    }
+
+    /// [`Session::offered_tools`] with the tools and sub-agents of `agent`.
+    fn tools_offered_by(
+        &self,
+        agent: Option<&AgentConfig>,
+        turn_id: Option<&TurnId>,
+    ) -> Option<Vec<LlmTool>> {
         let mut tools = Vec::new();
         let client_tools = self.client_tools(turn_id);
-        let agent = self.current_agent();
         let declared = agent.map(AgentConfig::tools).unwrap_or_default();
         for tool in
             declared.iter().chain(client_tools.iter().filter(|c| !declared.iter().any(|d| d.name == c.name)))

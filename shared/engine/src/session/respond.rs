@@ -494,19 +494,21 @@ impl Tx {
         if action.model.is_none() {
             return Err("no model: the action names none and the session has no agent config".into());
         }
-        // A session without a worker keeps its declared config for good: its calls refer to it
-        // instead of copying the system prompt and the tools (see `CallSpec::LlmCall`).
+        // A session without a worker keeps its declared config for good, one with a worker every
+        // version it wrote: its calls refer to the config instead of copying the system prompt
+        // and the tools (see `CallSpec::LlmCall`).
         let from_agent = !self.session.has_worker();
-        if action.tools.is_none() && !from_agent {
+        let version = if from_agent { None } else { self.session.current_agent_version() };
+        let refers = from_agent || version.is_some();
+        if action.tools.is_none() && !refers {
             action.tools = self.session.offered_tools(turn_id.as_ref());
         }
         let handler = a.handler.or(agent.and_then(|c| c.handler)).unwrap_or_default();
         let stream = a.stream.or(agent.and_then(|c| c.stream)).unwrap_or(false);
         let format = if handler == LlmHandler::Worker { agent.and_then(|c| c.format) } else { None };
-        let system =
-            if a.messages.is_some() || from_agent { None } else { agent.and_then(|c| c.system.clone()) };
+        let system = if a.messages.is_some() || refers { None } else { agent.and_then(|c| c.system.clone()) };
         let policy = a.retry.or(agent.and_then(|c| c.retry)).unwrap_or(self.session.defaults().llm);
-        let spec = CallSpec::LlmCall { action, handler, stream, format, system };
+        let spec = CallSpec::LlmCall { action, handler, stream, format, system, agent: version };
         Ok(new_call(id, spec, anchor, turn_id, policy))
     }
 
