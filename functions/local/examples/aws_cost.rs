@@ -113,6 +113,11 @@ struct Args {
     /// Tool calls, one after another, in the measured turn of the worker scenario.
     #[arg(long, default_value_t = 20)]
     loop_steps: usize,
+    /// Engine-hosted turns measured per cell, one after another. The store writes a checkpoint
+    /// every 32 commits or so: one 3-step turn would show one or none by chance, 16 turns (48
+    /// steps) take it in at its rate. A worker turn is 85 steps, measured once.
+    #[arg(long, default_value_t = 16)]
+    hosted_turns: usize,
     /// Lambda memory in MB, for the duration's cost.
     #[arg(long, default_value_t = 256)]
     lambda_mb: u64,
@@ -679,10 +684,7 @@ impl Shared {
     async fn cell(&self) -> anyhow::Result<Bench> {
         let table = moto::unique("aws-cost");
         DynamoStore::new(self.plain.dynamodb.clone(), table.clone()).create_table().await?;
-        let store = CountingStore {
-            inner: DynamoStore::new(self.dynamodb.clone(), table.clone()),
-            meter: Arc::clone(&self.meter),
-        };
+        let dynamodb = self.dynamodb.clone();
         let observer_store: Arc<dyn Store> =
             Arc::new(DynamoStore::new(self.plain.dynamodb.clone(), table.clone()));
         let observer = assemble::engine(
@@ -696,7 +698,7 @@ impl Shared {
             config: self.config.clone(),
             agents: self.agents.clone(),
             table,
-            store: Arc::new(store),
+            dynamodb,
             queue: Arc::clone(&self.queue),
             source: self.source.clone(),
             observer,
@@ -717,8 +719,8 @@ struct Bench {
     config: Config,
     agents: BTreeMap<String, AgentRuntime>,
     table: String,
-    /// The metered store and queue the functions use.
-    store: Arc<dyn Store>,
+    /// The metered client: each engine gets a store of its own on it, as each container has.
+    dynamodb: aws_sdk_dynamodb::Client,
     queue: Arc<dyn Queue>,
     /// The event source's view of the queue (not metered: its requests are modelled).
     source: SqsQueue,
@@ -738,18 +740,25 @@ struct Measured {
 }
 
 impl Bench {
-    fn engine(&self) -> anyhow::Result<Engine> {
+    /// An engine on a store of its own, which has seen nothing (a new container).
+    fn cold_engine(&self) -> anyhow::Result<Engine> {
+        let inner = DynamoStore::new(self.dynamodb.clone(), self.table.clone());
+        self.engine_on(Arc::new(CountingStore { inner, meter: Arc::clone(&self.meter) }))
+    }
+
+    fn engine_on(&self, store: Arc<dyn Store>) -> anyhow::Result<Engine> {
         Ok(assemble::engine(
             &self.config,
             self.agents.clone(),
-            Arc::clone(&self.store),
+            store,
             Arc::clone(&self.queue),
             Topology::Split,
         )?)
     }
 
+    /// The two functions, each a container of its own: a store each, warm from then on.
     fn functions(&self) -> anyhow::Result<Functions> {
-        Ok(Functions { api: self.engine()?, dispatch: self.engine()? })
+        Ok(Functions { api: self.cold_engine()?, dispatch: self.cold_engine()? })
     }
 
     /// Messages the session holds (read without the meter).
@@ -768,7 +777,7 @@ impl Bench {
         invocations: &mut Invocations,
     ) -> anyhow::Result<usize> {
         if cold {
-            functions.api = self.engine()?;
+            functions.api = self.cold_engine()?;
         }
         let started = Instant::now();
         let submitted = functions.api.app.submit(session_id, input, false, &Caller::Anyone).await?;
@@ -786,7 +795,7 @@ impl Bench {
                 }
             } else {
                 if cold {
-                    functions.dispatch = self.engine()?;
+                    functions.dispatch = self.cold_engine()?;
                 }
                 // As the `dispatch` function: each session of the batch once, in order.
                 let mut sessions: BTreeMap<&str, &WakeUp> = BTreeMap::new();
@@ -877,18 +886,25 @@ impl Bench {
         Ok(messages)
     }
 
-    /// Runs `input` as the measured turn.
+    /// Runs `input` as the measured turn, `turns` times one after another.
     async fn measure(
         &self,
         functions: &mut Functions,
         cold: bool,
         session_id: &str,
         input: ClientInput,
+        turns: usize,
     ) -> anyhow::Result<Measured> {
         let before = self.messages(session_id).await?;
         let mut invocations = Invocations::default();
         self.meter.start();
-        let result = self.run_turn(functions, cold, session_id, input, &mut invocations).await;
+        let mut result = Ok(before);
+        for _ in 0..turns {
+            result = self.run_turn(functions, cold, session_id, input.clone(), &mut invocations).await;
+            if result.is_err() {
+                break;
+            }
+        }
         let (tally, trace) = self.meter.stop();
         let after = result?;
         Ok(Measured { tally, invocations, trace, before, after })
@@ -1150,7 +1166,7 @@ fn print_report(rows: &[Row], args: &Args) {
             );
             out.push_str(&line);
         }
-        let _ = writeln!(out, "\nWhat one turn takes");
+        let _ = writeln!(out, "\nWhat the measured turns take");
         for row in &rows {
             let m = &row.measured;
             let t = &m.tally;
@@ -1249,9 +1265,10 @@ What the figures are
   step      one successful Store::commit of the measured session (a DynamoDB write of the store);
             the columns are totals of the measured turn divided by its steps.
   msgs      messages in the session before the measured turn (pre-filled by running real turns).
-  cache     warm: the api and dispatch engines that ran the pre-fill (a container that has seen
-            the session reads only the messages it has not seen); cold: fresh engines for every
-            invocation (a new container loads the whole conversation).
+  cache     warm: the api and dispatch engines that ran the pre-fill, a store each (a container
+            that has seen the session reads only the packs written since); cold: fresh engines
+            and stores for every invocation (a new container reads the session's checkpoint,
+            messages and the packs after it).
   Get/Query/BGet/TWI/Put
             DynamoDB requests per step by operation, counted by an SDK interceptor as sent.
   WU        write request units per step, from the request bodies: per item 1 per started KB
@@ -1395,8 +1412,9 @@ async fn main() -> anyhow::Result<()> {
                 );
                 for &cache in &args.cache {
                     let input = measured_input(scenario, &agent);
-                    let measured =
-                        bench.measure(&mut functions, cache == Cache::Cold, &session_id, input).await?;
+                    let turns = if scenario == Scenario::Hosted { args.hosted_turns.max(1) } else { 1 };
+                    let cold = cache == Cache::Cold;
+                    let measured = bench.measure(&mut functions, cold, &session_id, input, turns).await?;
                     eprintln!(
                         "  {session_id} {}: {} steps, {} -> {} messages",
                         cache.name(),

@@ -47,9 +47,11 @@ pub(crate) const MAX_ITEM_BYTES: usize = 400 * 1024;
 pub(crate) const CHECKPOINT_COMMITS: u32 = 32;
 /// Bytes of packs after a checkpoint that make the next one due.
 pub(crate) const CHECKPOINT_BYTES: usize = 64 * 1024;
-/// Ids first used after a checkpoint that make the next one due (a transaction holds 100
-/// items).
-pub(crate) const CHECKPOINT_IDS: usize = 64;
+/// Ids first used after a checkpoint that make the next one due. A transaction holds 100
+/// items, and a checkpoint writes every id since the last one: this leaves room for a commit
+/// that itself uses about 60 ids first (a worker proposing that many calls at once); one with
+/// more is refused whole (`CommitTooLarge`).
+pub(crate) const CHECKPOINT_IDS: usize = 32;
 
 /// What the store knows of a session's log since its last checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

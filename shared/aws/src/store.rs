@@ -145,9 +145,8 @@ impl DynamoStore {
         let known = match self.cached(session_id) {
             Some(known) => known,
             None => {
-                let Some(head) = self.read_head(session_id).await? else { return Ok(None) };
-                let mut session = head.session;
-                session.restore_messages(self.messages(session_id, 0, head.messages).await?);
+                let Some(head) = self.read_checkpoint(session_id).await? else { return Ok(None) };
+                let session = head.session;
                 let checkpoint = session.events_applied();
                 let tail = Tail { checkpoint, stored_messages: head.messages, ..Tail::default() };
                 Cached { session, version: head.version, tail }
@@ -195,11 +194,16 @@ impl DynamoStore {
         Ok(Cached { session, version, tail })
     }
 
-    /// Reads the head and the declared agent config in one strongly consistent query (their
-    /// sort keys are adjacent), their chunks if they have any, and the snapshot.
-    async fn read_head(&self, session_id: &str) -> Result<Option<Head>, StoreError> {
+    /// Reads the last checkpoint: the head, the declared agent config and the message items in
+    /// one strongly consistent query (their sort keys are adjacent: `H`, `I`, `M#...`), their
+    /// chunks if they have any; the session of the snapshot with its messages.
+    async fn read_checkpoint(&self, session_id: &str) -> Result<Option<Head>, StoreError> {
+        let last_message = format!("M#{LAST_NUMBER}");
         for _ in 0..HEAD_ATTEMPTS {
-            let (mut found, _) = self.query_page(session_id, (HEAD, DECLARED), true, None, None).await?;
+            let mut found = self.query_all(session_id, (HEAD, &last_message)).await?;
+            let messages_at =
+                found.iter().position(|i| items::get_s(i, SK).is_some_and(|sk| sk.starts_with("M#")));
+            let message_items = messages_at.map(|at| found.split_off(at)).unwrap_or_default();
             let declared = found
                 .iter()
                 .position(|i| items::get_s(i, SK) == Some(DECLARED))
@@ -234,11 +238,12 @@ impl DynamoStore {
                 };
                 init.insert("declared".to_owned(), config);
             }
-            let snapshot: Session = serde_json::from_value(snapshot)
+            let mut snapshot: Session = serde_json::from_value(snapshot)
                 .map_err(|e| corrupt(session_id, format!("head snapshot: {e}")))?;
             if *snapshot.id() != *session_id {
                 return Err(corrupt(session_id, format!("the head holds session {:?}", snapshot.id())));
             }
+            snapshot.restore_messages(self.message_nodes(session_id, &message_items, messages).await?);
             return Ok(Some(Head { session: snapshot, version, messages }));
         }
         Err(AwsError::HeadKeptChanging { session_id: session_id.to_owned(), attempts: HEAD_ATTEMPTS }.into())
@@ -328,35 +333,33 @@ impl DynamoStore {
             .collect()
     }
 
-    /// The message nodes at positions `from..to` (all held by message items), in order.
-    async fn messages(&self, session_id: &str, from: u64, to: u64) -> Result<Vec<TreeNode>, StoreError> {
-        if from >= to {
-            return Ok(Vec::new());
-        }
-        // Message items are keyed by their last position: the first at or after `from` holds it.
-        let range = (items::messages_key(from), format!("M#{LAST_NUMBER}"));
-        let found = self.query_all(session_id, (&range.0, &range.1)).await?;
-        let batches: Vec<Vec<TreeNode>> = self.payloads(session_id, &found).await?;
-        let mut nodes = Vec::with_capacity((to - from) as usize);
-        let mut next = None;
-        for (item, batch) in found.iter().zip(batches) {
-            let first = items::get_u64(item, FIRST)
-                .ok_or_else(|| corrupt(session_id, "message item without first"))?;
-            if next.is_some_and(|next| next != first)
-                || items::get_u64(item, COUNT) != Some(batch.len() as u64)
-            {
+    /// The first `count` message nodes, from the message items `found` (in key order; items a
+    /// later checkpoint wrote may follow, and are left out).
+    async fn message_nodes(
+        &self,
+        session_id: &str,
+        found: &[Item],
+        count: u64,
+    ) -> Result<Vec<TreeNode>, StoreError> {
+        let wanted: Vec<Item> = found
+            .iter()
+            .take_while(|item| items::get_u64(item, FIRST).is_some_and(|first| first < count))
+            .cloned()
+            .collect();
+        let batches: Vec<Vec<TreeNode>> = self.payloads(session_id, &wanted).await?;
+        let mut nodes = Vec::with_capacity(count as usize);
+        for (item, batch) in wanted.iter().zip(batches) {
+            let first = items::get_u64(item, FIRST).unwrap_or_default();
+            if first != nodes.len() as u64 || items::get_u64(item, COUNT) != Some(batch.len() as u64) {
                 return Err(corrupt(
                     session_id,
                     format!("the message item at {first} does not fit its neighbours"),
                 ));
             }
-            next = Some(first + batch.len() as u64);
-            nodes.extend(
-                (first..).zip(batch).filter(|(pos, _)| (from..to).contains(pos)).map(|(_, node)| node),
-            );
+            nodes.extend(batch);
         }
-        if nodes.len() as u64 != to - from {
-            return Err(corrupt(session_id, format!("only {} of messages {from}..{to} found", nodes.len())));
+        if nodes.len() as u64 != count {
+            return Err(corrupt(session_id, format!("{} of {count} messages found", nodes.len())));
         }
         Ok(nodes)
     }

@@ -3,6 +3,7 @@
 //! the local host and the Lambda functions all go through [`App`].
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,7 +107,7 @@ pub struct Executed {
 impl App {
     /// An app from its parts.
     pub fn new(parts: Parts) -> Arc<Self> {
-        let seed = parts.clock.now().0 as u64 ^ (std::process::id() as u64).rotate_left(32);
+        let seed = app_seed(parts.clock.now());
         Arc::new(App {
             store: parts.store,
             queue: parts.queue,
@@ -514,6 +515,13 @@ fn command_seed(n: u64) -> u64 {
     turnstone_engine::ids::IdMinter::new(n).next_u64()
 }
 
+/// Where an app's id seeds start: random per app (the standard library's hasher keys come from
+/// the OS and differ for every `RandomState`), so two apps started in the same millisecond, in
+/// one process or in two containers with the same pid, never mint the same ids.
+fn app_seed(now: Timestamp) -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one(now.0)
+}
+
 /// How a commit is made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Mode {
@@ -583,7 +591,14 @@ mod tests {
 
     use turnstone_engine::ids::IdMinter;
 
-    use super::command_seed;
+    use super::{app_seed, command_seed};
+
+    #[test]
+    fn apps_started_at_one_time_start_apart() {
+        let now = turnstone_engine::time::Timestamp(1_796_000_000_000);
+        let seeds: HashSet<u64> = (0..100).map(|_| app_seed(now)).collect();
+        assert_eq!(seeds.len(), 100);
+    }
 
     #[test]
     fn consecutive_commands_mint_no_id_twice() {
