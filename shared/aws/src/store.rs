@@ -74,6 +74,21 @@ struct Cached {
     tail: Tail,
 }
 
+/// How a query reads: in key order or backwards; strongly or eventually consistent (half the
+/// price, and may miss what was written a moment ago).
+#[derive(Debug, Clone, Copy)]
+struct Read {
+    forward: bool,
+    consistent: bool,
+}
+
+impl Read {
+    /// In order, seeing every write that returned before it began.
+    const LATEST: Read = Read { forward: true, consistent: true };
+    /// Backwards, eventually consistent.
+    const NEWEST_SOON: Read = Read { forward: false, consistent: false };
+}
+
 /// A session's head as read.
 struct Head {
     session: Session,
@@ -145,7 +160,13 @@ impl DynamoStore {
         let known = match self.cached(session_id) {
             Some(known) => known,
             None => {
-                let Some(head) = self.read_checkpoint(session_id).await? else { return Ok(None) };
+                let head = match self.read_checkpoint(session_id, false).await {
+                    Ok(Some(head)) => Some(head),
+                    // An eventually consistent read (half the price) may miss a checkpoint written a
+                    // moment ago, or part of it: then read it consistently.
+                    _ => self.read_checkpoint(session_id, true).await?,
+                };
+                let Some(head) = head else { return Ok(None) };
                 let session = head.session;
                 let checkpoint = session.events_applied();
                 let tail = Tail { checkpoint, stored_messages: head.messages, ..Tail::default() };
@@ -197,10 +218,10 @@ impl DynamoStore {
     /// Reads the last checkpoint: the head, the declared agent config and the message items in
     /// one strongly consistent query (their sort keys are adjacent: `H`, `I`, `M#...`), their
     /// chunks if they have any; the session of the snapshot with its messages.
-    async fn read_checkpoint(&self, session_id: &str) -> Result<Option<Head>, StoreError> {
+    async fn read_checkpoint(&self, session_id: &str, consistent: bool) -> Result<Option<Head>, StoreError> {
         let last_message = format!("M#{LAST_NUMBER}");
         for _ in 0..HEAD_ATTEMPTS {
-            let mut found = self.query_all(session_id, (HEAD, &last_message)).await?;
+            let mut found = self.query_all(session_id, (HEAD, &last_message), consistent).await?;
             let messages_at =
                 found.iter().position(|i| items::get_s(i, SK).is_some_and(|sk| sk.starts_with("M#")));
             let message_items = messages_at.map(|at| found.split_off(at)).unwrap_or_default();
@@ -277,7 +298,7 @@ impl DynamoStore {
         &self,
         session_id: &str,
         (from, to): (&str, &str),
-        forward: bool,
+        read: Read,
         limit: Option<usize>,
         start: Option<Item>,
     ) -> Result<(Vec<Item>, Option<Item>), StoreError> {
@@ -291,8 +312,8 @@ impl DynamoStore {
             .expression_attribute_values(":pk", items::s(items::partition(session_id)))
             .expression_attribute_values(":from", items::s(from))
             .expression_attribute_values(":to", items::s(to))
-            .scan_index_forward(forward)
-            .consistent_read(true)
+            .scan_index_forward(read.forward)
+            .consistent_read(read.consistent)
             .set_limit(limit.map(|l| i32::try_from(l).unwrap_or(i32::MAX)))
             .set_exclusive_start_key(start)
             .send()
@@ -365,11 +386,17 @@ impl DynamoStore {
     }
 
     /// Every item of a session with sort keys from `from` to `to` (inclusive), in order.
-    async fn query_all(&self, session_id: &str, range: (&str, &str)) -> Result<Vec<Item>, StoreError> {
+    async fn query_all(
+        &self,
+        session_id: &str,
+        range: (&str, &str),
+        consistent: bool,
+    ) -> Result<Vec<Item>, StoreError> {
         let mut found = Vec::new();
         let mut start = None;
         loop {
-            let (page, next) = self.query_page(session_id, range, true, None, start).await?;
+            let read = Read { forward: true, consistent };
+            let (page, next) = self.query_page(session_id, range, read, None, start).await?;
             found.extend(page);
             match next {
                 Some(key) => start = Some(key),
@@ -381,7 +408,7 @@ impl DynamoStore {
     /// The packs after log position `after`, in order.
     async fn packs_after(&self, session_id: &str, after: u64) -> Result<Vec<Item>, StoreError> {
         let range = (items::event_key(after + 1), format!("E#{LAST_NUMBER}"));
-        self.query_all(session_id, (&range.0, &range.1)).await
+        self.query_all(session_id, (&range.0, &range.1), true).await
     }
 
     /// The session at version `expected`, remembered or read; None if it is not at that
@@ -529,7 +556,7 @@ impl DynamoStore {
         loop {
             let range = (range_after.0.as_str(), range_after.1.as_str());
             // Each pack holds at least one event: `limit` packs are always enough.
-            let (page, next) = self.query_page(session_id, range, true, Some(limit), start).await?;
+            let (page, next) = self.query_page(session_id, range, Read::LATEST, Some(limit), start).await?;
             events += page.iter().map(|p| items::get_u64(p, COUNT).unwrap_or(1) as usize).sum::<usize>();
             packs.extend(page);
             match next {
@@ -542,7 +569,8 @@ impl DynamoStore {
         let starts_right_after = packs.first().and_then(|p| items::get_u64(p, FIRST)) == Some(after + 1);
         if after > 0 && !starts_right_after {
             let range = (items::event_key(0), items::event_key(after));
-            let (page, _) = self.query_page(session_id, (&range.0, &range.1), false, Some(1), None).await?;
+            let read = Read { forward: false, consistent: true };
+            let (page, _) = self.query_page(session_id, (&range.0, &range.1), read, Some(1), None).await?;
             if let Some(pack) = page.into_iter().next() {
                 let first = items::get_u64(&pack, FIRST).unwrap_or(0);
                 let count = items::get_u64(&pack, COUNT).unwrap_or(0);
@@ -741,8 +769,9 @@ impl Store for DynamoStore {
                 let (store, session_id) = (self.clone(), session_id.clone());
                 reads.spawn(async move {
                     let range = (items::event_key(0), format!("E#{LAST_NUMBER}"));
-                    let found =
-                        store.query_page(&session_id, (&range.0, &range.1), false, Some(1), None).await;
+                    let found = store
+                        .query_page(&session_id, (&range.0, &range.1), Read::NEWEST_SOON, Some(1), None)
+                        .await;
                     (session_id, found.map(|(page, _)| page.into_iter().next()))
                 });
             }
@@ -856,7 +885,10 @@ impl DynamoStore {
         let first = sk.strip_prefix("E#").and_then(|n| n.parse::<u64>().ok());
         let Some(first) = first else { return Ok(false) };
         let range = (items::event_key(first + 1), format!("E#{LAST_NUMBER}"));
-        let (page, _) = self.query_page(session_id, (&range.0, &range.1), true, Some(1), None).await?;
+        // Eventually consistent: missing a pack written a moment ago only keeps the entry for
+        // the next sweep; a pack it finds is there.
+        let read = Read { forward: true, consistent: false };
+        let (page, _) = self.query_page(session_id, (&range.0, &range.1), read, Some(1), None).await?;
         Ok(!page.is_empty())
     }
 
