@@ -183,22 +183,17 @@ pub(crate) fn plan(
     head.insert(UPDATED_AT.to_owned(), items::n(now.0));
     head.insert(CREATED_KEY.to_owned(), items::s(items::timed_key(session.created_at(), session_id)));
     head.insert(LIST_SHARD.to_owned(), items::s(LISTED));
-    // The declared agent config (a system prompt, every tool's schema) is the bulk of a head and
-    // never changes: the creating commit writes it once as its own item, the head leaves it out.
-    let mut snapshot = serde_json::to_value(session).map_err(serialize)?;
-    let declared = snapshot
-        .get_mut("init")
-        .and_then(|init| init.as_object_mut())
-        .and_then(|init| init.remove("declared"));
-    let snapshot = serde_json::to_string(&snapshot).map_err(serialize)?;
+    // The snapshot leaves the declared agent config out (the bulk of an agent, and it never
+    // changes): the creating commit writes it once as its own item.
+    let snapshot = serde_json::to_string(session).map_err(serialize)?;
     chunk_items.extend(chunks::lay_out(session_id, HEAD, snapshot, Some(new_version), &mut head));
 
     let mut puts: Vec<(Item, Role)> = vec![(pack, Role::Pack), (head, Role::Head)];
     if expected == 0
-        && let Some(declared) = declared.filter(|d| !d.is_null())
+        && let Some(declared) = session.declared()
     {
         let mut item = items::key(session_id, DECLARED);
-        let body = serde_json::to_string(&declared).map_err(serialize)?;
+        let body = serde_json::to_string(declared).map_err(serialize)?;
         chunk_items.extend(chunks::lay_out(session_id, DECLARED, body, None, &mut item));
         puts.push((item, Role::Data));
     }

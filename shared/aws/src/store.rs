@@ -236,33 +236,26 @@ impl DynamoStore {
                 items::get_u64(&item, VERSION).ok_or_else(|| corrupt(session_id, "head version"))?;
             let messages =
                 items::get_u64(&item, MESSAGES).ok_or_else(|| corrupt(session_id, "head message count"))?;
-            let mut snapshot: serde_json::Value = match chunks::body(&item) {
-                Some(Body::Inline(body)) => {
-                    parse(session_id, body.as_bytes(), || "head snapshot".to_owned())?
-                }
+            let bytes = match chunks::body(&item) {
+                Some(Body::Inline(body)) => body.as_bytes().to_vec(),
                 Some(Body::Chunked(count)) => {
                     let fetched = self.chunks(session_id, HEAD, count).await?;
                     match chunks::join(HEAD, count, Some(version), &fetched) {
-                        Ok(bytes) => parse(session_id, &bytes, || "head snapshot".to_owned())?,
-                        // A commit rewrote the chunks after the head was read: read again.
+                        Ok(bytes) => bytes,
+                        // A checkpoint rewrote the chunks after the head was read: read again.
                         Err(JoinError::OtherVersion { .. }) => continue,
                         Err(err) => return Err(corrupt(session_id, format!("head snapshot: {err}"))),
                     }
                 }
                 None => return Err(corrupt(session_id, "the head holds no snapshot")),
             };
-            if let Some(declared) = declared {
-                // One payload per item given.
-                let config = self.payloads(session_id, &[declared]).await?.pop().unwrap_or_default();
-                let Some(init) = snapshot.get_mut("init").and_then(|init| init.as_object_mut()) else {
-                    return Err(corrupt(session_id, "a declared config for a head without init"));
-                };
-                init.insert("declared".to_owned(), config);
-            }
-            let mut snapshot: Session = serde_json::from_value(snapshot)
-                .map_err(|e| corrupt(session_id, format!("head snapshot: {e}")))?;
+            let mut snapshot: Session = parse(session_id, &bytes, || "head snapshot".to_owned())?;
             if *snapshot.id() != *session_id {
                 return Err(corrupt(session_id, format!("the head holds session {:?}", snapshot.id())));
+            }
+            if let Some(declared) = declared {
+                // One payload per item given.
+                snapshot.restore_declared(self.payloads(session_id, &[declared]).await?.pop());
             }
             snapshot.restore_messages(self.message_nodes(session_id, &message_items, messages).await?);
             return Ok(Some(Head { session: snapshot, version, messages }));

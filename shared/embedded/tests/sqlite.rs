@@ -241,8 +241,14 @@ async fn a_version_1_file_is_migrated_and_its_used_ids_filled_from_the_log() {
     let first_used: Vec<UsedId> = UsedId::first_used_by(&d.log);
     assert!(first_used.len() >= 2, "a turn and its model call: {first_used:?}");
     drop(store);
+    // A version 1 file: no used ids, and the declared config inside the snapshot.
     let raw = Connection::open(&path).unwrap();
-    raw.execute_batch("DROP TABLE used_ids").unwrap();
+    raw.execute_batch(
+        "DROP TABLE used_ids;
+         UPDATE heads SET snapshot = json_set(snapshot, '$.init.declared', json(declared));
+         ALTER TABLE heads DROP COLUMN declared;",
+    )
+    .unwrap();
     raw.pragma_update(None, "user_version", 1).unwrap();
     drop(raw);
 
@@ -254,6 +260,22 @@ async fn a_version_1_file_is_migrated_and_its_used_ids_filled_from_the_log() {
     probe.push(UsedId::Turn("never".into()));
     assert_eq!(store.used_ids("s-v1", &probe).await.unwrap(), first_used);
     assert_stored(&store, &d).await;
+}
+
+#[tokio::test]
+async fn the_declared_config_is_written_once_and_kept_out_of_the_head() {
+    let (_dir, path, store) = temp_store();
+    let d = stored(&store, "s-declared").await;
+    let raw = Connection::open(&path).unwrap();
+    let (snapshot, declared): (String, Option<String>) = raw
+        .query_row("SELECT snapshot, declared FROM heads WHERE session_id = 's-declared'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert!(!snapshot.contains("test-model"), "the head leaves the config out: {snapshot}");
+    assert!(declared.is_some_and(|d| d.contains("test-model")), "the creating commit wrote it");
+    assert_stored(&store, &d).await;
+    assert!(store.load("s-declared").await.unwrap().unwrap().session.declared().is_some());
 }
 
 fn store_at(dir: &tempfile::TempDir, durability: Durability) -> SqliteStore {

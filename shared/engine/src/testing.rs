@@ -354,7 +354,9 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
     assert_eq!(&replayed, session, "replay must rebuild the identical session");
     let json = serde_json::to_string(session).expect("serialize");
     let mut back: Session = serde_json::from_str(&json).expect("deserialize");
+    assert!(back.declared().is_none(), "the snapshot leaves the declared config out");
     back.restore_messages(session.tree().nodes().cloned().collect());
+    back.restore_declared(session.declared().cloned());
     assert_eq!(&back, session, "snapshot round trip must be lossless");
     let mut settled = HashSet::new();
     for e in log {

@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use turnstone_engine::protocol::TreeNode;
+use turnstone_engine::protocol::{AgentConfig, TreeNode};
 use turnstone_engine::session::*;
 
 /// Bytes one commit writes, as `Commit::new_messages` and the SQLite store persist it: each
@@ -58,9 +58,33 @@ fn plain_turn(h: &mut Harness) -> (Vec<Event>, [Written; 2]) {
     (h.log[start..].to_vec(), [first, second])
 }
 
+/// An agent like the local host's demo one: a system prompt, a client tool with a schema, a
+/// sub-agent.
+fn demo_agent() -> AgentConfig {
+    serde_json::from_value(serde_json::json!({
+        "model": "scripted",
+        "system": "You are a helpful demo agent. Ask before doing anything irreversible.",
+        "stream": true,
+        "tools": [{
+            "name": "confirm",
+            "description": "Ask the user a yes/no question and wait for the answer.",
+            "input": {"type": "object", "properties": {"question": {"type": "string", "description": "The question to ask."}}, "required": ["question"]},
+            "handler": "client"
+        }],
+        "sub_agents": [{"id": "researcher", "description": "Looks things up and reports back in a short summary."}]
+    }))
+    .unwrap()
+}
+
 #[test]
 fn a_plain_engine_hosted_turn_writes_at_most_8_events_and_4_kb() {
-    let mut h = harness("s", init("demo", Some(agent("test-model")), false));
+    for config in [agent("test-model"), demo_agent()] {
+        plain_turns_stay_lean(config);
+    }
+}
+
+fn plain_turns_stay_lean(config: AgentConfig) {
+    let mut h = harness("s", init("demo", Some(config), false));
     for turn in 1..=40 {
         let (events, commits) = plain_turn(&mut h);
         let total: usize = commits.iter().map(Written::total).sum();

@@ -78,7 +78,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, mpsc, oneshot};
-use turnstone_engine::protocol::TreeNode;
+use turnstone_engine::protocol::{AgentConfig, TreeNode};
 use turnstone_engine::session::{Event, Session, UsedId};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
@@ -541,6 +541,8 @@ struct PreparedCommit {
     session_id: String,
     expected: u64,
     snapshot: String,
+    /// The declared agent config, written by the creating commit only (JSON).
+    declared: Option<String>,
     agent_id: String,
     owner: Option<String>,
     created_at: i64,
@@ -576,6 +578,10 @@ impl PreparedCommit {
         let session = commit.session;
         let serialize = |source| SqliteError::Serialize { session_id: session_id.to_owned(), source };
         let snapshot = serde_json::to_string(session).map_err(serialize)?;
+        let declared = match session.declared() {
+            Some(declared) if expected == 0 => Some(serde_json::to_string(declared).map_err(serialize)?),
+            _ => None,
+        };
         let first_seq = commit.first_seq();
         let events = commit
             .events
@@ -598,6 +604,7 @@ impl PreparedCommit {
             session_id: session_id.to_owned(),
             expected,
             snapshot,
+            declared,
             agent_id: session.agent_id().to_owned(),
             owner: init.and_then(|i| i.identity.id.clone()),
             created_at: session.created_at().0,
@@ -613,7 +620,7 @@ impl PreparedCommit {
     fn payload_bytes(&self) -> u64 {
         let events: usize = self.events.iter().map(|(_, name, body)| name.len() + body.len()).sum();
         let messages: usize = self.messages.iter().map(|(_, body)| body.len()).sum();
-        (self.snapshot.len() + events + messages) as u64
+        (self.snapshot.len() + self.declared.as_ref().map_or(0, String::len) + events + messages) as u64
     }
 
     /// Writes the commit on `tx`, inside the caller's savepoint; `VersionMoved` or `IdsUsed`
@@ -624,8 +631,8 @@ impl PreparedCommit {
             let inserted = tx
                 .prepare_cached(
                     "INSERT INTO heads \
-                     (session_id, version, snapshot, agent_id, owner, wake_at, created_at, updated_at) \
-                     VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (session_id) DO NOTHING",
+                     (session_id, version, snapshot, declared, agent_id, owner, wake_at, created_at, updated_at) \
+                     VALUES (?1, 1, ?2, ?8, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (session_id) DO NOTHING",
                 )?
                 .execute(params![
                     self.session_id,
@@ -634,7 +641,8 @@ impl PreparedCommit {
                     self.owner,
                     self.wake_at,
                     self.created_at,
-                    self.updated_at
+                    self.updated_at,
+                    self.declared
                 ])?;
             if inserted == 0 {
                 return Ok(Written::VersionMoved);
@@ -754,17 +762,25 @@ fn load_session_since(
     let tx = conn.transaction().map_err(backend)?;
     let head = {
         let mut stmt = tx
-            .prepare_cached("SELECT version, snapshot FROM heads WHERE session_id = ?1")
+            .prepare_cached("SELECT version, snapshot, declared FROM heads WHERE session_id = ?1")
             .map_err(backend)?;
         stmt.query_row([session_id], |row| {
             let version: i64 = row.get(0)?;
-            Ok((version, json_column::<Session>(row, 1, session_id, || "head snapshot".to_owned())))
+            let session = json_column::<Session>(row, 1, session_id, || "head snapshot".to_owned());
+            let declared = match row.get_ref(2)? {
+                ValueRef::Null => Ok(None),
+                _ => json_column::<AgentConfig>(row, 2, session_id, || "declared agent config".to_owned())
+                    .map(Some),
+            };
+            Ok((version, session, declared))
         })
         .optional()
         .map_err(backend)?
     };
-    let Some((version, session)) = head else { return Ok(None) };
-    let session = session?;
+    let Some((version, session, declared)) = head else { return Ok(None) };
+    let mut session = session?;
+    // The snapshot leaves the declared config out; rows written before hold it inline.
+    session.restore_declared(declared?);
     if *session.id() != *session_id {
         return Err(corrupt(session_id, format!("the head holds session {:?}", session.id())));
     }

@@ -12,7 +12,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::error::SqliteError;
 
 /// The schema version this build reads and writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Version 1: heads (one row per session), the event log, and the message nodes.
 ///
@@ -78,6 +78,14 @@ INSERT OR IGNORE INTO used_ids (session_id, kind, id)
     WHERE name = 'call.created' AND json_extract(body, '$.call.id') IS NOT NULL;
 ";
 
+/// Version 3: `heads.declared`, the agent config the session was created with, written once by
+/// the creating commit: the snapshot leaves it out (it never changes, and is most of an agent's
+/// size), so every later commit writes a smaller head. Rows of older versions keep it inside
+/// their snapshot until their session is created again (never): both read back the same.
+const SCHEMA_V3: &str = "
+ALTER TABLE heads ADD COLUMN declared TEXT;
+";
+
 /// How many prepared statements each connection keeps (the store uses about a dozen).
 const STATEMENT_CACHE: usize = 32;
 
@@ -123,14 +131,18 @@ pub(crate) fn ensure(conn: &mut Connection, path: &Path) -> Result<(), SqliteErr
         0 => {
             tx.execute_batch(SCHEMA_V1)?;
             tx.execute_batch(SCHEMA_V2)?;
+            tx.execute_batch(SCHEMA_V3)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
             tracing::info!(path = %path.display(), version = SCHEMA_VERSION, "created the store schema");
         }
-        1 => {
-            tx.execute_batch(SCHEMA_V2)?;
-            tx.execute_batch(BACKFILL_V2)?;
+        older @ (1 | 2) => {
+            if older == 1 {
+                tx.execute_batch(SCHEMA_V2)?;
+                tx.execute_batch(BACKFILL_V2)?;
+            }
+            tx.execute_batch(SCHEMA_V3)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-            tracing::info!(path = %path.display(), from = 1, to = SCHEMA_VERSION, "migrated the store schema");
+            tracing::info!(path = %path.display(), from = older, to = SCHEMA_VERSION, "migrated the store schema");
         }
         newer if newer > SCHEMA_VERSION => {
             return Err(SqliteError::SchemaTooNew {

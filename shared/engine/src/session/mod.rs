@@ -134,7 +134,10 @@ pub enum CallClosure {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Session {
     id: SessionId,
-    /// `None` until created.
+    /// `None` until created. The snapshot leaves the declared agent config out: it never
+    /// changes and is most of an agent's size (a system prompt, every tool's schema), so stores
+    /// keep it apart, written once, and put it back with [`Session::restore_declared`].
+    #[serde(serialize_with = "init_without_declared")]
     init: Option<SessionInit>,
     created_at: Timestamp,
     tree: Tree,
@@ -196,6 +199,21 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn init_without_declared<S: serde::Serializer>(init: &Option<SessionInit>, s: S) -> Result<S::Ok, S::Error> {
+    init.as_ref()
+        .map(|i| SessionInit {
+            agent_id: i.agent_id.clone(),
+            identity: i.identity.clone(),
+            declared: None,
+            has_worker: i.has_worker,
+            parent: i.parent.clone(),
+            ancestry: i.ancestry.clone(),
+            defaults: i.defaults,
+            budget: i.budget,
+        })
+        .serialize(s)
+}
+
 /// The result of handling a command: the events to persist, and the session after them.
 #[derive(Debug, Clone)]
 pub struct Transition {
@@ -250,6 +268,20 @@ impl Session {
     /// the stored nodes back with [`Session::restore_messages`] (or its siblings).
     pub fn tree(&self) -> &Tree {
         &self.tree
+    }
+
+    /// The declared agent config a store keeps apart from the snapshot (written once, when the
+    /// session is created).
+    pub fn declared(&self) -> Option<&AgentConfig> {
+        self.init.as_ref().and_then(|i| i.declared.as_ref())
+    }
+
+    /// Puts back the declared agent config a store keeps apart from the snapshot. A snapshot
+    /// written before it was left out still holds it; `None` keeps what the snapshot holds.
+    pub fn restore_declared(&mut self, declared: Option<AgentConfig>) {
+        if let (Some(init), Some(declared)) = (self.init.as_mut(), declared) {
+            init.declared = Some(declared);
+        }
     }
 
     /// Puts back the message nodes a store keeps apart from the snapshot, in tree order.

@@ -594,7 +594,9 @@ pub struct SessionInit {
     pub agent_id: String,
     /// The owner.
     pub identity: WorkerIdentity,
-    /// The agent's declared config, proposed at `session.start`.
+    /// The agent's declared config, proposed at `session.start`. A session's snapshot leaves
+    /// it out (see [`crate::session::Session::restore_declared`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub declared: Option<AgentConfig>,
     /// Whether a worker webhook answers decisions (otherwise the engine accepts proposals).
     pub has_worker: bool,
