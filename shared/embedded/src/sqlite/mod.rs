@@ -367,8 +367,9 @@ impl SqliteStore {
 
 /// Work for the writer thread.
 enum Job {
-    /// A commit, grouped with the commits queued next to it.
-    Commit(Pending),
+    /// A commit, grouped with the commits queued next to it (boxed: the channel holds jobs of
+    /// the largest variant's size).
+    Commit(Box<Pending>),
     /// Anything else that needs the writer connection (an in-memory store's reads, a pragma).
     Run(Box<dyn FnOnce(&mut Connection) + Send>),
 }
@@ -430,7 +431,7 @@ fn writer_loop(mut conn: Connection, mut queue: mpsc::Receiver<Job>, counters: &
         let mut group = Vec::with_capacity(batch.len());
         for job in batch.drain(..) {
             match job {
-                Job::Commit(pending) => group.push(pending),
+                Job::Commit(pending) => group.push(*pending),
                 Job::Run(task) => {
                     write_group(&mut conn, std::mem::take(&mut group), counters);
                     task(&mut conn);
@@ -914,7 +915,7 @@ impl Store for SqliteStore {
     ) -> Result<u64, StoreError> {
         let prepared = PreparedCommit::new(session_id, expected_version, &commit, self.inner.clock.now())?;
         let (reply, answer) = oneshot::channel();
-        self.inner.writer.send(Job::Commit(Pending { commit: prepared, reply })).await?;
+        self.inner.writer.send(Job::Commit(Box::new(Pending { commit: prepared, reply }))).await?;
         answer.await.map_err(|_| StoreError::from(SqliteError::WriterStopped))?
     }
 
