@@ -1,0 +1,653 @@
+//! [`ChatProjection`]: one session's events as the actions of its AHP chat.
+
+use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
+use ahp_types::StateAction;
+use ahp_types::actions::{
+    ChatErrorAction, ChatPendingMessageRemovedAction, ChatPendingMessageSetAction, ChatResponsePartAction,
+    ChatTurnCancelledAction, ChatTurnCompleteAction, ChatTurnStartedAction, ChatUsageAction,
+};
+use ahp_types::state::{
+    ChatOrigin, ChatState, ErrorInfo, ErrorResponsePart, MarkdownResponsePart, Message as AhpMessage,
+    PendingMessageKind, ResponsePart, SessionStatus, ToolCallClientContributor, ToolCallConfirmationReason,
+    ToolCallContributor,
+};
+use turnstone_engine::ids::{CallId, InterruptId, SessionId, TurnId};
+use turnstone_engine::protocol::{ErrorCode, Message, Role, ToolHandler};
+use turnstone_engine::session::{
+    CallOutcome, CallRecord, CallSpec, CallValue, Event, Interrupt, PendingTrigger, Session, SessionInit,
+    TurnRecord, TurnStatus,
+};
+use turnstone_engine::time::Timestamp;
+
+use crate::error::ProjectionError;
+use crate::turn::{OpenTurn, ToolPart};
+use crate::uri::chat_uri;
+use crate::{input, message, parts, tool_call, usage};
+
+/// Why a call still open when its turn ends is cancelled.
+const TURN_ENDED: &str = "the turn ended before the call finished";
+
+/// The AHP chat of one Turnstone session, kept up to date event by event.
+///
+/// Every action it returns has already been reduced into [`ChatProjection::chat`] by the
+/// protocol's reducer, which applied it (anything else is a [`ProjectionError`]).
+#[derive(Debug, Clone)]
+pub struct ChatProjection {
+    /// The session as the events so far make it (the engine's own fold): what a call, a turn or
+    /// a tool is, asked the engine's way.
+    pub(crate) session: Session,
+    pub(crate) chat: ChatState,
+    pub(crate) turn: Option<OpenTurn>,
+    /// Queued turns shown as pending messages.
+    queued: Vec<TurnId>,
+    /// The actions of the event (or delta) being projected.
+    emitted: Vec<StateAction>,
+    /// What is being projected, for errors.
+    pub(crate) projecting: &'static str,
+}
+
+/// The chat that session `session_id`'s `events` (its log, in order) make.
+pub fn chat_from_log<'a>(
+    session_id: impl Into<SessionId>,
+    events: impl IntoIterator<Item = &'a Event>,
+) -> Result<ChatState, ProjectionError> {
+    let mut projection = ChatProjection::new(session_id);
+    for event in events {
+        projection.apply(event)?;
+    }
+    Ok(projection.chat)
+}
+
+impl ChatProjection {
+    /// The chat of session `session_id` before its first event: empty, idle.
+    pub fn new(session_id: impl Into<SessionId>) -> Self {
+        let session_id = session_id.into();
+        let chat = ChatState {
+            resource: chat_uri(&session_id),
+            title: session_id.to_string(),
+            status: SessionStatus::Idle.bits(),
+            activity: None,
+            modified_at: Timestamp(0).to_rfc3339(),
+            changes: None,
+            origin: None,
+            movable: None,
+            interactivity: None,
+            working_directories: None,
+            changesets: None,
+            background_work: None,
+            canvases: None,
+            turns: Vec::new(),
+            turns_next_cursor: None,
+            active_turn: None,
+            steering_message: None,
+            queued_messages: None,
+            draft: None,
+            meta: None,
+        };
+        ChatProjection {
+            session: Session::new(session_id),
+            chat,
+            turn: None,
+            queued: Vec::new(),
+            emitted: Vec::new(),
+            projecting: "",
+        }
+    }
+
+    /// The session's id.
+    pub fn session_id(&self) -> &SessionId {
+        self.session.id()
+    }
+
+    /// The chat as the actions so far reduce it.
+    pub fn chat(&self) -> &ChatState {
+        &self.chat
+    }
+
+    /// Projects the session's next event: the chat actions it means, already reduced into the
+    /// chat. Events must come in log order, each once.
+    pub fn apply(&mut self, event: &Event) -> Result<Vec<StateAction>, ProjectionError> {
+        self.projecting = event.name();
+        // The mapping reads the session as it was before the event (a call's record before it
+        // settles, a queued turn's input before it starts).
+        let projected = self.project(event);
+        self.session.apply(event);
+        self.finish(projected)
+    }
+
+    /// Hands out the emitted actions, or the error.
+    pub(crate) fn finish(
+        &mut self,
+        projected: Result<(), ProjectionError>,
+    ) -> Result<Vec<StateAction>, ProjectionError> {
+        let emitted = std::mem::take(&mut self.emitted);
+        projected.map(|()| emitted)
+    }
+
+    /// Reduces `action` into the chat and keeps it; an action the reducer does not apply is a
+    /// bug in the mapping.
+    pub(crate) fn emit(&mut self, action: StateAction) -> Result<(), ProjectionError> {
+        match apply_action_to_chat(&mut self.chat, &action) {
+            ReduceOutcome::Applied => {
+                self.emitted.push(action);
+                Ok(())
+            }
+            outcome => Err(ProjectionError::NotApplied {
+                action: action_type(&action),
+                outcome: format!("{outcome:?}"),
+                source_name: self.projecting,
+            }),
+        }
+    }
+
+    fn project(&mut self, event: &Event) -> Result<(), ProjectionError> {
+        match event {
+            Event::SessionCreated { init, at, .. } => {
+                self.created(init, *at);
+                Ok(())
+            }
+            Event::TurnStarted { turn } => {
+                let started_at = turn.started_at.unwrap_or(turn.submitted_at);
+                self.turn = Some(OpenTurn::new(turn.id.clone(), started_at, turn.origin));
+                Ok(())
+            }
+            Event::TurnQueued { turn } => self.queue(turn),
+            Event::TurnActivated { turn_id, at } => self.activate(turn_id, *at),
+            Event::TurnEnded { turn_id, status, error, code, at, .. } => {
+                self.end(turn_id, *status, error.as_deref(), code.as_ref(), *at)
+            }
+            Event::TriggerQueued { trigger } => self.trigger(trigger),
+            Event::MessageRecorded { message, .. } => self.message(message),
+            Event::CallCreated { call } => self.call_created(call),
+            Event::CallDispatched { .. } => Ok(()),
+            Event::CallSettled { call_id, attempt, outcome } => self.call_settled(call_id, *attempt, outcome),
+            Event::CallVoided { call_id, reason } => self.cancel_call(call_id, reason),
+            Event::InterruptOpened { interrupt } => self.interrupt_opened(interrupt),
+            Event::InterruptResumed { interrupt_id, payload } => {
+                self.interrupt_resumed(interrupt_id, payload.as_ref())
+            }
+            // The engine's bookkeeping: decisions, retries, reporting, the outbox and agent
+            // state show nothing in a chat. A closed interrupt stays unanswered in its turn,
+            // as AHP keeps an input request its turn ended without.
+            Event::TurnAliased { .. }
+            | Event::TurnDone { .. }
+            | Event::TriggerDropped { .. }
+            | Event::DecisionOpened { .. }
+            | Event::DecisionDispatched { .. }
+            | Event::DecisionRetryScheduled { .. }
+            | Event::DecisionResolved { .. }
+            | Event::DecisionAccepted { .. }
+            | Event::DecisionFailed { .. }
+            | Event::DecisionVoided { .. }
+            | Event::ActionIgnored { .. }
+            | Event::HeadMoved { .. }
+            | Event::StateWritten { .. }
+            | Event::AgentWritten { .. }
+            | Event::CallRetryScheduled { .. }
+            | Event::CallRequeued { .. }
+            | Event::CallReported { .. }
+            | Event::InterruptClosed { .. }
+            | Event::OutboxQueued { .. }
+            | Event::OutboxDelivered { .. }
+            | Event::OutboxWithdrawn { .. } => Ok(()),
+        }
+    }
+
+    /// The chat's own fields come from the session's creation; AHP has no chat action for
+    /// them (they belong to the snapshot and to the session's catalog).
+    fn created(&mut self, init: &SessionInit, at: Timestamp) {
+        self.chat.title = init.agent_id.clone();
+        self.chat.modified_at = at.to_rfc3339();
+        // A sub-agent's chat was spawned by its parent's tool call.
+        self.chat.origin = init.parent.as_ref().map(|parent| ChatOrigin::Tool {
+            chat: chat_uri(&parent.session_id),
+            tool_call_id: parent.tool_call_id.to_string(),
+        });
+    }
+
+    fn queue(&mut self, turn: &TurnRecord) -> Result<(), ProjectionError> {
+        let message = message::from_input(turn.input.as_ref(), turn.origin);
+        self.emit(StateAction::ChatPendingMessageSet(ChatPendingMessageSetAction {
+            kind: PendingMessageKind::Queued,
+            id: turn.id.to_string(),
+            message,
+        }))?;
+        self.queued.push(turn.id.clone());
+        Ok(())
+    }
+
+    /// A queued turn starts from its pending message, which the start consumes.
+    fn activate(&mut self, turn_id: &TurnId, at: Timestamp) -> Result<(), ProjectionError> {
+        let record = self.session.turn(turn_id);
+        let origin = record.map(|t| t.origin).unwrap_or_default();
+        let message = message::from_input(record.and_then(|t| t.input.as_ref()), origin);
+        let mut turn = OpenTurn::new(turn_id.clone(), at, origin);
+        if let Some(i) = self.queued.iter().position(|q| q == turn_id) {
+            self.queued.remove(i);
+            turn.queued_message_id = Some(turn_id.to_string());
+        }
+        self.turn = Some(turn);
+        self.announce(Some(message))
+    }
+
+    /// Sends `chat/turnStarted` for the open turn unless it went out; `message` is what started
+    /// it, when the event knows.
+    fn announce(&mut self, message: Option<AhpMessage>) -> Result<(), ProjectionError> {
+        let Some(turn) = self.turn.as_mut() else { return Ok(()) };
+        if turn.announced {
+            return Ok(());
+        }
+        turn.announced = true;
+        let message = message.unwrap_or_else(|| message::text(String::new(), turn.origin));
+        let action = StateAction::ChatTurnStarted(ChatTurnStartedAction {
+            turn_id: turn.id.to_string(),
+            started_at: turn.started_at.to_rfc3339(),
+            message,
+            queued_message_id: turn.queued_message_id.clone(),
+            meta: None,
+        });
+        self.emit(action)
+    }
+
+    /// The open turn's id when `turn_id` names it (`None`: the open turn, whichever it is),
+    /// announced: whatever happens in a turn shows only once it started.
+    pub(crate) fn open(&mut self, turn_id: Option<&TurnId>) -> Result<Option<String>, ProjectionError> {
+        let Some(turn) = &self.turn else { return Ok(None) };
+        if turn_id.is_some_and(|t| *t != turn.id) {
+            return Ok(None);
+        }
+        let id = turn.id.to_string();
+        self.announce(None)?;
+        Ok(Some(id))
+    }
+
+    pub(crate) fn open_turn(&mut self) -> Option<&mut OpenTurn> {
+        self.turn.as_mut()
+    }
+
+    /// A turn's input, queued as its first trigger, is its message.
+    fn trigger(&mut self, trigger: &PendingTrigger) -> Result<(), ProjectionError> {
+        let Some(turn) = &self.turn else { return Ok(()) };
+        if turn.announced || trigger.turn_id.as_ref() != Some(&turn.id) {
+            return Ok(());
+        }
+        match message::from_source(&trigger.source, turn.origin) {
+            Some(message) => self.announce(Some(message)),
+            None => Ok(()),
+        }
+    }
+
+    fn message(&mut self, message: &Message) -> Result<(), ProjectionError> {
+        match message.role {
+            // The user's message starts the turn (an engine-hosted step records it without
+            // queueing its trigger). Later user messages of the same turn are not shown.
+            Role::User => {
+                let Some(turn) = &self.turn else { return Ok(()) };
+                let text = message::text(message.content_text(), turn.origin);
+                self.announce(Some(text))
+            }
+            Role::Assistant => self.assistant(message),
+            Role::Tool => self.tool_message(message),
+            Role::System => Ok(()),
+        }
+    }
+
+    /// The model's reply: its text ends the reply's markdown part (created now, or grown from
+    /// what streamed), its tool calls become (or finish streaming as) tool call parts.
+    fn assistant(&mut self, message: &Message) -> Result<(), ProjectionError> {
+        let Some(turn_id) = self.open(None)? else { return Ok(()) };
+        let reply = self.open_turn().and_then(|t| t.reply.take());
+        let text = message.content_text();
+        if !text.is_empty() {
+            let id = match &reply {
+                Some((call_id, attempt)) => parts::text_id(call_id, *attempt),
+                None => message.id.to_string(),
+            };
+            self.finish_text(&turn_id, id, message.id.to_string(), text)?;
+        }
+        for call in message.tool_calls() {
+            self.tool_requested(&turn_id, &call.id, &call.function.name, &call.function.arguments)?;
+        }
+        Ok(())
+    }
+
+    /// Ends markdown part `id` with exactly `text`: appends what the stream did not show, or
+    /// creates the part. A recorded text that does not extend what streamed (a worker rewrote
+    /// the reply) cannot replace it, as parts only grow: it gets a part of its own,
+    /// `fallback_id`.
+    fn finish_text(
+        &mut self,
+        turn_id: &str,
+        id: String,
+        fallback_id: String,
+        text: String,
+    ) -> Result<(), ProjectionError> {
+        let shown = self.open_turn().and_then(|t| t.texts.get(&id).cloned());
+        match shown {
+            Some(shown) if text.starts_with(&shown) => {
+                let rest = &text[shown.len()..];
+                if rest.is_empty() {
+                    return Ok(());
+                }
+                self.emit(crate::stream::text_delta(turn_id, &id, rest))?;
+                if let Some(turn) = self.open_turn() {
+                    turn.texts.insert(id, text);
+                }
+                Ok(())
+            }
+            Some(_) => self.text_part(turn_id, fallback_id, text),
+            None => self.text_part(turn_id, id, text),
+        }
+    }
+
+    /// `chat/responsePart` creating markdown part `id` with `text`.
+    pub(crate) fn text_part(
+        &mut self,
+        turn_id: &str,
+        id: String,
+        text: String,
+    ) -> Result<(), ProjectionError> {
+        self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
+            turn_id: turn_id.to_owned(),
+            part: ResponsePart::Markdown(MarkdownResponsePart { id: id.clone(), content: text.clone() }),
+            meta: None,
+        }))?;
+        if let Some(turn) = self.open_turn() {
+            turn.texts.insert(id, text);
+        }
+        Ok(())
+    }
+
+    /// A tool call the model asked for, with its final `arguments`: its part starts (or shows
+    /// the rest of what streamed) and waits, streaming, for the engine to make the call.
+    fn tool_requested(
+        &mut self,
+        turn_id: &str,
+        call_id: &CallId,
+        name: &str,
+        arguments: &str,
+    ) -> Result<(), ProjectionError> {
+        let part = self.open_turn().and_then(|t| t.tools.get(call_id).cloned());
+        let shown = match part {
+            None => {
+                self.start_tool(turn_id, call_id, name)?;
+                String::new()
+            }
+            Some(ToolPart::Streaming { partial }) => partial,
+            Some(ToolPart::Running | ToolPart::Closed) => return Ok(()),
+        };
+        // Arguments that do not extend what streamed cannot replace it; the final input is
+        // the call's, set when it runs.
+        if let Some(rest) = arguments.strip_prefix(shown.as_str()).filter(|r| !r.is_empty()) {
+            self.stream_arguments(turn_id, call_id, rest)?;
+        }
+        Ok(())
+    }
+
+    /// `chat/toolCallStart` for `call_id`.
+    pub(crate) fn start_tool(
+        &mut self,
+        turn_id: &str,
+        call_id: &CallId,
+        name: &str,
+    ) -> Result<(), ProjectionError> {
+        let contributor = self.contributor(name);
+        self.emit(tool_call::start(turn_id, call_id, name, contributor))?;
+        if let Some(turn) = self.open_turn() {
+            turn.tools.insert(call_id.clone(), ToolPart::Streaming { partial: String::new() });
+            turn.tool_names.insert(call_id.clone(), name.to_owned());
+        }
+        Ok(())
+    }
+
+    /// `chat/toolCallDelta` with `more` arguments of a streaming call.
+    pub(crate) fn stream_arguments(
+        &mut self,
+        turn_id: &str,
+        call_id: &CallId,
+        more: &str,
+    ) -> Result<(), ProjectionError> {
+        self.emit(tool_call::arguments(turn_id, call_id, more))?;
+        if let Some(ToolPart::Streaming { partial }) = self.open_turn().and_then(|t| t.tools.get_mut(call_id))
+        {
+            partial.push_str(more);
+        }
+        Ok(())
+    }
+
+    /// A client tool is run by the session's client. The engine does not know the AHP client
+    /// id of the client that offered the tool, so the session's owner stands for it.
+    fn contributor(&self, name: &str) -> Option<ToolCallContributor> {
+        let turn_id = self.turn.as_ref().map(|t| &t.id);
+        let declared = self.session.tool_declaration(name, turn_id)?;
+        (declared.handler == Some(ToolHandler::Client)).then(|| {
+            let client_id = self.session.identity().id.unwrap_or_else(|| "client".to_owned());
+            ToolCallContributor::Client(ToolCallClientContributor { client_id })
+        })
+    }
+
+    /// A tool message answers a tool call. A call the engine made shows its settle instead;
+    /// one it never made (a worker answered the model's request itself) completes here.
+    fn tool_message(&mut self, message: &Message) -> Result<(), ProjectionError> {
+        let Some(call_id) = &message.tool_call_id else { return Ok(()) };
+        let part = self.turn.as_ref().and_then(|t| t.tools.get(call_id));
+        if !matches!(part, Some(ToolPart::Streaming { .. })) || self.session.call_id_used(call_id) {
+            return Ok(());
+        }
+        let Some(turn_id) = self.open(None)? else { return Ok(()) };
+        let name = message.name.clone().unwrap_or_default();
+        self.emit(tool_call::ready(
+            &turn_id,
+            call_id,
+            &name,
+            None,
+            Some(ToolCallConfirmationReason::NotNeeded),
+        ))?;
+        self.emit(tool_call::answered(&turn_id, call_id, &name, message.content_text()))?;
+        self.close_tool(call_id);
+        Ok(())
+    }
+
+    fn close_tool(&mut self, call_id: &CallId) {
+        if let Some(turn) = self.open_turn() {
+            turn.tools.insert(call_id.clone(), ToolPart::Closed);
+        }
+    }
+
+    /// A tool or sub-agent call of the open turn runs.
+    fn call_created(&mut self, call: &CallRecord) -> Result<(), ProjectionError> {
+        let Some(name) = tool_call::name(&call.spec).map(str::to_owned) else { return Ok(()) };
+        let Some(turn_id) = self.open(call.turn_id.as_ref())? else { return Ok(()) };
+        let arguments = match &call.spec {
+            CallSpec::ToolCall { arguments, .. } => Some(arguments.as_str()),
+            CallSpec::SubAgent { .. } | CallSpec::LlmCall { .. } => None,
+        };
+        self.tool_requested(&turn_id, &call.id, &name, arguments.unwrap_or_default())?;
+        self.emit(tool_call::ready(&turn_id, &call.id, &name, arguments, tool_call::confirmation(call)))?;
+        if let Some(action) = tool_call::show_child(&turn_id, &call.id, &call.spec) {
+            self.emit(action)?;
+        }
+        if let Some(turn) = self.open_turn() {
+            turn.tools.insert(call.id.clone(), ToolPart::Running);
+        }
+        Ok(())
+    }
+
+    fn call_settled(
+        &mut self,
+        call_id: &CallId,
+        attempt: u32,
+        outcome: &CallOutcome,
+    ) -> Result<(), ProjectionError> {
+        let Some(call) = self.session.call(call_id).cloned() else { return Ok(()) };
+        if matches!(call.spec, CallSpec::LlmCall { .. }) {
+            return self.model_settled(&call, attempt, outcome);
+        }
+        let running = self.turn.as_ref().and_then(|t| t.tools.get(call_id)) == Some(&ToolPart::Running);
+        if !running {
+            return Ok(());
+        }
+        let Some(turn_id) = self.open(None)? else { return Ok(()) };
+        self.emit(tool_call::complete(&turn_id, call_id, &call.spec, outcome))?;
+        self.close_tool(call_id);
+        Ok(())
+    }
+
+    /// A model call of the open turn answered: its usage joins the turn's, and its reply is the
+    /// next assistant message.
+    fn model_settled(
+        &mut self,
+        call: &CallRecord,
+        attempt: u32,
+        outcome: &CallOutcome,
+    ) -> Result<(), ProjectionError> {
+        let Ok(CallValue::Llm(response)) = outcome else { return Ok(()) };
+        let Some(turn_id) = self.open(call.turn_id.as_ref())? else { return Ok(()) };
+        let Some(turn) = self.open_turn() else { return Ok(()) };
+        turn.usage.add(response.usage.as_ref(), response.cost.as_deref());
+        turn.model = Some(response.model.clone());
+        turn.reply = Some((call.id.clone(), attempt));
+        let usage = usage::usage_info(&turn.usage, turn.model.as_deref());
+        self.emit(StateAction::ChatUsage(ChatUsageAction { turn_id, usage, meta: None }))
+    }
+
+    /// A voided call (or one still open when its turn ends) is cancelled with `reason`.
+    fn cancel_call(&mut self, call_id: &CallId, reason: &str) -> Result<(), ProjectionError> {
+        let open = matches!(
+            self.turn.as_ref().and_then(|t| t.tools.get(call_id)),
+            Some(ToolPart::Streaming { .. } | ToolPart::Running)
+        );
+        if !open {
+            return Ok(());
+        }
+        let Some(turn_id) = self.open(None)? else { return Ok(()) };
+        let name = self.tool_name(call_id);
+        for action in tool_call::cancel(&turn_id, call_id, &name, reason) {
+            self.emit(action)?;
+        }
+        self.close_tool(call_id);
+        Ok(())
+    }
+
+    /// The tool name of `call_id`'s part.
+    fn tool_name(&self, call_id: &CallId) -> String {
+        self.turn.as_ref().and_then(|t| t.tool_names.get(call_id)).cloned().unwrap_or_default()
+    }
+
+    fn interrupt_opened(&mut self, interrupt: &Interrupt) -> Result<(), ProjectionError> {
+        if self.open(interrupt.turn_id.as_ref())?.is_none() {
+            return Ok(());
+        }
+        self.emit(input::requested(interrupt))?;
+        if let Some(turn) = self.open_turn() {
+            turn.inputs.insert(interrupt.id.clone());
+        }
+        Ok(())
+    }
+
+    fn interrupt_resumed(
+        &mut self,
+        interrupt_id: &InterruptId,
+        payload: Option<&serde_json::Value>,
+    ) -> Result<(), ProjectionError> {
+        let shown = self.open_turn().is_some_and(|t| t.inputs.remove(interrupt_id));
+        if !shown {
+            return Ok(());
+        }
+        self.emit(input::completed(interrupt_id, payload))
+    }
+
+    /// A turn ends: its open tool calls are cancelled first (AHP ignores actions for a turn
+    /// that is no longer active), then `chat/turnComplete`, `chat/turnCancelled` or
+    /// `chat/error`. A queued turn that ends before it starts leaves the queue.
+    fn end(
+        &mut self,
+        turn_id: &TurnId,
+        status: TurnStatus,
+        error: Option<&str>,
+        code: Option<&ErrorCode>,
+        at: Timestamp,
+    ) -> Result<(), ProjectionError> {
+        if let Some(i) = self.queued.iter().position(|q| q == turn_id) {
+            self.queued.remove(i);
+            return self.emit(StateAction::ChatPendingMessageRemoved(ChatPendingMessageRemovedAction {
+                kind: PendingMessageKind::Queued,
+                id: turn_id.to_string(),
+            }));
+        }
+        let Some(id) = self.open(Some(turn_id))? else { return Ok(()) };
+        let open: Vec<CallId> = self
+            .turn
+            .as_ref()
+            .map(|t| {
+                t.tools
+                    .iter()
+                    .filter(|(_, part)| **part != ToolPart::Closed)
+                    .map(|(call_id, _)| call_id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for call_id in open {
+            self.cancel_call(&call_id, TURN_ENDED)?;
+        }
+        let Some(turn) = self.turn.take() else { return Ok(()) };
+        let duration = at.0.saturating_sub(turn.started_at.0).max(0);
+        let action = match status {
+            TurnStatus::Completed => {
+                StateAction::ChatTurnComplete(ChatTurnCompleteAction { turn_id: id, duration, meta: None })
+            }
+            TurnStatus::Cancelled => {
+                StateAction::ChatTurnCancelled(ChatTurnCancelledAction { turn_id: id, duration, meta: None })
+            }
+            // `turn.ended` only ever ends a turn; a queued or active status here would be a
+            // broken log, shown as the failure it is.
+            TurnStatus::Failed | TurnStatus::Queued | TurnStatus::Active => {
+                StateAction::ChatError(ChatErrorAction {
+                    turn_id: id,
+                    duration,
+                    part: ErrorResponsePart { error: error_info(error, code), resumable: None },
+                    meta: None,
+                })
+            }
+        };
+        self.emit(action)
+    }
+}
+
+/// A failed turn's error: its code (`budget_exceeded`, ...) is the type.
+fn error_info(error: Option<&str>, code: Option<&ErrorCode>) -> ErrorInfo {
+    let error_type = code
+        .and_then(|c| serde_json::to_value(c).ok())
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "turn_failed".to_owned());
+    ErrorInfo { error_type, message: error.unwrap_or("the turn failed").to_owned(), stack: None, meta: None }
+}
+
+/// An action's wire type, e.g. `chat/delta`.
+fn action_type(action: &StateAction) -> String {
+    serde_json::to_value(action)
+        .ok()
+        .and_then(|v| v.get("type").and_then(|t| t.as_str()).map(str::to_owned))
+        .unwrap_or_else(|| format!("{action:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_action_the_reducer_does_not_apply_is_an_error_naming_it() {
+        let mut projection = ChatProjection::new("s");
+        projection.projecting = "message.recorded";
+        let error = projection.emit(crate::stream::text_delta("turn_x", "part", "text")).unwrap_err();
+        assert_eq!(
+            error,
+            ProjectionError::NotApplied {
+                action: "chat/delta".into(),
+                outcome: "NoOp".into(),
+                source_name: "message.recorded",
+            }
+        );
+        assert!(projection.finish(Ok(())).unwrap().is_empty(), "nothing unapplied is handed out");
+    }
+}

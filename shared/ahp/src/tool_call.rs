@@ -1,0 +1,199 @@
+//! The tool call lifecycle's actions: streaming, running, completed or cancelled.
+
+use ahp_types::StateAction;
+use ahp_types::actions::{
+    ChatToolCallCompleteAction, ChatToolCallConfirmedAction, ChatToolCallContentChangedAction,
+    ChatToolCallDeltaAction, ChatToolCallReadyAction, ChatToolCallStartAction,
+};
+use ahp_types::common::StringOrMarkdown;
+use ahp_types::state::{
+    ToolCallCancellationReason, ToolCallConfirmationReason, ToolCallContributor, ToolCallResult, ToolInput,
+    ToolResultContent, ToolResultSubagentContent, ToolResultTextContent,
+};
+use serde_json::json;
+use turnstone_engine::ids::CallId;
+use turnstone_engine::session::{CallOutcome, CallRecord, CallSpec, CallValue};
+
+use crate::uri::chat_uri;
+
+/// `chat/toolCallStart`: the part appears, streaming. A client tool names its client here:
+/// AHP fixes who runs a call at its start.
+pub(crate) fn start(
+    turn_id: &str,
+    call_id: &CallId,
+    name: &str,
+    contributor: Option<ToolCallContributor>,
+) -> StateAction {
+    StateAction::ChatToolCallStart(ChatToolCallStartAction {
+        turn_id: turn_id.to_owned(),
+        tool_call_id: call_id.to_string(),
+        meta: None,
+        tool_name: name.to_owned(),
+        display_name: name.to_owned(),
+        intention: None,
+        contributor,
+    })
+}
+
+/// `chat/toolCallDelta`: more of the arguments.
+pub(crate) fn arguments(turn_id: &str, call_id: &CallId, more: &str) -> StateAction {
+    StateAction::ChatToolCallDelta(ChatToolCallDeltaAction {
+        turn_id: turn_id.to_owned(),
+        tool_call_id: call_id.to_string(),
+        meta: None,
+        content: Some(more.to_owned()),
+        invocation_message: None,
+    })
+}
+
+/// How a call the engine made is confirmed for running.
+///
+/// The seam for tool approval: the engine has no approval step yet, so every call it makes
+/// runs unconfirmed (`not-needed`) and its part goes straight from streaming to running. When
+/// the engine can hold a call for approval, return `None` for such a call (its part then waits
+/// in `pending-confirmation`) and project the approval event as `chat/toolCallConfirmed`.
+pub(crate) fn confirmation(_call: &CallRecord) -> Option<ToolCallConfirmationReason> {
+    Some(ToolCallConfirmationReason::NotNeeded)
+}
+
+/// `chat/toolCallReady`: the arguments are final; with `confirmed` the call runs.
+pub(crate) fn ready(
+    turn_id: &str,
+    call_id: &CallId,
+    name: &str,
+    input: Option<&str>,
+    confirmed: Option<ToolCallConfirmationReason>,
+) -> StateAction {
+    StateAction::ChatToolCallReady(ChatToolCallReadyAction {
+        turn_id: turn_id.to_owned(),
+        tool_call_id: call_id.to_string(),
+        meta: None,
+        contributor: None,
+        intention: None,
+        invocation_message: invocation(name),
+        tool_input: input.map(|i| ToolInput::Inline(i.to_owned())),
+        confirmation_title: None,
+        risk_assessment: None,
+        edits: None,
+        editable: None,
+        confirmed,
+        options: None,
+    })
+}
+
+/// A sub-agent's call shows the child's chat while it runs (`chat/toolCallContentChanged`).
+pub(crate) fn show_child(turn_id: &str, call_id: &CallId, spec: &CallSpec) -> Option<StateAction> {
+    let child = subagent(spec)?;
+    Some(StateAction::ChatToolCallContentChanged(ChatToolCallContentChangedAction {
+        turn_id: turn_id.to_owned(),
+        tool_call_id: call_id.to_string(),
+        meta: None,
+        content: vec![child],
+    }))
+}
+
+/// `chat/toolCallComplete` with the call's outcome.
+pub(crate) fn complete(
+    turn_id: &str,
+    call_id: &CallId,
+    spec: &CallSpec,
+    outcome: &CallOutcome,
+) -> StateAction {
+    StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+        turn_id: turn_id.to_owned(),
+        tool_call_id: call_id.to_string(),
+        meta: None,
+        result: result(spec, outcome),
+        requires_result_confirmation: None,
+    })
+}
+
+/// `chat/toolCallComplete` for a call the engine never made, answered by a tool message.
+pub(crate) fn answered(turn_id: &str, call_id: &CallId, name: &str, text: String) -> StateAction {
+    StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+        turn_id: turn_id.to_owned(),
+        tool_call_id: call_id.to_string(),
+        meta: None,
+        result: ToolCallResult {
+            success: true,
+            past_tense_message: StringOrMarkdown::Plain(format!("Ran {name}")),
+            content: Some(vec![ToolResultContent::Text(ToolResultTextContent { text })]),
+            structured_content: None,
+            error: None,
+        },
+        requires_result_confirmation: None,
+    })
+}
+
+/// The two actions that cancel a streaming or running call with `reason`. AHP cancels a call
+/// only as a denied confirmation, so the part is first sent back to `pending-confirmation`
+/// (`chat/toolCallReady` without `confirmed`, which the protocol allows from both states) and
+/// then declined as `skipped`: it never ran to its end.
+pub(crate) fn cancel(turn_id: &str, call_id: &CallId, name: &str, reason: &str) -> [StateAction; 2] {
+    let back = ready(turn_id, call_id, name, None, None);
+    let declined = StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
+        turn_id: turn_id.to_owned(),
+        tool_call_id: call_id.to_string(),
+        meta: None,
+        approved: false,
+        confirmed: None,
+        reason: Some(ToolCallCancellationReason::Skipped),
+        edited_tool_input: None,
+        user_suggestion: None,
+        reason_message: Some(StringOrMarkdown::Plain(reason.to_owned())),
+        selected_option_id: None,
+    });
+    [back, declined]
+}
+
+/// The name a call shows: the tool's, or the sub-agent's.
+pub(crate) fn name(spec: &CallSpec) -> Option<&str> {
+    match spec {
+        CallSpec::ToolCall { name, .. } => Some(name),
+        CallSpec::SubAgent { agent_id, .. } => Some(agent_id),
+        CallSpec::LlmCall { .. } => None,
+    }
+}
+
+fn invocation(name: &str) -> StringOrMarkdown {
+    StringOrMarkdown::Plain(format!("Running {name}"))
+}
+
+fn result(spec: &CallSpec, outcome: &CallOutcome) -> ToolCallResult {
+    let name = name(spec).unwrap_or_default();
+    let mut content: Vec<ToolResultContent> = subagent(spec).into_iter().collect();
+    match outcome {
+        Ok(value) => {
+            let text = match value {
+                CallValue::Text(text) => text.clone(),
+                CallValue::Llm(response) => response.content.clone().unwrap_or_default(),
+            };
+            content.push(ToolResultContent::Text(ToolResultTextContent { text }));
+            ToolCallResult {
+                success: true,
+                past_tense_message: StringOrMarkdown::Plain(format!("Ran {name}")),
+                content: Some(content),
+                structured_content: None,
+                error: None,
+            }
+        }
+        Err(error) => ToolCallResult {
+            success: false,
+            past_tense_message: StringOrMarkdown::Plain(format!("{name} failed")),
+            content: (!content.is_empty()).then_some(content),
+            structured_content: None,
+            error: Some(json!({ "message": error.error, "code": error.code })),
+        },
+    }
+}
+
+/// The block naming a sub-agent's child chat.
+fn subagent(spec: &CallSpec) -> Option<ToolResultContent> {
+    let CallSpec::SubAgent { agent_id, session_id } = spec else { return None };
+    Some(ToolResultContent::Subagent(ToolResultSubagentContent {
+        resource: chat_uri(session_id),
+        title: agent_id.clone(),
+        agent_name: Some(agent_id.clone()),
+        description: None,
+    }))
+}

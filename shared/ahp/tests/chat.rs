@@ -1,0 +1,435 @@
+//! Durable mapping: a session's log, projected, is the AHP chat the issue describes.
+
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use ahp_types::state::{
+    ChatInputQuestion, ChatInputResponseKind, ChatOrigin, MessageKind, ResponsePart, SessionStatus,
+    ToolCallCancellationReason, ToolCallContributor, ToolCallState, ToolInput, ToolResultContent, TurnState,
+};
+use common::*;
+use serde_json::json;
+use turnstone_engine::protocol::*;
+use turnstone_engine::session::*;
+use turnstone_engine::time::Timestamp;
+
+#[test]
+fn an_engine_hosted_turn_is_a_completed_turn_with_its_message_reply_and_usage() {
+    let mut h = harness("s1", init("demo", Some(AgentConfig::new("m")), false));
+    h.submit("hello");
+    h.advance(1_500);
+    let call = h.claim_llm();
+    h.finish_llm(call, "hi there");
+    let p = project(&h);
+    assert_eq!(
+        types(&p.actions),
+        ["chat/turnStarted", "chat/usage", "chat/responsePart", "chat/turnComplete"]
+    );
+    let chat = p.chat();
+    assert_eq!((chat.resource.as_str(), chat.title.as_str()), ("ahp-chat:/s1", "demo"));
+    assert_eq!(turnstone_ahp::session_uri(&"s1".into()), "ahp-session:/s1");
+    assert!(chat.active_turn.is_none());
+    assert_eq!(chat.turns.len(), 1);
+    let turn = last_turn(chat);
+    assert_eq!(turn.state, TurnState::Complete);
+    assert_eq!(turn.message.text, "hello");
+    assert_eq!(turn.message.origin.kind, MessageKind::User);
+    assert_eq!(turn.started_at.as_deref(), Some(Timestamp(T0).to_rfc3339().as_str()));
+    assert_eq!(turn.duration, Some(1_500));
+    assert_eq!(part_kinds(&turn.response_parts), ["markdown:hi there"]);
+    let usage = turn.usage.as_ref().expect("usage");
+    assert_eq!((usage.input_tokens, usage.output_tokens), (Some(12), Some(7)));
+    assert_eq!(usage.model.as_deref(), Some("test-model"));
+    assert_eq!(usage.meta.as_ref().unwrap()["cost"], "0.0012");
+    assert_eq!(chat.status & SessionStatus::Idle.bits(), SessionStatus::Idle.bits());
+}
+
+#[test]
+fn a_worker_tool_call_streams_runs_and_completes_before_the_turn_ends() {
+    let mut h = harness("s2", init("w", Some(agent_with_tools()), true));
+    h.accept();
+    h.submit("weather in Oslo?");
+    h.accept();
+    h.run_llm(tool_calls(&[("c1", "weather", r#"{"city":"Oslo"}"#)]));
+    h.accept();
+    // The call runs: its part is running, with the final input.
+    let mut p = Projected::new("s2");
+    p.catch_up(&h.log);
+    let active = p.chat().active_turn.as_ref().expect("an active turn");
+    let ToolCallState::Running(running) = tool_call(&active.response_parts, "c1") else {
+        panic!("{:?}", active.response_parts)
+    };
+    assert_eq!(running.tool_input, Some(ToolInput::Inline(r#"{"city":"Oslo"}"#.into())));
+    assert!(running.contributor.is_none(), "a worker tool has no client contributor");
+    // tool.execute answered with the result; the model replies; the turn ends.
+    let req = h.deliver();
+    let result = Action::ToolResult(ToolResultAction { id: None, attempt: None, result: json!("sunny") });
+    h.exec(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: 1,
+        response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
+        ignored_fields: Vec::new(),
+    });
+    h.accept();
+    h.run_llm(reply("Sunny in Oslo"));
+    h.accept();
+    let p = project(&h);
+    let turn = last_turn(p.chat());
+    assert_eq!(turn.state, TurnState::Complete);
+    assert_eq!(part_kinds(&turn.response_parts), ["toolCall:c1:completed", "markdown:Sunny in Oslo"]);
+    let done = completed(&turn.response_parts, "c1");
+    assert!(done.success);
+    assert_eq!(done.tool_name, "weather");
+    assert_eq!(
+        done.content.as_deref(),
+        Some(
+            &[ToolResultContent::Text(ahp_types::state::ToolResultTextContent { text: "sunny".into() })][..]
+        )
+    );
+    // Two model calls: usage sums both (the tool call request reported no tokens).
+    let usage = turn.usage.as_ref().unwrap();
+    assert_eq!(usage.input_tokens, Some(10));
+    assert_eq!(usage.meta.as_ref().unwrap()["llmCalls"], 2);
+}
+
+fn client_turn(h: &mut Driver) {
+    h.submit("pick a color");
+    h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+}
+
+#[test]
+fn a_client_tool_names_its_client_and_completes_with_the_clients_answer() {
+    let mut h = harness("s3", init("demo", Some(agent_with_tools()), false));
+    client_turn(&mut h);
+    let mut view: Vec<DraftMessage> = h.session.tree().active_path().iter().map(|m| m.to_draft()).collect();
+    view.push(DraftMessage::tool_result("c1", "pick", "blue"));
+    h.exec(Command::Submit {
+        input: ClientInput::Messages(ClientMessagesInput {
+            agent_id: "demo".into(),
+            turn_id: None,
+            messages: view,
+            stream: None,
+            client: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    h.run_llm(reply("Blue it is"));
+    let p = project(&h);
+    let turn = last_turn(p.chat());
+    let done = completed(&turn.response_parts, "c1");
+    let Some(ToolCallContributor::Client(client)) = &done.contributor else {
+        panic!("{:?}", done.contributor)
+    };
+    assert_eq!(client.client_id, "owner-1");
+    assert_eq!(
+        done.content.as_deref(),
+        Some(&[ToolResultContent::Text(ahp_types::state::ToolResultTextContent { text: "blue".into() })][..])
+    );
+    assert_eq!(part_kinds(&turn.response_parts), ["toolCall:c1:completed", "markdown:Blue it is"]);
+}
+
+#[test]
+fn a_failed_tool_call_completes_with_its_error() {
+    let mut h = harness("s4", init("demo", Some(agent_with_tools()), false));
+    client_turn(&mut h);
+    h.exec(Command::Submit {
+        input: ClientInput::ToolError(ToolErrorInput {
+            id: "c1".into(),
+            error: "no colors left".into(),
+            retryable: false,
+            attempt: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    h.run_llm(reply("Sorry"));
+    let p = project(&h);
+    let done = completed(&last_turn(p.chat()).response_parts, "c1");
+    assert!(!done.success);
+    assert_eq!(done.error.as_ref().unwrap()["message"], "no colors left");
+}
+
+#[test]
+fn a_failed_turn_ends_through_chat_error_with_its_error_info() {
+    let mut h = harness("s5", init("demo", Some(AgentConfig::new("m")), false));
+    h.submit("hi");
+    h.fail_llm(CallError {
+        error: "upstream exploded".into(),
+        code: Some(ErrorCode::ProviderError),
+        detail: None,
+        retryable: false,
+    });
+    assert_eq!(h.last_turn().status, TurnStatus::Failed);
+    let p = project(&h);
+    assert_eq!(types(&p.actions).last().map(String::as_str), Some("chat/error"));
+    let turn = last_turn(p.chat());
+    assert_eq!(turn.state, TurnState::Error);
+    let Some(ResponsePart::Error(error)) = turn.response_parts.last() else {
+        panic!("{:?}", turn.response_parts)
+    };
+    assert!(error.error.message.contains("upstream exploded"), "{:?}", error.error);
+    assert!(!error.error.error_type.is_empty());
+    assert_eq!(p.chat().status & SessionStatus::Error.bits(), SessionStatus::Error.bits());
+}
+
+fn with_sub_agent() -> AgentConfig {
+    let mut a = agent_with_tools();
+    a.sub_agents = Some(vec![SubAgent { id: "researcher".into(), description: None }]);
+    a
+}
+
+/// Parent `p` delegates `t1` to `researcher`; returns the child's id once it answered.
+fn delegation() -> (Driver, Driver, String) {
+    let mut p = harness("p", init("boss", Some(with_sub_agent()), false));
+    p.submit("find out X");
+    p.run_llm(tool_calls(&[("t1", "researcher", r#"{"message":"look up X"}"#)]));
+    let spawned = p.session.plan(p.now).effects.into_iter().find_map(|e| match e {
+        Effect::Route { seq, item } => Some((seq, item)),
+        _ => None,
+    });
+    let mut child = None;
+    let mut pending = spawned.into_iter().collect::<Vec<_>>();
+    while let Some((seq, item)) = pending.pop() {
+        match route(&"p".into(), item) {
+            Route::Spawn(spawn) => {
+                let create = spawn.command(init(&spawn.agent_id, Some(AgentConfig::new("m")), false));
+                let mut c = Driver::new(spawn.session_id.clone(), Timestamp(T0));
+                c.exec(create);
+                child = Some(c);
+            }
+            Route::Send(send) => {
+                let c = child.as_mut().expect("spawned first");
+                c.exec(send.command("researcher".to_owned()));
+            }
+            Route::Deliver { .. } => panic!("nothing to deliver yet"),
+        }
+        p.exec(Command::OutboxDelivered { seq });
+        pending.extend(p.session.plan(p.now).effects.into_iter().filter_map(|e| match e {
+            Effect::Route { seq, item } => Some((seq, item)),
+            _ => None,
+        }));
+    }
+    let mut child = child.expect("a child");
+    child.run_llm(reply("X is 42"));
+    let child_id = child.session.id().to_string();
+    for e in child.session.plan(child.now).effects {
+        if let Effect::Route { seq, item } = e {
+            if let Route::Deliver { command, .. } = route(&child_id.as_str().into(), item) {
+                p.exec(command);
+            }
+            child.exec(Command::OutboxDelivered { seq });
+        }
+    }
+    p.run_llm(reply("It is 42."));
+    (p, child, child_id)
+}
+
+#[test]
+fn a_sub_agent_call_names_the_child_chat_and_the_child_names_its_parent() {
+    let (p, child, child_id) = delegation();
+    let parent = project(&p);
+    let turn = last_turn(parent.chat());
+    assert_eq!(part_kinds(&turn.response_parts), ["toolCall:t1:completed", "markdown:It is 42."]);
+    let done = completed(&turn.response_parts, "t1");
+    let child_chat = format!("ahp-chat:/{child_id}");
+    let Some([ToolResultContent::Subagent(sub), ToolResultContent::Text(text)]) = done.content.as_deref()
+    else {
+        panic!("{:?}", done.content)
+    };
+    assert_eq!((sub.resource.as_str(), sub.title.as_str()), (child_chat.as_str(), "researcher"));
+    assert_eq!(text.text, "X is 42");
+    let child = project(&child);
+    assert_eq!(
+        child.chat().origin,
+        Some(ChatOrigin::Tool { chat: "ahp-chat:/p".into(), tool_call_id: "t1".into() })
+    );
+    let child_turn = last_turn(child.chat());
+    assert_eq!(child_turn.message.origin.kind, MessageKind::Tool);
+    assert_eq!(child_turn.message.text, "look up X");
+}
+
+#[test]
+fn a_running_sub_agent_call_already_shows_the_child_chat() {
+    let mut p = harness("p", init("boss", Some(with_sub_agent()), false));
+    p.submit("find out X");
+    p.run_llm(tool_calls(&[("t1", "researcher", r#"{"message":"look up X"}"#)]));
+    let projected = project(&p);
+    let active = projected.chat().active_turn.as_ref().unwrap();
+    let ToolCallState::Running(running) = tool_call(&active.response_parts, "t1") else { panic!() };
+    let Some([ToolResultContent::Subagent(sub)]) = running.content.as_deref() else { panic!("{running:?}") };
+    assert!(sub.resource.starts_with("ahp-chat:/"));
+}
+
+#[test]
+fn cancel_cancels_each_open_call_with_its_reason_before_the_turn_ends() {
+    let mut h = harness("s6", init("w", Some(agent_with_tools()), true));
+    h.accept();
+    h.submit("weather twice");
+    h.accept();
+    h.run_llm(tool_calls(&[("c1", "weather", "{}"), ("c2", "weather", "{}")]));
+    h.accept();
+    let events = h.exec(Command::Cancel { reason: "user pressed stop".into() });
+    let reasons: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CallVoided { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons.len(), 2);
+    let p = project(&h);
+    let turn = last_turn(p.chat());
+    assert_eq!(turn.state, TurnState::Cancelled);
+    for id in ["c1", "c2"] {
+        let ToolCallState::Cancelled(c) = tool_call(&turn.response_parts, id) else {
+            panic!("{id}: {:?}", turn.response_parts)
+        };
+        assert_eq!(c.reason, ToolCallCancellationReason::Skipped);
+        assert_eq!(c.reason_message.as_ref().map(|m| m.as_text()), Some(reasons[0].as_str()));
+    }
+}
+
+fn resume(id: &str, payload: serde_json::Value) -> Command {
+    Command::Submit {
+        input: ClientInput::InterruptResume(InterruptResumeInput {
+            interrupt_id: id.into(),
+            payload: Some(payload),
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    }
+}
+
+#[test]
+fn an_interrupt_is_an_input_request_with_its_questions_and_resuming_completes_it() {
+    let mut h = harness("s7", init("w", Some(AgentConfig::new("m")), true));
+    h.accept();
+    h.submit("delete everything");
+    h.accept();
+    h.run_llm(reply("Are you sure?"));
+    let questions = json!([{"kind": "boolean", "id": "sure", "message": "Really delete?"}]);
+    let interrupt = Action::Interrupt(InterruptAction {
+        interrupt_id: Some("i1".into()),
+        reason: "confirm".into(),
+        payload: Some(json!({ "questions": questions })),
+    });
+    // The worker records the model's reply and pauses.
+    let req = h.deliver();
+    let mut response = req.proposed.clone();
+    response.actions = Some(vec![interrupt]);
+    h.exec(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: req.attempts,
+        response: Box::new(response),
+        ignored_fields: Vec::new(),
+    });
+    let p = project(&h);
+    let chat = p.chat();
+    assert_eq!(chat.status & SessionStatus::InputNeeded.bits(), SessionStatus::InputNeeded.bits());
+    let active = chat.active_turn.as_ref().unwrap();
+    assert_eq!(part_kinds(&active.response_parts), ["markdown:Are you sure?", "inputRequest:i1"]);
+    let Some(ResponsePart::InputRequest(request)) = active.response_parts.last() else { panic!() };
+    assert_eq!(request.request.message.as_deref(), Some("confirm"));
+    let Some([ChatInputQuestion::Boolean(q)]) = request.request.questions.as_deref() else {
+        panic!("{:?}", request.request.questions)
+    };
+    assert_eq!(q.id, "sure");
+    assert!(request.response.is_none());
+    let answer = json!({"sure": {"state": "submitted", "value": {"kind": "boolean", "value": true}}});
+    h.exec(resume("i1", json!({ "answers": answer })));
+    h.accept();
+    h.run_llm(reply("Done."));
+    h.accept();
+    let p = project(&h);
+    let turn = last_turn(p.chat());
+    assert_eq!(turn.state, TurnState::Complete);
+    let Some(ResponsePart::InputRequest(request)) = turn.response_parts.get(1) else { panic!() };
+    assert_eq!(request.response, Some(ChatInputResponseKind::Accept));
+    assert!(request.request.answers.as_ref().is_some_and(|a| a.contains_key("sure")));
+}
+
+#[test]
+fn an_interrupt_without_questions_is_a_bare_request_a_decline_completes() {
+    let mut h = harness("s8", init("w", Some(AgentConfig::new("m")), true));
+    h.accept();
+    h.submit("go");
+    h.accept();
+    h.run_llm(reply("Proceed?"));
+    let interrupt = Action::Interrupt(InterruptAction {
+        interrupt_id: Some("i1".into()),
+        reason: "ok?".into(),
+        payload: None,
+    });
+    h.answer(DecisionResponse { actions: Some(vec![interrupt]), ..Default::default() });
+    h.exec(resume("i1", json!({"response": "decline"})));
+    let p = project(&h);
+    let active = p.chat().active_turn.as_ref().unwrap();
+    let Some(ResponsePart::InputRequest(request)) = active.response_parts.last() else { panic!() };
+    assert!(request.request.questions.is_none());
+    assert_eq!(request.response, Some(ChatInputResponseKind::Decline));
+    assert_eq!(p.chat().status & SessionStatus::InputNeeded.bits(), SessionStatus::InProgress.bits());
+}
+
+#[test]
+fn a_queued_turn_is_a_pending_message_until_it_starts() {
+    let mut h = harness("s9", init("demo", Some(AgentConfig::new("m")), false));
+    h.submit("first");
+    let Command::Submit { input, origin, .. } = message("demo", "second") else { panic!() };
+    h.exec(Command::Submit { input, queue: true, origin });
+    let mut p = Projected::new("s9");
+    p.catch_up(&h.log);
+    let queued = p.chat().queued_messages.as_ref().expect("a queued message");
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].message.text, "second");
+    let queued_id = queued[0].id.clone();
+    // The first turn ends; the queued one starts from its pending message.
+    h.run_llm(reply("one"));
+    let actions = p.catch_up(&h.log);
+    assert!(types(&actions).contains(&"chat/turnStarted".to_owned()), "{:?}", types(&actions));
+    assert!(p.chat().queued_messages.is_none());
+    let active = p.chat().active_turn.as_ref().expect("the queued turn runs");
+    assert_eq!((active.id.as_str(), active.message.text.as_str()), (queued_id.as_str(), "second"));
+    h.run_llm(reply("two"));
+    let p = project(&h);
+    let texts: Vec<_> = p.chat().turns.iter().map(|t| t.message.text.clone()).collect();
+    assert_eq!(texts, ["first", "second"]);
+    assert!(p.chat().turns.iter().all(|t| t.state == TurnState::Complete));
+}
+
+#[test]
+fn a_call_still_running_when_its_turn_ends_is_cancelled_first() {
+    let mut h = harness("s10", init("w", Some(agent_with_tools()), true));
+    h.accept();
+    h.submit("weather, later");
+    h.accept();
+    h.run_llm(tool_calls(&[("c1", "weather", "{}")]));
+    // The worker starts the tool and ends the turn at once: the call outlives its turn.
+    let req = h.deliver();
+    let mut response = req.proposed.clone();
+    let tool = Action::ToolCall(ToolCallAction {
+        id: Some("c1".into()),
+        name: "weather".into(),
+        arguments: json!({}),
+        handler: None,
+        retry: None,
+    });
+    response.actions = Some(vec![tool, Action::Done(DoneAction { data: None })]);
+    h.exec(Command::Answer {
+        decision_id: req.decision_id,
+        attempt: req.attempts,
+        response: Box::new(response),
+        ignored_fields: Vec::new(),
+    });
+    assert_eq!(h.last_turn().status, TurnStatus::Completed);
+    let p = project(&h);
+    let turn = last_turn(p.chat());
+    assert_eq!(turn.state, TurnState::Complete);
+    let ToolCallState::Cancelled(c) = tool_call(&turn.response_parts, "c1") else {
+        panic!("{:?}", turn.response_parts)
+    };
+    assert_eq!(c.reason, ToolCallCancellationReason::Skipped);
+    assert!(c.reason_message.as_ref().is_some_and(|m| m.as_text().contains("turn ended")));
+}
