@@ -154,6 +154,7 @@ async fn every_session_route_answers_only_its_owner() {
         ("GET", &turn_path, None, (200, ""), not_found, (200, "")),
         ("GET", "/v1/sessions/as1/events", None, (200, ""), not_found, (200, "")),
         ("GET", "/v1/sessions/as1/events/stream", None, (200, ""), not_found, (200, "")),
+        ("GET", "/v1/sessions/as1/chat", None, (200, ""), not_found, (200, "")),
         // The owner gets past ownership to the engine, which knows no such interrupt.
         ("POST", "/v1/sessions/as1/inputs", Some(&resume), (404, "unknown_interrupt"), not_found, not_found),
         ("POST", "/v1/sessions/as1/cancel", None, (409, "no_active_turn"), not_found, not_found),

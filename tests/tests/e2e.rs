@@ -204,6 +204,50 @@ async fn plain_reply() {
     host.stop().await;
 }
 
+/// The session as an Agent Host Protocol chat: each turn with its user message, its reply as a
+/// markdown part and its end state, a worker's tool call completed with its result inside its
+/// turn; old turns paged newest first.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_is_an_ahp_chat() {
+    let openai = FakeOpenAi::start().await;
+    for n in 1..=3 {
+        openai.push(Reply::text(format!("Reply {n}.")));
+    }
+    let agents = "[agent.plain]\nmodel = \"gpt-fake\"\nllm = \"fake\"\n";
+    let (host, _dir) = host(&config(&openai, agents)).await;
+    for n in 1..=3 {
+        let turn_id = format!("turn-{n}");
+        host.submit_ok("s-chat", &message_as("plain", &format!("Question {n}?"), &turn_id)).await;
+        assert_eq!(host.wait_turn("s-chat", &turn_id).await.status, TurnStatus::Completed);
+    }
+    let chat: Value = host.get_ok("/v1/sessions/s-chat/chat").await;
+    assert_eq!(chat["resource"], "ahp-chat:/s-chat");
+    let turns = chat["turns"].as_array().expect("turns");
+    assert_eq!(turns.len(), 3, "{chat}");
+    for (n, turn) in (1..).zip(turns) {
+        assert_eq!(turn["id"], format!("turn-{n}"));
+        assert_eq!(turn["state"], "complete");
+        assert_eq!(turn["message"]["text"], format!("Question {n}?"));
+        let parts = turn["responseParts"].as_array().expect("parts");
+        assert_eq!((parts.len(), &parts[0]["kind"]), (1, &json!("markdown")), "{turn}");
+        assert_eq!(parts[0]["content"], format!("Reply {n}."));
+    }
+    assert!(chat["activeTurn"].is_null() && chat["turnsNextCursor"].is_null(), "{chat}");
+
+    // Paged: the newest two, then what comes before.
+    let page: Value = host.get_ok("/v1/sessions/s-chat/chat?turns=2").await;
+    let ids =
+        |page: &Value| page["turns"].as_array().unwrap().iter().map(|t| t["id"].clone()).collect::<Vec<_>>();
+    assert_eq!(ids(&page), [json!("turn-2"), json!("turn-3")]);
+    let cursor = page["turnsNextCursor"].as_str().expect("a cursor to older turns").to_owned();
+    let older: Value = host.get_ok(&format!("/v1/sessions/s-chat/chat?turns=2&cursor={cursor}")).await;
+    assert_eq!(ids(&older), [json!("turn-1")]);
+    assert!(older["turnsNextCursor"].is_null());
+    let (status, body) = host.get("/v1/sessions/s-chat/chat?cursor=turns-before.9").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_cursor")), "{body}");
+    host.stop().await;
+}
+
 /// A streaming agent: while the model's stream is paused halfway, the SSE log already carries
 /// the `llm.token.delta` events of what arrived, in order; after it resumes, the deltas add up
 /// to the final text and `message.recorded` carries the whole reply, after every delta.

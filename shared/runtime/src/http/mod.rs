@@ -1,5 +1,6 @@
 //! The HTTP API under `/v1` (DESIGN.md section 8), as an axum router built from an [`App`].
 
+mod chat;
 mod error;
 mod sse;
 
@@ -70,6 +71,7 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
         .route("/v1/sessions/{id}/turns/{turn_id}", get(turn))
         .route("/v1/sessions/{id}/events", get(events))
         .route("/v1/sessions/{id}/events/stream", get(sse::stream))
+        .route("/v1/sessions/{id}/chat", get(chat::chat))
         .route("/v1/sessions/{id}/calls/settle", post(settle))
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/healthz", get(|| async { "ok" }))
