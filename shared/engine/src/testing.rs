@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::ids::{CallId, DecisionId, SessionId, TurnId};
 use crate::protocol::{
-    AgentConfig, ClientInput, ClientMessageInput, DecisionRequest, DecisionResponse, DraftMessage,
+    Action, AgentConfig, ClientInput, ClientMessageInput, DecisionRequest, DecisionResponse, DraftMessage,
     LlmResponse, Role, ToolCall, WorkerIdentity,
 };
 use crate::session::{
@@ -226,6 +226,15 @@ impl Driver {
     /// Delivers the live decision and accepts its proposal, as a compliant worker would.
     pub fn accept(&mut self) -> (DecisionRequest, Vec<Event>) {
         self.answer_with(|request| request.proposed.clone())
+    }
+
+    /// Delivers the live decision and answers it with its proposal's messages and `actions`.
+    pub fn answer_with_proposal_messages(&mut self, actions: Vec<Action>) -> (DecisionRequest, Vec<Event>) {
+        self.answer_with(|request| DecisionResponse {
+            messages: request.proposed.messages.clone(),
+            actions: Some(actions),
+            ..DecisionResponse::default()
+        })
     }
 
     /// Delivers the live decision and answers it with what `respond` makes of the request.

@@ -566,3 +566,70 @@ fn a_timed_out_delivery_is_retried_with_the_same_decision() {
     assert!(!h.exec(answer.clone()).is_empty());
     assert!(h.exec(answer).is_empty());
 }
+
+/// Rule 28 leaves a window: a tool's result that arrives after its turn ended opens a decision
+/// outside the turn. The engine records the result itself as the decision opens, so the path
+/// never shows a tool call without its result, whatever the worker then answers.
+#[test]
+fn a_late_tool_result_after_done_is_recorded_by_the_engine() {
+    let mut h = harness("late1", init("w", Some(worker_agent_with_tools()), true));
+    h.accept();
+    h.exec(client_view("w", vec![DraftMessage::user("what time is it").with_id("u1")], None));
+    h.accept();
+    h.run_llm(tool_calls(&[("c1", "time", "{}")]));
+    // The worker records the model's message, starts the tool and ends the turn at once.
+    let (req, _) = h.answer_with_proposal_messages(vec![
+        Action::ToolCall(ToolCallAction {
+            id: Some("c1".into()),
+            name: "time".into(),
+            arguments: serde_json::json!({}),
+            handler: None,
+            retry: None,
+        }),
+        Action::Done(DoneAction { data: None }),
+    ]);
+    assert!(matches!(req.trigger, Trigger::LlmFinished(_)));
+    assert!(h.session.active_turn_id().is_none(), "the turn ended with the tool in flight");
+    let (req, _) = h.answer(DecisionResponse::default()); // tool.execute, answered by settle
+    assert!(matches!(req.trigger, Trigger::ToolExecute(_)));
+    let result = Action::ToolResult(ToolResultAction {
+        id: Some("c1".into()),
+        attempt: Some(1),
+        result: serde_json::json!("noon"),
+    });
+    h.exec(Command::Settle { action: result });
+    // The late result's decision is open, and its result is on the path already.
+    let decision = h.session.decision().expect("the late result's decision").clone();
+    assert!(matches!(decision.trigger, Trigger::ToolFinished(_)));
+    assert_eq!(decision.proposed.messages, None, "nothing left for the worker to record");
+    assert_eq!(h.path_texts().last().map(String::as_str), Some("Tool:noon"));
+    assert!(h.session.tree().unanswered_tool_calls().is_empty());
+    // The worker answers without echoing it: still answered, once.
+    h.answer(DecisionResponse::default());
+    assert_eq!(h.path_texts().iter().filter(|t| t.as_str() == "Tool:noon").count(), 1);
+}
+
+/// A model reply that arrives after its turn ended may ask for tools: nothing will run them, so
+/// once it is recorded they are answered, keeping the path valid for strict model APIs.
+#[test]
+fn tool_calls_of_a_late_model_reply_are_answered_as_not_run() {
+    let mut h = harness("late2", init("w", Some(worker_agent_with_tools()), true));
+    h.accept();
+    h.exec(client_view("w", vec![DraftMessage::user("hi").with_id("u1")], None));
+    // The worker starts two model calls; the first reply ends the turn.
+    let call = Action::LlmCall(LlmCallAction::default());
+    h.answer(DecisionResponse {
+        messages: Some(vec![DraftMessage::user("hi").with_id("u1")]),
+        actions: Some(vec![call.clone(), call]),
+        ..Default::default()
+    });
+    h.run_llm(reply("first"));
+    h.answer_with_proposal_messages(vec![Action::Done(DoneAction { data: None })]);
+    assert!(h.session.active_turn_id().is_none());
+    // The second reply asks for a tool; the worker records it (the proposal starts nothing).
+    h.run_llm(tool_calls(&[("c9", "time", "{}")]));
+    let (request, _) = h.accept();
+    assert!(matches!(request.trigger, Trigger::LlmFinished(_)));
+    assert!(h.session.tree().unanswered_tool_calls().is_empty(), "{:?}", h.path_texts());
+    assert_eq!(h.path_texts().last().map(String::as_str), Some("Tool:error: not run: its turn had ended"));
+}

@@ -7,7 +7,7 @@
 //! Run one seed with `TURNSTONE_SIM_SEED=<n> cargo test -p turnstone-engine --test simulation`;
 //! the long sweep with `TURNSTONE_SIM_SEEDS=5000 TURNSTONE_SIM_STEPS=300 cargo test --release -p
 //! turnstone-engine --test simulation` (`scripts/sim`). A failing seed is printed; keep it in
-//! `REGRESSION_SEEDS`.
+//! `REGRESSION_SEEDS` with the steps it took.
 
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -19,7 +19,9 @@ use turnstone_engine::ids::{CallId, IdMinter, InterruptId, SessionId};
 use turnstone_engine::protocol::*;
 use turnstone_engine::session::*;
 
-const REGRESSION_SEEDS: &[u64] = &[];
+/// Seeds that once failed, with the steps they took to fail: a late result after `done` left
+/// unanswered on the path (828: a tool's; 961: a model reply's tool calls).
+const REGRESSION_SEEDS: &[(u64, usize)] = &[(828, 300), (961, 300)];
 /// Seeds and steps per seed of a CI run; `TURNSTONE_SIM_SEEDS` and `TURNSTONE_SIM_STEPS` set a
 /// longer sweep.
 const SEEDS: u64 = 200;
@@ -210,7 +212,7 @@ fn worker_answer(rng: &mut Rng, req: &DecisionRequest) -> Command {
     }
 }
 
-fn run(seed: u64) {
+fn run(seed: u64, steps: usize) {
     let _guard = SeedGuard(seed);
     let mut rng = Rng(IdMinter::new(seed));
     let has_worker = rng.chance(60);
@@ -218,7 +220,7 @@ fn run(seed: u64) {
     world.sessions.insert("root".into(), harness("root", init("root", Some(root_agent()), has_worker)));
     let mut answers = 0u64;
     let mut pending_duplicate: Option<(SessionId, Command)> = None;
-    for _ in 0..env_or("TURNSTONE_SIM_STEPS", STEPS) {
+    for _ in 0..steps {
         // Replay an earlier command now and then: at-least-once delivery everywhere.
         if let Some((id, cmd)) = pending_duplicate.take()
             && rng.chance(50)
@@ -393,14 +395,14 @@ fn check_no_dangling(h: &Harness) {
 #[test]
 fn simulation() {
     if let Some(seed) = std::env::var("TURNSTONE_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        run(seed);
+        run(seed, env_or("TURNSTONE_SIM_STEPS", STEPS));
         return;
     }
-    for &seed in REGRESSION_SEEDS {
-        run(seed);
+    for &(seed, steps) in REGRESSION_SEEDS {
+        run(seed, steps);
     }
     for seed in 0..env_or("TURNSTONE_SIM_SEEDS", SEEDS) {
-        run(seed);
+        run(seed, env_or("TURNSTONE_SIM_STEPS", STEPS));
     }
 }
 

@@ -53,7 +53,7 @@ impl Tx {
         let reported =
             matches!(pending.source, TriggerSource::CallFinished { .. }).then(|| call_id.clone()).flatten();
         let decision_id = self.ids.decision_id();
-        let (proposed, proposal_base) = super::propose::propose(
+        let (mut proposed, mut proposal_base) = super::propose::propose(
             &self.session,
             &trigger,
             view_base.as_ref(),
@@ -61,6 +61,24 @@ impl Tx {
             &decision_id,
             reported.as_ref(),
         );
+        // A late result, its turn over (rule 28): the engine records it itself, so the active
+        // path never holds a tool call without its result while a worker looks at the decision
+        // (or answers it without the message); the decision still opens, proposing nothing more.
+        let late = reported.is_some()
+            && self.session.has_worker()
+            && matches!(trigger, Trigger::ToolFinished(_) | Trigger::SubAgentFinished(_))
+            && (pending.turn_id.is_none() || pending.turn_id != self.session.active_turn);
+        let mut reported = reported;
+        if late && let Some(messages) = proposed.messages.take() {
+            if let Some(id) = reported.take() {
+                self.emit(Event::CallReported { call_id: id });
+            }
+            let news = DecisionResponse { messages: Some(messages), ..DecisionResponse::default() };
+            if let Some(reconciled) = self.reconcile_response(&news, proposal_base.as_ref()) {
+                self.record_messages(reconciled);
+            }
+            proposal_base = None;
+        }
         let mut decision = new_decision(decision_id, trigger, proposed, &pending, call_id.clone());
         decision.view_base = view_base;
         decision.proposal_base = proposal_base;

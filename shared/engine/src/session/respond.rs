@@ -11,6 +11,11 @@ use super::records::*;
 use crate::ids::{CallId, MessageId, SessionId, TurnId};
 use crate::protocol::*;
 
+/// The result of a tool call whose results a fork or edit left behind.
+const ABANDONED: &str = "error: no result: the conversation continued from an earlier point without it";
+/// The result of a tool call recorded after its turn ended, which nothing will run.
+const NOT_RUN: &str = "error: not run: its turn had ended";
+
 impl Tx {
     /// Resolves the live decision with `response`, whose messages follow the path `base`
     /// when given (a proposal kept by reference). An invalid response fails the decision (and
@@ -57,7 +62,7 @@ impl Tx {
     }
 
     /// What reconciling a response's messages (following the path `base`) would write.
-    fn reconcile_response(
+    pub(super) fn reconcile_response(
         &mut self,
         response: &DecisionResponse,
         base: Option<&PathRef>,
@@ -117,6 +122,12 @@ impl Tx {
             self.complete_if_done(turn_id);
         }
         self.end_turn_after_failed_model_call(decision, actions.is_empty());
+        if self.session.active_turn.is_none() {
+            // Outside a turn nothing will run a tool call the response recorded (a late model
+            // reply after `done`): answer it, so the path stays valid for strict model APIs.
+            let head = self.session.tree.head().cloned();
+            self.answer_unanswered_tool_calls(head, NOT_RUN);
+        }
     }
 
     /// Records that action `index` of `decision` was not carried out. An engine-hosted step
@@ -274,7 +285,7 @@ impl Tx {
 
     /// Reconciles `messages` into the tree; open calls anchored off the new active path are
     /// voided (a fork voids the work below the fork point).
-    fn record_messages(&mut self, reconciled: super::tree::Reconciled) {
+    pub(super) fn record_messages(&mut self, reconciled: super::tree::Reconciled) {
         if reconciled.is_noop(&self.session.tree) {
             return;
         }
@@ -307,12 +318,17 @@ impl Tx {
     /// result there and are no longer in flight (a fork or edit that dropped their results),
     /// so the transcript stays valid for strict model APIs. Returns the new parent.
     fn answer_abandoned_tool_calls(&mut self, parent: Option<MessageId>) -> Option<MessageId> {
+        self.answer_unanswered_tool_calls(parent, ABANDONED)
+    }
+
+    /// Answers with `text` the tool calls on the path to `parent` that have no result there and
+    /// are not in flight. Returns the new parent.
+    fn answer_unanswered_tool_calls(&mut self, parent: Option<MessageId>, text: &str) -> Option<MessageId> {
         let mut cursor = parent;
         for (tool_call_id, name) in self.session.tree.unanswered_tool_calls_at(cursor.as_ref()) {
             if self.session.call(&tool_call_id).is_some() {
                 continue;
             }
-            let text = "error: no result: the conversation continued from an earlier point without it";
             let message =
                 DraftMessage::tool_result(tool_call_id, name, text).into_message(self.ids.message_id());
             let id = message.id.clone();
