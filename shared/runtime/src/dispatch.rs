@@ -21,9 +21,10 @@ use crate::worker::WorkerClient;
 /// Bounds the effects one run performs before yielding the session to the queue again.
 const MAX_EFFECTS_PER_RUN: usize = 256;
 
-/// How long a wake-up waits for the commit it announced before it leaves the check to a
-/// later one (pauses of 2, 4, ... ms: a commit lands within milliseconds).
-const ANNOUNCED_COMMIT_WAIT: Duration = Duration::from_millis(300);
+/// The longest pause of a wake-up waiting for the commit it announced: pauses of 2, 4, ...,
+/// 256 ms, half a second in all (a commit lands within milliseconds), before it leaves the
+/// check to a later wake-up.
+const ANNOUNCED_COMMIT_LAST_PAUSE: Duration = Duration::from_millis(256);
 /// When that later wake-up looks again: after any commit in flight has certainly landed or
 /// failed (a Lambda function's timeout bounds it).
 const LATE_COMMIT_CHECK: Duration = Duration::from_secs(60);
@@ -113,6 +114,7 @@ impl Dispatcher {
         }
         self.app.wake(session_id, "budget").await
     }
+
     /// The session once the commit a wake-up announced (reaching log length `seq`) has
     /// landed: it was sent just before that commit was written, so it may arrive first. A
     /// commit that has not landed after a short wait failed, or is slow: one more wake-up,
@@ -124,7 +126,7 @@ impl Dispatcher {
             if session.events_applied() >= seq {
                 return Ok(Some((session, version)));
             }
-            if pause > ANNOUNCED_COMMIT_WAIT {
+            if pause > ANNOUNCED_COMMIT_LAST_PAUSE {
                 tracing::debug!(session_id, seq, "the announced commit has not landed; looking again later");
                 let at = self.app.now().plus_ms(LATE_COMMIT_CHECK.as_millis() as u64);
                 self.app.wake_at(session_id, "late commit", at).await?;
