@@ -1,13 +1,13 @@
 //! Payloads too large for their item. A DynamoDB item holds at most 400 KB; a head, an event
-//! pack or a message node whose JSON is longer than [`CHUNK_BYTES`] is cut into chunk items
-//! (`B#<item SK>#<n>`, binary, at most [`CHUNK_BYTES`] each) written in the same transaction,
-//! and its item says how many (`chunks`) instead of holding `body`. A read fetches the chunks
-//! and joins them.
+//! pack or a message item whose JSON is longer than [`CHUNK_BYTES`] is cut into chunk items
+//! (`B#<item SK>#<n>`, binary, at most [`CHUNK_BYTES`] each) written in the same transaction
+//! (a checkpoint), and its item says how many (`chunks`) instead of holding `body`. A read
+//! fetches the chunks and joins them.
 //!
-//! Messages and event packs are written once, so their chunks never change. The head is
-//! rewritten by every commit and its chunks in place (`B#H#<n>`), so each head chunk carries
+//! Message items and event packs are written once, so their chunks never change. The head is
+//! rewritten by every checkpoint and its chunks in place (`B#H#<n>`), so each head chunk carries
 //! the version it belongs to: a reader that finds another version than the head it read
-//! raced a commit and reads again. When a head shrinks, chunks past its new count stay behind
+//! raced a checkpoint and reads again. When a head shrinks, chunks past its new count stay behind
 //! unread (at most the count of the largest head the session ever had).
 
 use aws_sdk_dynamodb::primitives::Blob;

@@ -56,8 +56,6 @@ pub(crate) const CHECKPOINT_IDS: usize = 32;
 /// What the store knows of a session's log since its last checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Tail {
-    /// The log length the head's snapshot stands for.
-    pub checkpoint: u64,
     /// How many message nodes the `M#` items hold (every one recorded up to the checkpoint).
     pub stored_messages: u64,
     /// Turn and call ids first used since the checkpoint, not yet kept as items.
@@ -69,10 +67,10 @@ pub(crate) struct Tail {
 
 impl Tail {
     /// The tail after a pack of `events` (`bytes` long) written by an ordinary commit, or by a
-    /// checkpoint that left the session with `messages` nodes.
-    pub fn after(&self, events: &[Event], bytes: usize, checkpoint: Option<(u64, u64)>) -> Tail {
-        if let Some((seq, messages)) = checkpoint {
-            return Tail { checkpoint: seq, stored_messages: messages, ..Tail::default() };
+    /// checkpoint that left the session with `messages` nodes (all stored by it).
+    pub fn after(&self, events: &[Event], bytes: usize, checkpoint: Option<u64>) -> Tail {
+        if let Some(messages) = checkpoint {
+            return Tail { stored_messages: messages, ..Tail::default() };
         }
         let mut pending = self.pending.clone();
         for id in UsedId::first_used_by(events) {
@@ -232,7 +230,7 @@ pub(crate) fn plan(
         items.push(TransactWriteItem::builder().put(put).build());
         roles.push(role);
     }
-    let tail = Tail { checkpoint: session.events_applied(), stored_messages: messages, ..Tail::default() };
+    let tail = Tail { stored_messages: messages, ..Tail::default() };
     Ok(Planned { write: Write::Checkpoint(Transaction { items, roles }), new_version, tail, bytes })
 }
 
@@ -353,14 +351,14 @@ mod tests {
     #[test]
     fn a_tail_collects_new_ids_until_a_checkpoint_resets_it() {
         let started = |id: &str| Event::TurnAliased { alias: id.into(), turn_id: "t0".into() };
-        let tail = Tail { checkpoint: 5, stored_messages: 2, ..Tail::default() };
+        let tail = Tail { stored_messages: 2, ..Tail::default() };
         let one = tail.after(&[started("a"), started("a")], 100, None);
         assert_eq!(one.pending, [UsedId::Turn("a".into())]);
-        assert_eq!((one.commits, one.bytes, one.checkpoint, one.stored_messages), (1, 100, 5, 2));
+        assert_eq!((one.commits, one.bytes, one.stored_messages), (1, 100, 2));
         let two = one.after(&[started("b")], 50, None);
         assert_eq!(two.pending.len(), 2);
         assert_eq!((two.commits, two.bytes), (2, 150));
-        let reset = two.after(&[started("c")], 10, Some((9, 4)));
-        assert_eq!(reset, Tail { checkpoint: 9, stored_messages: 4, ..Tail::default() });
+        let reset = two.after(&[started("c")], 10, Some(4));
+        assert_eq!(reset, Tail { stored_messages: 4, ..Tail::default() });
     }
 }

@@ -10,6 +10,7 @@
 //! Reads that must see the latest commit (the head, messages, events, used ids, packs) are
 //! strongly consistent; index queries (listing, due work) cannot be and are not.
 
+use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
@@ -167,10 +168,8 @@ impl DynamoStore {
                     _ => self.read_checkpoint(session_id, true).await?,
                 };
                 let Some(head) = head else { return Ok(None) };
-                let session = head.session;
-                let checkpoint = session.events_applied();
-                let tail = Tail { checkpoint, stored_messages: head.messages, ..Tail::default() };
-                Cached { session, version: head.version, tail }
+                let tail = Tail { stored_messages: head.messages, ..Tail::default() };
+                Cached { session: head.session, version: head.version, tail }
             }
         };
         let packs = self.packs_after(session_id, known.session.events_applied()).await?;
@@ -208,9 +207,7 @@ impl DynamoStore {
             for event in &events {
                 session.apply(event);
             }
-            let checkpoint =
-                items::get_u64(pack, MESSAGES).map(|messages| (session.events_applied(), messages));
-            tail = tail.after(&events, pack_bytes(pack), checkpoint);
+            tail = tail.after(&events, pack_bytes(pack), items::get_u64(pack, MESSAGES));
         }
         Ok(Cached { session, version, tail })
     }
@@ -236,12 +233,12 @@ impl DynamoStore {
                 items::get_u64(&item, VERSION).ok_or_else(|| corrupt(session_id, "head version"))?;
             let messages =
                 items::get_u64(&item, MESSAGES).ok_or_else(|| corrupt(session_id, "head message count"))?;
-            let bytes = match chunks::body(&item) {
-                Some(Body::Inline(body)) => body.as_bytes().to_vec(),
+            let bytes: Cow<'_, [u8]> = match chunks::body(&item) {
+                Some(Body::Inline(body)) => Cow::Borrowed(body.as_bytes()),
                 Some(Body::Chunked(count)) => {
                     let fetched = self.chunks(session_id, HEAD, count).await?;
                     match chunks::join(HEAD, count, Some(version), &fetched) {
-                        Ok(bytes) => bytes,
+                        Ok(bytes) => Cow::Owned(bytes),
                         // A checkpoint rewrote the chunks after the head was read: read again.
                         Err(JoinError::OtherVersion { .. }) => continue,
                         Err(err) => return Err(corrupt(session_id, format!("head snapshot: {err}"))),

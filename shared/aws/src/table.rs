@@ -1,18 +1,19 @@
 //! The table: its key schema and secondary indexes, and creating it (for tests and for a host
 //! started with `--create`; `infra/template.yaml`'s `SessionsTable` declares the same).
 //!
-//! Only heads carry index attributes, so the indexes hold one entry per session:
+//! Heads carry the listing indexes' attributes, written at creation and never changed, so
+//! those indexes hold one entry per session:
 //! - `by-owner` (`owner`, `created_key`), projecting `agent`: a caller's sessions, newest first
 //!   (filtered by agent when both are asked for).
 //! - `by-agent` (`agent`, `created_key`): an agent's sessions.
-//! - `by-created` (`list_shard`, `created_key`): every session; `list_shard` is one constant.
-//!   Its keys are written once, at creation, so one partition takes only the creation rate.
-//! - `due` (`due_shard`, `wake_key`), sparse: only heads with a wake time carry its keys (a
-//!   commit without one writes the head without them, which takes it out).
+//! - `by-created` (`list_shard`, `created_key`): every session; `list_shard` is one constant,
+//!   so one partition takes only the creation rate.
+//! - `due` (`due_shard`, `wake_key`), sparse and on packs: only a pack whose wake time no queued
+//!   wake-up covers carries its keys; an entry with a newer pack after it is out of date, and
+//!   `due` takes it out (see the store).
 //!
-//! All four project only keys (and `agent`): an index entry is rewritten only when one of its
-//! attributes changes, so a commit that keeps the wake time writes none of them. A listing
-//! reads the heads it found for version and times.
+//! All four project only keys (and `agent`). A listing reads the heads it found for agent,
+//! owner and creation time, and each session's latest pack for its version and last write.
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
-//! The `sweep` function: on its schedule, enqueue every session whose wake time passed. It
-//! repairs a wake-up lost between a commit and its send, and is how the run after a long
-//! timer starts when the queue's own delay was too short.
+//! The `sweep` function: on its schedule, enqueue every session whose wake time passed and that
+//! the store's due index holds: those whose wake-up could not be sent (a commit's wake-up goes
+//! out before it, and a run's before its wake-up is acknowledged, so no other is ever lost).
 
 use std::sync::Arc;
 

@@ -1,8 +1,11 @@
 //! The persistence port: where sessions, their event logs and their messages live.
 //!
-//! A session is kept as a head (the snapshot of open work, without messages), an append-only
-//! event log, and its immutable message nodes. One commit writes all of it atomically and is
-//! conditioned on the head's version, so concurrent hosts never both win a step.
+//! A session is kept as a head (the snapshot of open work, without messages and without the
+//! declared agent config), an append-only event log, and its immutable message nodes. One
+//! commit is atomic and conditioned on the version it continues, so concurrent hosts never
+//! both win a step. (SQLite rewrites the head with every commit; DynamoDB appends the events
+//! and rewrites the head at checkpoints: either way a load gives the state after the last
+//! commit.)
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};

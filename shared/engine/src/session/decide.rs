@@ -50,7 +50,7 @@ impl Tx {
             }
         };
         // The call whose result this trigger reports (a `*.finished` trigger).
-        let reported =
+        let mut reported =
             matches!(pending.source, TriggerSource::CallFinished { .. }).then(|| call_id.clone()).flatten();
         let decision_id = self.ids.decision_id();
         let (mut proposed, mut proposal_base) = super::propose::propose(
@@ -68,7 +68,6 @@ impl Tx {
             && self.session.has_worker()
             && matches!(trigger, Trigger::ToolFinished(_) | Trigger::SubAgentFinished(_))
             && (pending.turn_id.is_none() || pending.turn_id != self.session.active_turn);
-        let mut reported = reported;
         if late && let Some(messages) = proposed.messages.take() {
             if let Some(id) = reported.take() {
                 self.emit(Event::CallReported { call_id: id });
