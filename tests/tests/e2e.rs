@@ -514,6 +514,124 @@ input = { type = "object", properties = { question = { type = "string" } }, requ
     host.stop().await;
 }
 
+/// A tool declared `approval = "always"`: its call waits, listed under `awaiting_approval`,
+/// until a `tool.approval` input approves it (then it runs: here a client tool, so it becomes a
+/// pending client call) or denies it (the model is told why, and the turn goes on).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_needing_approval_waits_for_a_tool_approval_input() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_1", "deploy", "{}")]));
+    openai.push(Reply::text("Deployed."));
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_2", "deploy", "{}")]));
+    openai.push(Reply::text("Not deploying, then."));
+    let agents = r#"
+[agent.guarded]
+model = "gpt-fake"
+llm = "fake"
+
+[[agent.guarded.tools]]
+name = "deploy"
+description = "Deploys."
+handler = "client"
+approval = "always"
+"#;
+    let (host, _dir) = host(&config(&openai, agents)).await;
+    let approve = |id: &str, approved: bool, reason: Option<&str>| {
+        json!({"type": "tool.approval", "id": id, "approved": approved, "reason": reason})
+    };
+
+    let first = host.submit_ok("s-approve", &message("guarded", "Deploy.")).await;
+    let summary = host.wait_summary("s-approve", PATIENCE, |s| !s.awaiting_approval.is_empty()).await;
+    assert_eq!(summary.status, SessionStatus::Waiting);
+    assert_eq!(serde_json::to_value(&summary.awaiting_approval).unwrap()[0]["id"], "call_1");
+    assert!(summary.pending_client_calls.is_empty(), "not started before approval");
+    let (status, body) = host.submit("s-approve", &approve("call_1", true, None)).await;
+    assert_eq!(status, 202, "{body}");
+    let summary = host.wait_summary("s-approve", PATIENCE, |s| !s.pending_client_calls.is_empty()).await;
+    assert!(summary.awaiting_approval.is_empty());
+    let (status, body) = host.submit("s-approve", &approve("call_1", true, None)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("not_awaiting_approval")), "{body}");
+    let (status, _) =
+        host.submit("s-approve", &json!({"type": "tool.result", "id": "call_1", "result": "ok"})).await;
+    assert_eq!(status, 202);
+    assert_eq!(host.wait_turn("s-approve", &first).await.status, TurnStatus::Completed);
+
+    let second = host.submit_ok("s-approve", &message("guarded", "Deploy again.")).await;
+    host.wait_summary("s-approve", PATIENCE, |s| !s.awaiting_approval.is_empty()).await;
+    let (status, body) = host.submit("s-approve", &approve("call_2", false, Some("not on Fridays"))).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(host.wait_turn("s-approve", &second).await.status, TurnStatus::Completed);
+    let denial = "the user denied this call of deploy: not on Fridays";
+    assert_eq!(
+        transcript(&host.messages("s-approve").await)[4..],
+        [
+            "user: Deploy again.".to_owned(),
+            "assistant: [deploy({})#call_2]".to_owned(),
+            format!("tool deploy/call_2: {denial}"),
+            "assistant: Not deploying, then.".to_owned(),
+        ]
+    );
+    let told = &openai.requests()[3].body;
+    assert_eq!(told["messages"].as_array().unwrap().last().unwrap()["content"], denial);
+    let (status, body) = host.submit("s-approve", &approve("call_9", true, None)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("unknown_call")), "{body}");
+    host.stop().await;
+}
+
+/// `?steer=true`: a message sent while a turn waits on a tool call enters that turn after the
+/// tool's result and before the next model call; its turn id then names the running turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_steering_message_enters_the_running_turn_at_its_next_model_call() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_s", "confirm", "{}")]));
+    openai.push(Reply::text("Done, and hi."));
+    let agents = r#"
+[agent.steered]
+model = "gpt-fake"
+llm = "fake"
+
+[[agent.steered.tools]]
+name = "confirm"
+handler = "client"
+"#;
+    let (host, _dir) = host(&config(&openai, agents)).await;
+    let turn_id = host.submit_ok("s-steer", &message("steered", "Do it.")).await;
+    host.wait_summary("s-steer", PATIENCE, |s| !s.pending_client_calls.is_empty()).await;
+
+    let path = "/v1/sessions/s-steer/inputs";
+    let (status, body) = host.post(&format!("{path}?steer=true&queue=true"), &message("steered", "x")).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (422, Some("steer")), "{body}");
+    let action = json!({"type": "client.action", "agent_id": "steered", "name": "go"});
+    let (status, body) = host.post(&format!("{path}?steer=true"), &action).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (422, Some("steer")), "{body}");
+    let (status, body) =
+        host.post(&format!("{path}?steer=true"), &message_as("steered", "Also say hi.", "steer-1")).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!((body["turn_id"].as_str(), body["queued"].as_bool()), (Some("steer-1"), Some(true)));
+    assert_eq!(host.messages("s-steer").await.len(), 2, "not between the call and its result");
+
+    let (status, _) =
+        host.submit("s-steer", &json!({"type": "tool.result", "id": "call_s", "result": "confirmed"})).await;
+    assert_eq!(status, 202);
+    let turn = host.wait_turn("s-steer", &turn_id).await;
+    assert_eq!(turn.status, TurnStatus::Completed);
+    assert_eq!(
+        transcript(&host.messages("s-steer").await),
+        [
+            "user: Do it.",
+            "assistant: [confirm({})#call_s]",
+            "tool confirm/call_s: confirmed",
+            "user: Also say hi.",
+            "assistant: Done, and hi.",
+        ]
+    );
+    let asked = openai.requests()[1].body["messages"].as_array().unwrap().clone();
+    assert_eq!(asked.last().unwrap()["content"], "Also say hi.");
+    let steered: Turn = host.get_ok("/v1/sessions/s-steer/turns/steer-1").await;
+    assert_eq!(steered.id.as_str(), turn_id, "the steering id names the turn it joined");
+    host.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Interrupts
 

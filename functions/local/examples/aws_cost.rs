@@ -56,6 +56,7 @@ use turnstone_engine::protocol::{
 };
 use turnstone_engine::session::{TurnStatus, UsedId};
 use turnstone_engine::time::Timestamp;
+use turnstone_runtime::api::Placement;
 use turnstone_runtime::app::AgentRuntime;
 use turnstone_runtime::assemble::{self, Engine, Topology};
 use turnstone_runtime::auth::Caller;
@@ -780,7 +781,8 @@ impl Bench {
             functions.api = self.cold_engine()?;
         }
         let started = Instant::now();
-        let submitted = functions.api.app.submit(session_id, input, false, &Caller::Anyone).await?;
+        let submitted =
+            functions.api.app.submit(session_id, input, Placement::Start, &Caller::Anyone).await?;
         invocations.api.push(started.elapsed());
         let turn_id = submitted.turn_id.context("the input started no turn")?;
         let deadline = Instant::now() + TURN_DEADLINE;

@@ -37,7 +37,7 @@ use turnstone_engine::protocol::{
 };
 use turnstone_engine::session::{Event, TurnStatus};
 use turnstone_engine::time::Timestamp;
-use turnstone_runtime::api::{ApiError, Submitted, Turn};
+use turnstone_runtime::api::{ApiError, Placement, Submitted, Turn};
 use turnstone_runtime::app::App;
 use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::auth::Caller;
@@ -510,7 +510,7 @@ async fn inproc_client(
         probe.mark(&session_id);
         let started = Instant::now();
         let submitted = app
-            .submit(&session_id, input(&session_id, n), false, &Caller::Anyone)
+            .submit(&session_id, input(&session_id, n), Placement::Start, &Caller::Anyone)
             .await
             .with_context(|| format!("submitting turn {n} of {session_id}"))?;
         let submit = started.elapsed();

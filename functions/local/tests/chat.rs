@@ -85,6 +85,7 @@ async fn summary(State(fake): State<Fake>, Path(id): Path<String>) -> Response {
         queued_turns: Vec::new(),
         open_interrupts: Vec::new(),
         pending_client_calls: Vec::new(),
+        awaiting_approval: Vec::new(),
         usage: UsageSummary { llm_calls: 0, tokens: Default::default(), cost: "0".into() },
         last_seq: state.last_seq,
         messages: 0,
@@ -245,6 +246,7 @@ fn tool_call(id: &str, name: &str, arguments: &str, handler: ToolHandler) -> Eve
             turn_id: Some("turn-1".into()),
             policy: RetryPolicy::NONE,
             outcome: None,
+            awaiting_approval: false,
         },
     }
 }

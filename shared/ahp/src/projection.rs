@@ -8,8 +8,8 @@ use ahp_types::actions::{
 };
 use ahp_types::state::{
     ChatOrigin, ChatState, ErrorInfo, ErrorResponsePart, MarkdownResponsePart, Message as AhpMessage,
-    PendingMessageKind, ResponsePart, SessionStatus, ToolCallClientContributor, ToolCallConfirmationReason,
-    ToolCallContributor,
+    PendingMessageKind, ResponsePart, SessionStatus, ToolCallCancellationReason, ToolCallClientContributor,
+    ToolCallConfirmationReason, ToolCallContributor,
 };
 use turnstone_engine::ids::{CallId, InterruptId, SessionId, TurnId};
 use turnstone_engine::protocol::{ErrorCode, Message, Role, ToolHandler};
@@ -40,6 +40,9 @@ pub struct ChatProjection {
     pub(crate) turn: Option<OpenTurn>,
     /// Queued turns shown as pending messages.
     queued: Vec<TurnId>,
+    /// Steering turns waiting for the active turn's safe point, oldest first; AHP shows one
+    /// steering message, the latest.
+    steering: Vec<TurnId>,
     /// The actions of the event (or delta) being projected.
     emitted: Vec<StateAction>,
     /// What is being projected, for errors.
@@ -89,6 +92,7 @@ impl ChatProjection {
             chat,
             turn: None,
             queued: Vec::new(),
+            steering: Vec::new(),
             emitted: Vec::new(),
             projecting: "",
         }
@@ -153,6 +157,7 @@ impl ChatProjection {
             }
             Event::TurnQueued { turn } => self.queue(turn),
             Event::TurnActivated { turn_id, at } => self.activate(turn_id, *at),
+            Event::TurnSteered { turn_id, .. } => self.steered(turn_id),
             Event::TurnEnded { turn_id, status, error, code, at, .. } => {
                 self.end(turn_id, *status, error.as_deref(), code.as_ref(), *at)
             }
@@ -160,6 +165,7 @@ impl ChatProjection {
             Event::MessageRecorded { message, .. } => self.message(message),
             Event::CallCreated { call } => self.call_created(call),
             Event::CallDispatched { .. } => Ok(()),
+            Event::CallApproved { call_id } => self.call_approved(call_id),
             Event::CallSettled { call_id, attempt, outcome } => self.call_settled(call_id, *attempt, outcome),
             Event::CallVoided { call_id, reason } => self.cancel_call(call_id, reason),
             Event::InterruptOpened { interrupt } => self.interrupt_opened(interrupt),
@@ -207,13 +213,33 @@ impl ChatProjection {
 
     fn queue(&mut self, turn: &TurnRecord) -> Result<(), ProjectionError> {
         let message = message::from_input(turn.input.as_ref(), turn.origin);
+        let kind = if turn.steering { PendingMessageKind::Steering } else { PendingMessageKind::Queued };
         self.emit(StateAction::ChatPendingMessageSet(ChatPendingMessageSetAction {
-            kind: PendingMessageKind::Queued,
+            kind,
             id: turn.id.to_string(),
             message,
         }))?;
-        self.queued.push(turn.id.clone());
+        if turn.steering {
+            self.steering.push(turn.id.clone());
+        } else {
+            self.queued.push(turn.id.clone());
+        }
         Ok(())
+    }
+
+    /// A steering message entered the active turn: it is no longer pending. AHP shows the
+    /// latest steering message only, so the one shown leaves the chat when the latest does.
+    fn steered(&mut self, turn_id: &TurnId) -> Result<(), ProjectionError> {
+        let Some(i) = self.steering.iter().position(|t| t == turn_id) else { return Ok(()) };
+        let shown = i + 1 == self.steering.len();
+        self.steering.remove(i);
+        if !shown {
+            return Ok(());
+        }
+        self.emit(StateAction::ChatPendingMessageRemoved(ChatPendingMessageRemovedAction {
+            kind: PendingMessageKind::Steering,
+            id: turn_id.to_string(),
+        }))
     }
 
     /// A queued turn starts from its pending message, which the start consumes.
@@ -225,6 +251,14 @@ impl ChatProjection {
         if let Some(i) = self.queued.iter().position(|q| q == turn_id) {
             self.queued.remove(i);
             turn.queued_message_id = Some(turn_id.to_string());
+        }
+        // A steering message whose turn ended before a safe point starts a turn of its own;
+        // the turn's start takes it out of the chat when it is the one shown.
+        if let Some(i) = self.steering.iter().position(|q| q == turn_id) {
+            if i + 1 == self.steering.len() {
+                turn.queued_message_id = Some(turn_id.to_string());
+            }
+            self.steering.remove(i);
         }
         self.turn = Some(turn);
         self.announce(Some(message))
@@ -374,7 +408,7 @@ impl ChatProjection {
                 String::new()
             }
             Some(ToolPart::Streaming { partial }) => partial,
-            Some(ToolPart::Running | ToolPart::Closed) => return Ok(()),
+            Some(ToolPart::PendingConfirmation | ToolPart::Running | ToolPart::Closed) => return Ok(()),
         };
         // Arguments that do not extend what streamed cannot replace it; the final input is
         // the call's, set when it runs.
@@ -463,14 +497,34 @@ impl ChatProjection {
             CallSpec::SubAgent { .. } | CallSpec::LlmCall { .. } => None,
         };
         self.tool_requested(&turn_id, &call.id, &name, arguments.unwrap_or_default())?;
-        self.emit(tool_call::ready(&turn_id, &call.id, &name, arguments, tool_call::confirmation(call)))?;
+        let confirmation = tool_call::confirmation(call);
+        let part = if confirmation.is_some() { ToolPart::Running } else { ToolPart::PendingConfirmation };
+        self.emit(tool_call::ready(&turn_id, &call.id, &name, arguments, confirmation))?;
         if let Some(action) = tool_call::show_child(&turn_id, &call.id, &call.spec) {
             self.emit(action)?;
         }
         if let Some(turn) = self.open_turn() {
-            turn.tools.insert(call.id.clone(), ToolPart::Running);
+            turn.tools.insert(call.id.clone(), part);
         }
         Ok(())
+    }
+
+    /// A person approved a call waiting for approval: it runs.
+    fn call_approved(&mut self, call_id: &CallId) -> Result<(), ProjectionError> {
+        if self.part(call_id) != Some(&ToolPart::PendingConfirmation) {
+            return Ok(());
+        }
+        let Some(turn_id) = self.open(None)? else { return Ok(()) };
+        self.emit(tool_call::confirmed(&turn_id, call_id, Ok(ToolCallConfirmationReason::UserAction)))?;
+        if let Some(turn) = self.open_turn() {
+            turn.tools.insert(call_id.clone(), ToolPart::Running);
+        }
+        Ok(())
+    }
+
+    /// Where `call_id`'s part is, in the open turn.
+    fn part(&self, call_id: &CallId) -> Option<&ToolPart> {
+        self.turn.as_ref().and_then(|t| t.tools.get(call_id))
     }
 
     fn call_settled(
@@ -483,11 +537,26 @@ impl ChatProjection {
         if matches!(call.spec, CallSpec::LlmCall { .. }) {
             return self.model_settled(&call, attempt, outcome);
         }
-        let running = self.turn.as_ref().and_then(|t| t.tools.get(call_id)) == Some(&ToolPart::Running);
-        if !running {
-            return Ok(());
-        }
+        let waiting = match self.part(call_id) {
+            Some(ToolPart::Running) => false,
+            Some(ToolPart::PendingConfirmation) => true,
+            _ => return Ok(()),
+        };
         let Some(turn_id) = self.open(None)? else { return Ok(()) };
+        if waiting {
+            // Settled without running: denied (the call never ran, whoever declined it), or
+            // answered by a worker or client that decided for itself.
+            let verdict = match outcome {
+                Ok(_) => Ok(ToolCallConfirmationReason::NotNeeded),
+                Err(error) => Err((ToolCallCancellationReason::Denied, error.error.clone())),
+            };
+            let denied = verdict.is_err();
+            self.emit(tool_call::confirmed(&turn_id, call_id, verdict))?;
+            if denied {
+                self.close_tool(call_id);
+                return Ok(());
+            }
+        }
         self.emit(tool_call::complete(&turn_id, call_id, &call.spec, outcome))?;
         self.close_tool(call_id);
         Ok(())
@@ -513,16 +582,14 @@ impl ChatProjection {
 
     /// A voided call (or one still open when its turn ends) is cancelled with `reason`.
     fn cancel_call(&mut self, call_id: &CallId, reason: &str) -> Result<(), ProjectionError> {
-        let open = matches!(
-            self.turn.as_ref().and_then(|t| t.tools.get(call_id)),
-            Some(ToolPart::Streaming { .. } | ToolPart::Running)
-        );
-        if !open {
-            return Ok(());
-        }
+        let waiting = match self.part(call_id) {
+            Some(ToolPart::Streaming { .. } | ToolPart::Running) => false,
+            Some(ToolPart::PendingConfirmation) => true,
+            _ => return Ok(()),
+        };
         let Some(turn_id) = self.open(None)? else { return Ok(()) };
         let name = self.tool_name(call_id);
-        for action in tool_call::cancel(&turn_id, call_id, &name, reason) {
+        for action in tool_call::cancel(&turn_id, call_id, &name, reason, waiting) {
             self.emit(action)?;
         }
         self.close_tool(call_id);
@@ -574,6 +641,9 @@ impl ChatProjection {
                 kind: PendingMessageKind::Queued,
                 id: turn_id.to_string(),
             }));
+        }
+        if self.steering.contains(turn_id) {
+            return self.steered(turn_id);
         }
         let Some(id) = self.open(Some(turn_id))? else { return Ok(()) };
         let open: Vec<CallId> = self

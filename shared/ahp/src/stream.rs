@@ -53,7 +53,7 @@ impl ChatProjection {
                 }
                 Some(ToolPart::Streaming { .. }) => {}
                 // The call already runs (its durable events overtook the stream).
-                Some(ToolPart::Running | ToolPart::Closed) => continue,
+                Some(ToolPart::PendingConfirmation | ToolPart::Running | ToolPart::Closed) => continue,
             }
             if let Some(more) = fragment.arguments.as_deref().filter(|a| !a.is_empty()) {
                 self.stream_arguments(&turn_id, &fragment.id, more)?;

@@ -46,14 +46,10 @@ pub(crate) fn arguments(turn_id: &str, call_id: &CallId, more: &str) -> StateAct
     })
 }
 
-/// How a call the engine made is confirmed for running.
-///
-/// The seam for tool approval: the engine has no approval step yet, so every call it makes
-/// runs unconfirmed (`not-needed`) and its part goes straight from streaming to running. When
-/// the engine can hold a call for approval, return `None` for such a call (its part then waits
-/// in `pending-confirmation`) and project the approval event as `chat/toolCallConfirmed`.
-pub(crate) fn confirmation(_call: &CallRecord) -> Option<ToolCallConfirmationReason> {
-    Some(ToolCallConfirmationReason::NotNeeded)
+/// How a call the engine made is confirmed for running: a call of a tool that needs approval
+/// is not (`None`: its part waits in `pending-confirmation`); any other runs unconfirmed.
+pub(crate) fn confirmation(call: &CallRecord) -> Option<ToolCallConfirmationReason> {
+    (!call.awaiting_approval).then_some(ToolCallConfirmationReason::NotNeeded)
 }
 
 /// `chat/toolCallReady`: the arguments are final; with `confirmed` the call runs.
@@ -125,25 +121,45 @@ pub(crate) fn answered(turn_id: &str, call_id: &CallId, name: &str, text: String
     })
 }
 
-/// The two actions that cancel a streaming or running call with `reason`. AHP cancels a call
-/// only as a denied confirmation, so the part is first sent back to `pending-confirmation`
-/// (`chat/toolCallReady` without `confirmed`, which the protocol allows from both states) and
-/// then declined as `skipped`: it never ran to its end.
-pub(crate) fn cancel(turn_id: &str, call_id: &CallId, name: &str, reason: &str) -> [StateAction; 2] {
-    let back = ready(turn_id, call_id, name, None, None);
-    let declined = StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
+/// `chat/toolCallConfirmed` for a call waiting in `pending-confirmation`: approved (by a
+/// person, or by whoever answered it without asking), or declined with `reason`.
+pub(crate) fn confirmed(
+    turn_id: &str,
+    call_id: &CallId,
+    verdict: Result<ToolCallConfirmationReason, (ToolCallCancellationReason, String)>,
+) -> StateAction {
+    let (approved, confirmed, reason, reason_message) = match verdict {
+        Ok(confirmed) => (true, Some(confirmed), None, None),
+        Err((reason, message)) => (false, None, Some(reason), Some(StringOrMarkdown::Plain(message))),
+    };
+    StateAction::ChatToolCallConfirmed(ChatToolCallConfirmedAction {
         turn_id: turn_id.to_owned(),
         tool_call_id: call_id.to_string(),
         meta: None,
-        approved: false,
-        confirmed: None,
-        reason: Some(ToolCallCancellationReason::Skipped),
+        approved,
+        confirmed,
+        reason,
         edited_tool_input: None,
         user_suggestion: None,
-        reason_message: Some(StringOrMarkdown::Plain(reason.to_owned())),
+        reason_message,
         selected_option_id: None,
-    });
-    [back, declined]
+    })
+}
+
+/// The actions that cancel a call with `reason`. AHP cancels a call only as a declined
+/// confirmation, so a streaming or running part is first sent back to `pending-confirmation`
+/// (`chat/toolCallReady` without `confirmed`, which the protocol allows from both states) and
+/// then declined as `skipped`: it never ran to its end.
+pub(crate) fn cancel(
+    turn_id: &str,
+    call_id: &CallId,
+    name: &str,
+    reason: &str,
+    waiting: bool,
+) -> Vec<StateAction> {
+    let back = (!waiting).then(|| ready(turn_id, call_id, name, None, None));
+    let declined = confirmed(turn_id, call_id, Err((ToolCallCancellationReason::Skipped, reason.to_owned())));
+    back.into_iter().chain([declined]).collect()
 }
 
 /// The name a call shows: the tool's, or the sub-agent's.

@@ -11,7 +11,9 @@ use turnstone_engine::time::Timestamp;
 pub(crate) enum ToolPart {
     /// The model is (or was) writing its arguments; `partial` is what was shown.
     Streaming { partial: String },
-    /// The engine made the call (`call.created`): it runs.
+    /// The engine made the call, which waits for a person's approval.
+    PendingConfirmation,
+    /// The engine made the call (`call.created`), or it was approved: it runs.
     Running,
     /// Completed or cancelled: nothing changes it any more.
     Closed,

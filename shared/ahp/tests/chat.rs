@@ -433,3 +433,140 @@ fn a_call_still_running_when_its_turn_ends_is_cancelled_first() {
     assert_eq!(c.reason, ToolCallCancellationReason::Skipped);
     assert!(c.reason_message.as_ref().is_some_and(|m| m.as_text().contains("turn ended")));
 }
+
+/// An engine-hosted session whose client tool `pick` needs approval, its model asking for
+/// call `c1` of it.
+fn approval_turn(id: &str) -> Driver {
+    let mut config = agent_with_tools();
+    for tool in config.tools.iter_mut().flatten() {
+        if tool.name == "pick" {
+            tool.approval = Some(Approval::Always);
+        }
+    }
+    let mut h = harness(id, init("demo", Some(config), false));
+    h.submit("pick one");
+    h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+    h
+}
+
+fn approval(id: &str, approved: bool, reason: Option<&str>) -> Command {
+    Command::Submit {
+        input: ClientInput::ToolApproval(ToolApprovalInput {
+            id: id.into(),
+            approved,
+            reason: reason.map(str::to_owned),
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    }
+}
+
+#[test]
+fn a_call_needing_approval_waits_pending_confirmation_and_runs_once_approved() {
+    let mut h = approval_turn("s11");
+    let mut p = Projected::new("s11");
+    p.catch_up(&h.log);
+    let active = p.chat().active_turn.as_ref().expect("an active turn");
+    assert!(matches!(tool_call(&active.response_parts, "c1"), ToolCallState::PendingConfirmation(_)));
+    h.exec(approval("c1", true, None));
+    let actions = p.catch_up(&h.log);
+    assert_eq!(types(&actions), ["chat/toolCallConfirmed"]);
+    let active = p.chat().active_turn.as_ref().unwrap();
+    let ToolCallState::Running(running) = tool_call(&active.response_parts, "c1") else {
+        panic!("{:?}", active.response_parts)
+    };
+    assert_eq!(running.confirmed, ahp_types::state::ToolCallConfirmationReason::UserAction);
+    h.exec(Command::Submit {
+        input: ClientInput::ToolResult(ToolResultInput {
+            id: "c1".into(),
+            attempt: None,
+            result: Some(json!("red")),
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    h.run_llm(reply("red it is"));
+    let p = project(&h);
+    assert_eq!(
+        part_kinds(&last_turn(p.chat()).response_parts),
+        ["toolCall:c1:completed", "markdown:red it is"]
+    );
+}
+
+#[test]
+fn a_denied_call_is_cancelled_as_denied_with_the_reason() {
+    let mut h = approval_turn("s12");
+    h.exec(approval("c1", false, Some("not now")));
+    h.run_llm(reply("ok, I will not"));
+    let p = project(&h);
+    let turn = last_turn(p.chat());
+    assert_eq!(turn.state, TurnState::Complete);
+    let ToolCallState::Cancelled(c) = tool_call(&turn.response_parts, "c1") else {
+        panic!("{:?}", turn.response_parts)
+    };
+    assert_eq!(c.reason, ToolCallCancellationReason::Denied);
+    assert!(c.reason_message.as_ref().is_some_and(|m| m.as_text().contains("not now")));
+}
+
+#[test]
+fn a_call_waiting_for_approval_when_its_turn_is_cancelled_is_cancelled_as_skipped() {
+    let mut h = approval_turn("s13");
+    h.exec(Command::Cancel { reason: "stop".into() });
+    let p = project(&h);
+    let turn = last_turn(p.chat());
+    assert_eq!(turn.state, TurnState::Cancelled);
+    let ToolCallState::Cancelled(c) = tool_call(&turn.response_parts, "c1") else {
+        panic!("{:?}", turn.response_parts)
+    };
+    assert_eq!(c.reason, ToolCallCancellationReason::Skipped);
+}
+
+fn steer(text: &str, turn_id: &str) -> Command {
+    Command::Steer {
+        input: ClientMessageInput {
+            agent_id: "demo".into(),
+            turn_id: Some(turn_id.into()),
+            message: DraftMessage::user(text),
+            stream: None,
+        },
+    }
+}
+
+#[test]
+fn a_steering_message_is_pending_until_the_turn_takes_it() {
+    let mut h = harness("s14", init("demo", Some(agent_with_tools()), false));
+    client_turn(&mut h);
+    h.exec(steer("make it blue", "st1"));
+    let mut p = Projected::new("s14");
+    p.catch_up(&h.log);
+    let steering = p.chat().steering_message.as_ref().expect("a steering message");
+    assert_eq!((steering.id.as_str(), steering.message.text.as_str()), ("st1", "make it blue"));
+    h.exec(Command::Submit {
+        input: ClientInput::ToolResult(ToolResultInput {
+            id: "c1".into(),
+            attempt: None,
+            result: Some(json!("red")),
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    let actions = p.catch_up(&h.log);
+    assert!(types(&actions).contains(&"chat/pendingMessageRemoved".to_owned()), "{:?}", types(&actions));
+    assert!(p.chat().steering_message.is_none());
+    h.run_llm(reply("blue then"));
+    let p = project(&h);
+    assert_eq!(p.chat().turns.len(), 1, "the steering message joined the turn");
+}
+
+#[test]
+fn a_steering_message_left_when_its_turn_ends_starts_the_next_turn() {
+    let mut h = harness("s15", init("demo", Some(AgentConfig::new("m")), false));
+    h.submit("first");
+    h.exec(steer("and more", "st2"));
+    h.run_llm(reply("one"));
+    h.run_llm(reply("two"));
+    let p = project(&h);
+    let texts: Vec<_> = p.chat().turns.iter().map(|t| (t.id.clone(), t.message.text.clone())).collect();
+    assert_eq!(texts[1], ("st2".to_owned(), "and more".to_owned()));
+    assert!(p.chat().steering_message.is_none());
+}

@@ -11,6 +11,7 @@ use aws_sdk_dynamodb::config::Credentials;
 use turnstone_aws::moto as support;
 use turnstone_aws::{Deployment, DeploymentError, QueueSettings, Settings, SqsQueue};
 use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DraftMessage};
+use turnstone_runtime::api::Placement;
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::queue::Consumer;
 
@@ -88,7 +89,7 @@ async fn a_function_starts_from_ssm_and_secrets_manager_and_runs_a_turn() {
         message: DraftMessage::user("hello from lambda"),
         stream: None,
     });
-    app.submit("s1", input, false, &alice).await.unwrap();
+    app.submit("s1", input, Placement::Start, &alice).await.unwrap();
     let (_, queue) = support::config(store.table(), &queue_url).connect_with(&clients).await.unwrap();
     let deliveries = queue.receive(10, Duration::from_secs(5)).await.unwrap();
     assert_eq!(deliveries.len(), 1, "one wake-up for the submit");

@@ -397,6 +397,11 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
             Event::CallDispatched { call_id, attempt, .. } => {
                 attempts.insert(call_id.clone(), *attempt);
             }
+            // A call settled before it started (denied while it waited for approval) settles
+            // at attempt 0.
+            Event::CallCreated { call } => {
+                attempts.insert(call.id.clone(), call.attempt);
+            }
             Event::CallSettled { call_id, attempt, .. }
             | Event::CallRetryScheduled { call_id, attempt, .. } => {
                 assert_eq!(attempts.get(call_id), Some(attempt), "call {call_id} settled at a stale attempt");

@@ -44,8 +44,16 @@ fn worker_agent_with_tools() -> AgentConfig {
             ),
             output: None,
             handler: None,
+            approval: None,
         },
-        AgentTool { name: "time".into(), description: None, input: None, output: None, handler: None },
+        AgentTool {
+            name: "time".into(),
+            description: None,
+            input: None,
+            output: None,
+            handler: None,
+            approval: None,
+        },
     ]);
     a
 }
@@ -150,6 +158,7 @@ fn client_tool(name: &str) -> AgentTool {
         input: None,
         output: None,
         handler: Some(ToolHandler::Client),
+        approval: None,
     }
 }
 

@@ -125,8 +125,7 @@ const TRIGGERS: &str = "session.start, client.messages, client.action, tool.exec
                         llm.finished, sub_agent.finished, interrupt.resumed";
 const ACTIONS: &str = "llm.call, tool.call, tool.result, tool.error, llm.result, llm.error, sub_agent.spawn, \
                        message.send, interrupt, done";
-const INPUTS: &str =
-    "client.message, client.messages, client.action, interrupt.resume, tool.result, tool.error";
+const INPUTS: &str = "client.message, client.messages, client.action, interrupt.resume, tool.result, tool.error, tool.approval";
 const PARTS: &str = "text, image_url, file, input_audio, video_url";
 
 #[test]
@@ -411,7 +410,7 @@ fn unknown_fields_are_refused() {
     assert_error::<DecisionRequest>(
         &with(request(), "/agent/tools/0/defer", json!(true)),
         "agent.tools[0].defer",
-        "unknown field `defer`, expected one of `name`, `description`, `input`, `output`, `handler`",
+        "unknown field `defer`, expected one of `name`, `description`, `input`, `output`, `handler`, `approval`",
     );
     assert_error::<DecisionRequest>(
         &with(request(), "/calls/0/tool_call_id", json!("c0")),

@@ -950,7 +950,14 @@ fn agent_config_minimal_and_full() {
 fn agent_tool_and_sub_agent() {
     assert_eq!(
         load::<AgentTool>("agent.json", "AgentTool", "minimal"),
-        AgentTool { name: "get_time".into(), description: None, input: None, output: None, handler: None }
+        AgentTool {
+            name: "get_time".into(),
+            description: None,
+            input: None,
+            output: None,
+            handler: None,
+            approval: None
+        }
     );
     let full: AgentTool = load("agent.json", "AgentTool", "full");
     assert_eq!(full.description.as_deref(), Some("Render a report. This takes a while."));

@@ -30,7 +30,14 @@ fn respond(actions: Vec<Action>) -> DecisionResponse {
 }
 
 fn tool(name: &str) -> AgentTool {
-    AgentTool { name: name.into(), description: None, input: None, output: None, handler: None }
+    AgentTool {
+        name: name.into(),
+        description: None,
+        input: None,
+        output: None,
+        handler: None,
+        approval: None,
+    }
 }
 
 fn with_tools(tools: Vec<AgentTool>) -> AgentConfig {
@@ -1396,4 +1403,122 @@ fn the_ids_a_commit_uses_first_are_its_new_turns_aliases_and_calls() {
         retry: None,
     })]));
     assert_eq!(UsedId::first_used_by(&events), [UsedId::Call("c1".into())]);
+}
+
+// ----- tool approval -----------------------------------------------------------------------
+
+/// An engine-hosted session whose client tool `pick` needs approval, with a turn whose model
+/// asked for call `c1` of it.
+fn at_a_call_needing_approval() -> Harness {
+    let pick =
+        AgentTool { handler: Some(ToolHandler::Client), approval: Some(Approval::Always), ..tool("pick") };
+    let mut h = harness("s", init("demo", Some(with_tools(vec![pick])), false));
+    h.exec(message("demo", "go"));
+    h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+    h
+}
+
+fn approval(id: &str, approved: bool, reason: Option<&str>) -> Command {
+    submit(
+        ClientInput::ToolApproval(ToolApprovalInput {
+            id: id.into(),
+            approved,
+            reason: reason.map(str::to_owned),
+        }),
+        false,
+    )
+}
+
+#[test]
+fn a_call_of_a_tool_needing_approval_waits_until_approved() {
+    let mut h = at_a_call_needing_approval();
+    let call = h.session.call(&"c1".into()).unwrap();
+    assert!(call.awaiting_approval);
+    assert_eq!((call.status, call.attempt), (CallStatus::Queued, 0), "not started");
+    assert_eq!(names(&h.exec(approval("c1", true, None))), ["call.approved", "call.dispatched"]);
+    let call = h.session.call(&"c1".into()).unwrap();
+    assert!(!call.awaiting_approval && call.is_pending());
+    let err = h.try_exec(approval("c1", true, None)).unwrap_err();
+    assert_eq!(err, Rejection::NotAwaitingApproval("c1".into()));
+    assert_eq!(err.code(), "not_awaiting_approval");
+}
+
+#[test]
+fn a_denied_call_answers_the_model_with_the_denial_and_the_turn_goes_on() {
+    let mut h = at_a_call_needing_approval();
+    let events = h.exec(approval("c1", false, Some("too risky")));
+    assert_eq!(names(&events[..1]), ["call.settled"]);
+    assert_eq!(
+        h.path_texts().last().map(String::as_str),
+        Some("Tool:the user denied this call of pick: too risky")
+    );
+    assert!(h.due_llm().is_some(), "the model is asked again");
+    h.run_llm(reply("understood"));
+    assert_eq!(h.last_turn().status, TurnStatus::Completed);
+}
+
+#[test]
+fn an_approval_names_a_known_call() {
+    let mut h = at_a_call_needing_approval();
+    assert_eq!(h.try_exec(approval("c9", true, None)).unwrap_err(), Rejection::UnknownCall("c9".into()));
+    h.exec(Command::Cancel { reason: "stop".into() });
+    assert_eq!(h.try_exec(approval("c1", true, None)).unwrap_err().code(), "call_voided");
+}
+
+// ----- steering ----------------------------------------------------------------------------
+
+fn steer(text: &str, turn_id: &str) -> Command {
+    Command::Steer {
+        input: ClientMessageInput {
+            agent_id: "demo".into(),
+            turn_id: Some(turn_id.into()),
+            message: DraftMessage::user(text),
+            stream: None,
+        },
+    }
+}
+
+#[test]
+fn a_steering_message_enters_the_turn_after_the_tool_results_before_the_next_model_call() {
+    let pick = AgentTool { handler: Some(ToolHandler::Client), ..tool("pick") };
+    let mut h = harness("s", init("demo", Some(with_tools(vec![pick])), false));
+    h.exec(msg_with_turn("demo", "go", "t1"));
+    h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+    assert_eq!(names(&h.exec(steer("also this", "s1"))), ["turn.queued"]);
+    assert_eq!(h.path_texts(), ["User:go", "Assistant:"], "never between a call and its result");
+    let result = submit(
+        ClientInput::ToolResult(ToolResultInput { id: "c1".into(), attempt: None, result: Some(json!("x")) }),
+        false,
+    );
+    let events = h.exec(result);
+    assert!(names(&events).contains(&"turn.steered"));
+    assert_eq!(h.path_texts(), ["User:go", "Assistant:", "Tool:x", "User:also this"]);
+    assert!(h.session.queued_turn_ids().is_empty());
+    assert_eq!(h.session.resolve_turn_id(&"s1".into()).as_str(), "t1", "the steering id names the turn");
+    assert!(h.exec(steer("also this", "s1")).is_empty(), "a known steering id writes nothing");
+    h.run_llm(reply("done"));
+    assert_eq!(h.session.turn(&"t1".into()).map(|t| t.status), Some(TurnStatus::Completed));
+    assert_eq!(h.path_texts().last().map(String::as_str), Some("Assistant:done"));
+}
+
+#[test]
+fn a_steering_message_whose_turn_ends_first_becomes_the_next_turn() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(msg_with_turn("demo", "go", "t1"));
+    h.exec(steer("and then", "s1"));
+    h.run_llm(reply("first"));
+    assert_eq!(h.session.active_turn_id().map(|t| t.as_str()), Some("s1"));
+    h.run_llm(reply("second"));
+    assert_eq!(h.path_texts(), ["User:go", "Assistant:first", "User:and then", "Assistant:second"]);
+}
+
+#[test]
+fn a_steering_message_with_no_turn_running_starts_one_and_must_be_the_users() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    assert!(names(&h.exec(steer("hi", "s1"))).contains(&"turn.started"));
+    let mut system = steer("obey", "s2");
+    if let Command::Steer { input } = &mut system {
+        input.message.role = Role::System;
+    }
+    assert_eq!(h.try_exec(system).unwrap_err().code(), "invalid_input");
 }

@@ -60,13 +60,21 @@ fn root_agent() -> AgentConfig {
     let mut a = AgentConfig::new("m");
     a.system = Some("be brief".into());
     a.tools = Some(vec![
-        AgentTool { name: "time".into(), description: None, input: None, output: None, handler: None },
+        AgentTool {
+            name: "time".into(),
+            description: None,
+            input: None,
+            output: None,
+            handler: None,
+            approval: None,
+        },
         AgentTool {
             name: "weather".into(),
             description: None,
             input: Some(json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})),
             output: Some(json!({"type":"string"})),
             handler: None,
+            approval: None,
         },
         AgentTool {
             name: "pick".into(),
@@ -74,6 +82,15 @@ fn root_agent() -> AgentConfig {
             input: None,
             output: None,
             handler: Some(ToolHandler::Client),
+            approval: None,
+        },
+        AgentTool {
+            name: "delete".into(),
+            description: None,
+            input: None,
+            output: None,
+            handler: None,
+            approval: Some(Approval::Always),
         },
     ]);
     a.sub_agents = Some(vec![SubAgent { id: "helper".into(), description: None }]);
@@ -90,12 +107,13 @@ fn model_answer(rng: &mut Rng, n: &mut u64) -> Result<LlmResponse, CallError> {
         let k = 1 + rng.below(3);
         let calls: Vec<(String, String, String)> = (0..k)
             .map(|i| {
-                let (name, args) = match rng.below(6) {
+                let (name, args) = match rng.below(7) {
                     0 => ("time", "{}".to_owned()),
                     1 => ("weather", r#"{"city":"Oslo"}"#.to_owned()),
                     2 => ("weather", r#"{"town":1}"#.to_owned()),
                     3 => ("pick", "{}".to_owned()),
                     4 => ("helper", r#"{"message":"sub task"}"#.to_owned()),
+                    5 => ("delete", "{}".to_owned()),
                     _ => ("nonexistent", "not json".to_owned()),
                 };
                 (format!("tc{n}_{i}"), name.to_owned(), args)
@@ -233,6 +251,16 @@ fn run(seed: u64, steps: usize) {
         let h = world.sessions.get_mut(&id).unwrap();
         let agent_id = h.session.agent_id().to_owned();
         match rng.below(12) {
+            0 | 1 if id == "root" && rng.chance(20) => {
+                // Steer the running turn (or start one).
+                let input = ClientMessageInput {
+                    agent_id,
+                    turn_id: None,
+                    message: DraftMessage::user("steer"),
+                    stream: None,
+                };
+                let _ = h.try_exec(Command::Steer { input });
+            }
             0 | 1 if id == "root" => {
                 let mut cmd = message(&agent_id, "hello");
                 if let Command::Submit { queue, .. } = &mut cmd {
@@ -282,6 +310,24 @@ fn run(seed: u64, steps: usize) {
             }
             4 if rng.chance(30) => {
                 let _ = h.try_exec(Command::Cancel { reason: "stop".into() });
+            }
+            5 if rng.chance(40) => {
+                // A person approves or denies a call waiting for approval (now and then one
+                // that does not wait).
+                let waiting: Vec<CallId> =
+                    h.session.calls().iter().filter(|c| c.awaiting_approval).map(|c| c.id.clone()).collect();
+                let id_ = rng.pick(&waiting).cloned().unwrap_or_else(|| "tc1_0".into());
+                let cmd = Command::Submit {
+                    input: ClientInput::ToolApproval(ToolApprovalInput {
+                        id: id_,
+                        approved: rng.chance(60),
+                        reason: Some("no".into()),
+                    }),
+                    queue: false,
+                    origin: TurnOrigin::Client,
+                };
+                let _ = h.try_exec(cmd.clone());
+                pending_duplicate = Some((id.clone(), cmd));
             }
             5 => {
                 // Settle something from outside: a client tool, or a deferred worker tool.

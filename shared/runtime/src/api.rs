@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use turnstone_engine::ids::{CallId, InterruptId, SessionId, TurnId};
 use turnstone_engine::protocol::{Message, StreamDelta};
-use turnstone_engine::session::{CallSpec, Event, Session};
+use turnstone_engine::session::{CallRecord, CallSpec, Event, Session};
 use turnstone_engine::time::Timestamp;
 
 pub use crate::store::{LoggedEvent, SessionListing};
@@ -28,6 +28,20 @@ pub struct Submitted {
     /// The turn waits behind the active one (`?queue=true`).
     #[serde(default)]
     pub queued: bool,
+}
+
+/// Where a submitted turn-starting input goes when a turn is running.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// Start a turn; refused while one is active.
+    #[default]
+    Start,
+    /// Queue a turn behind the active one (`?queue=true`).
+    Queue,
+    /// Steer the active turn (`?steer=true`, a `client.message` only): the message enters it
+    /// at its next safe point, or starts the next turn if it ends first.
+    Steer,
 }
 
 /// `202` to `POST /v1/sessions/{id}/calls/settle`.
@@ -67,6 +81,9 @@ pub struct SessionSummary {
     pub open_interrupts: Vec<OpenInterrupt>,
     /// Client tool calls waiting for a `tool.result`.
     pub pending_client_calls: Vec<PendingClientCall>,
+    /// Tool calls waiting for a person's `tool.approval`.
+    #[serde(default)]
+    pub awaiting_approval: Vec<PendingClientCall>,
     pub usage: UsageSummary,
     /// The sequence number of the last durable event (resume the event stream after it).
     pub last_seq: u64,
@@ -121,26 +138,31 @@ pub struct UsageSummary {
 impl SessionSummary {
     /// The summary of `s`.
     pub fn of(s: &Session) -> Self {
-        let pending_client_calls: Vec<PendingClientCall> = s
-            .calls()
-            .iter()
-            .filter(|c| c.is_client_tool() && c.is_pending())
-            .filter_map(|c| match &c.spec {
-                CallSpec::ToolCall { name, arguments, .. } => Some(PendingClientCall {
-                    id: c.id.clone(),
-                    name: name.clone(),
-                    arguments: arguments.clone(),
-                    attempt: c.attempt,
-                }),
-                _ => None,
-            })
-            .collect();
+        let tool_calls = |wanted: fn(&CallRecord) -> bool| -> Vec<PendingClientCall> {
+            s.calls()
+                .iter()
+                .filter(|c| wanted(c))
+                .filter_map(|c| match &c.spec {
+                    CallSpec::ToolCall { name, arguments, .. } => Some(PendingClientCall {
+                        id: c.id.clone(),
+                        name: name.clone(),
+                        arguments: arguments.clone(),
+                        attempt: c.attempt,
+                    }),
+                    _ => None,
+                })
+                .collect()
+        };
+        let pending_client_calls = tool_calls(|c| c.is_client_tool() && c.is_pending());
+        let awaiting_approval = tool_calls(|c| c.awaiting_approval);
         let open_interrupts: Vec<OpenInterrupt> = s
             .interrupts()
             .iter()
             .map(|i| OpenInterrupt { id: i.id.clone(), reason: i.reason.clone(), payload: i.payload.clone() })
             .collect();
-        let status = if !open_interrupts.is_empty() || !pending_client_calls.is_empty() {
+        let waits_for_client =
+            !open_interrupts.is_empty() || !pending_client_calls.is_empty() || !awaiting_approval.is_empty();
+        let status = if waits_for_client {
             SessionStatus::Waiting
         } else if s.active_turn_id().is_some() || s.decision().is_some() || !s.calls().is_empty() {
             SessionStatus::Running
@@ -156,6 +178,7 @@ impl SessionSummary {
             queued_turns: s.queued_turn_ids().to_vec(),
             open_interrupts,
             pending_client_calls,
+            awaiting_approval,
             usage: UsageSummary {
                 llm_calls: s.usage().llm_calls,
                 tokens: s.usage().tokens.clone(),

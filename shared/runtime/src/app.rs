@@ -17,7 +17,7 @@ use turnstone_engine::session::{
 };
 use turnstone_engine::time::Timestamp;
 
-use crate::api::Submitted;
+use crate::api::{Placement, Submitted};
 use crate::auth::{Access, Caller};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -364,9 +364,23 @@ impl App {
         &self,
         session_id: &str,
         input: ClientInput,
-        queue: bool,
+        placement: Placement,
         caller: &Caller,
     ) -> Result<Submitted> {
+        let command = match (placement, &input) {
+            (Placement::Steer, ClientInput::Message(message)) => Command::Steer { input: message.clone() },
+            (Placement::Steer, other) => {
+                return Err(Error::Rejected(Rejection::invalid(
+                    "steer",
+                    format!("only a client.message can steer a turn, not {}", other.name()),
+                )));
+            }
+            (placement, _) => Command::Submit {
+                input: input.clone(),
+                queue: placement == Placement::Queue,
+                origin: TurnOrigin::Client,
+            },
+        };
         let not_found = || Error::SessionNotFound(session_id.to_owned());
         let build = |session: &Session| {
             let mut commands = Vec::new();
@@ -380,7 +394,7 @@ impl App {
                 let init = self.session_init(agent_id, owner)?;
                 commands.push(Command::Create { init: Box::new(init) });
             }
-            commands.push(Command::Submit { input: input.clone(), queue, origin: TurnOrigin::Client });
+            commands.push(command.clone());
             Ok(commands)
         };
         let mode = Mode { claim_next: self.claim_ahead, in_run: false };

@@ -262,6 +262,7 @@ mod tests {
                 turn_id: Some("t1".into()),
                 policy: RetryPolicy::NONE,
                 outcome: None,
+                awaiting_approval: false,
             },
         }
     }

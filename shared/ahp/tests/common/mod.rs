@@ -143,13 +143,21 @@ pub fn last_turn(chat: &ChatState) -> &Turn {
 pub fn agent_with_tools() -> AgentConfig {
     let mut a = AgentConfig::new("m");
     a.tools = Some(vec![
-        AgentTool { name: "weather".into(), description: None, input: None, output: None, handler: None },
+        AgentTool {
+            name: "weather".into(),
+            description: None,
+            input: None,
+            output: None,
+            handler: None,
+            approval: None,
+        },
         AgentTool {
             name: "pick".into(),
             description: None,
             input: None,
             output: None,
             handler: Some(ToolHandler::Client),
+            approval: None,
         },
     ]);
     a

@@ -46,6 +46,19 @@ pub enum ToolHandler {
     Client,
 }
 
+/// Whether a person must approve a tool's calls before they run (an extension of the
+/// protocol: AHP's tool confirmation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Approval {
+    /// Every call waits, `pending-confirmation`, until a client approves or denies it
+    /// (`tool.approval`).
+    Always,
+    /// Calls run as soon as they are made (the default).
+    #[default]
+    Never,
+}
+
 impl From<ToolHandler> for Handler {
     fn from(h: ToolHandler) -> Self {
         match h {
@@ -167,6 +180,16 @@ pub struct AgentTool {
     /// Who runs it (default worker).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handler: Option<ToolHandler>,
+    /// Whether its calls wait for a person's approval (default never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+}
+
+impl AgentTool {
+    /// Whether its calls wait for approval.
+    pub fn needs_approval(&self) -> bool {
+        self.approval == Some(Approval::Always)
+    }
 }
 
 /// An agent the model may delegate to.

@@ -29,6 +29,9 @@ pub enum ClientInput {
     /// Settle a client tool call with an error.
     #[serde(rename = "tool.error")]
     ToolError(ToolErrorInput),
+    /// Approve or deny a tool call that waits for approval (an extension of the protocol).
+    #[serde(rename = "tool.approval")]
+    ToolApproval(ToolApprovalInput),
 }
 
 impl ClientInput {
@@ -41,6 +44,7 @@ impl ClientInput {
             ClientInput::InterruptResume(_) => "interrupt.resume",
             ClientInput::ToolResult(_) => "tool.result",
             ClientInput::ToolError(_) => "tool.error",
+            ClientInput::ToolApproval(_) => "tool.approval",
         }
     }
 
@@ -73,6 +77,7 @@ super::parse::tagged_deserialize! {
         "interrupt.resume" => InterruptResumeInput => ClientInput::InterruptResume,
         "tool.result" => ToolResultInput => ClientInput::ToolResult,
         "tool.error" => ToolErrorInput => ClientInput::ToolError,
+        "tool.approval" => ToolApprovalInput => ClientInput::ToolApproval,
     }
 }
 
@@ -160,11 +165,25 @@ pub struct ToolErrorInput {
     pub attempt: Option<u32>,
 }
 
+/// `tool.approval`: a person's verdict on a tool call waiting for approval.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(remote = "Self", deny_unknown_fields)]
+pub struct ToolApprovalInput {
+    /// The waiting call.
+    pub id: CallId,
+    /// Run it (`true`), or answer the model that it was denied (`false`).
+    pub approved: bool,
+    /// Why, told to the model with a denial.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 super::parse::objects_only!(
     ClientMessageInput,
     ClientMessagesInput,
     ClientActionInput,
     InterruptResumeInput,
     ToolResultInput,
-    ToolErrorInput
+    ToolErrorInput,
+    ToolApprovalInput
 );

@@ -25,10 +25,12 @@ pub use action::{
     Action, CallErrorAction, DoneAction, InterruptAction, LlmCallAction, LlmResultAction, MessageSendAction,
     SubAgentSpawnAction, ToolCallAction, ToolResultAction,
 };
-pub use agent::{AgentConfig, AgentTool, Handler, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler};
+pub use agent::{
+    AgentConfig, AgentTool, Approval, Handler, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler,
+};
 pub use client_input::{
     ClientActionInput, ClientInput, ClientMessageInput, ClientMessagesInput, InterruptResumeInput,
-    ToolErrorInput, ToolResultInput,
+    ToolApprovalInput, ToolErrorInput, ToolResultInput,
 };
 pub use decision::{Call, CallKind, CallStatus, DecisionRequest, DecisionResponse, WorkerIdentity};
 pub use llm::{Effort, LlmRequest, LlmResponse, LlmTool, ReasoningConfig, StreamDelta, ToolCallDelta};

@@ -37,6 +37,11 @@ impl Session {
             Event::TurnAliased { alias, turn_id } => {
                 self.turn_aliases.insert(alias.clone(), turn_id.clone());
             }
+            Event::TurnSteered { turn_id, into } => {
+                self.queued_turns.retain(|t| t != turn_id);
+                self.turns.remove(turn_id);
+                self.turn_aliases.insert(turn_id.clone(), into.clone());
+            }
             Event::TurnEnded { turn_id, status, data, error, code, at } => {
                 if self.active_turn.as_ref() == Some(turn_id) {
                     self.active_turn = None;
@@ -140,6 +145,11 @@ impl Session {
                     c.retry_at = Some(*retry_at);
                 }
             }
+            Event::CallApproved { call_id } => {
+                if let Some(c) = self.call_mut(call_id) {
+                    c.awaiting_approval = false;
+                }
+            }
             Event::CallRequeued { call_id } => {
                 if let Some(c) = self.call_mut(call_id) {
                     c.status = CallStatus::Queued;
@@ -149,6 +159,7 @@ impl Session {
             Event::CallSettled { call_id, outcome, .. } => {
                 let Some(call) = self.call_mut(call_id) else { return };
                 call.status = if outcome.is_ok() { CallStatus::Completed } else { CallStatus::Failed };
+                call.awaiting_approval = false;
                 call.deadline = None;
                 call.retry_at = None;
                 call.outcome = Some(outcome.clone());

@@ -81,7 +81,9 @@ impl Tx {
             if call.is_settled() {
                 return Err(Rejection::CallAlreadySettled(id.clone()));
             }
-            if !call.is_pending() {
+            // A call waiting for approval has no attempt yet, but may be settled: denied, or
+            // answered by a worker or client that decides for itself.
+            if !call.is_pending() && !call.awaiting_approval {
                 return Err(Rejection::CallNotRunning { id: id.clone(), status: call.status });
             }
             match attempt {
@@ -98,7 +100,9 @@ impl Tx {
         };
         let outcome = self.check_result(&call, outcome);
         match outcome {
-            Err(error) if error.retryable && call.attempt <= call.policy.max_retries => {
+            Err(error)
+                if error.retryable && !call.awaiting_approval && call.attempt <= call.policy.max_retries =>
+            {
                 // A timed-out delegation's child may still be running the task: cancel that
                 // turn before the retry sends the task again (a child not yet created is not).
                 if let CallSpec::SubAgent { session_id, .. } = &call.spec
@@ -380,6 +384,9 @@ impl Tx {
     /// Starts what a queued call needs: a worker call gets its execute trigger, a client tool
     /// its attempt (it waits for the client); a server LLM call waits for the runtime's claim.
     pub(super) fn start_queued_call(&mut self, call: &CallRecord) {
+        if call.awaiting_approval {
+            return;
+        }
         let source = match &call.spec {
             CallSpec::ToolCall { handler: ToolHandler::Worker, .. } => {
                 TriggerSource::ToolExecute { call_id: call.id.clone() }

@@ -4,7 +4,9 @@ use serde::{Deserialize, Serialize};
 
 use super::records::{CallError, SessionInit, TurnOrigin};
 use crate::ids::{CallId, DecisionId, InterruptId, SessionId, TurnId};
-use crate::protocol::{Action, CallStatus, ClientInput, DecisionResponse, LlmResponse, ProtocolError};
+use crate::protocol::{
+    Action, CallStatus, ClientInput, ClientMessageInput, DecisionResponse, LlmResponse, ProtocolError,
+};
 
 /// Something that asks to change a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -25,6 +27,10 @@ pub enum Command {
         #[serde(default)]
         origin: TurnOrigin,
     },
+    /// A client steers the active turn with a message: it enters the turn at its next safe
+    /// point, after the pending tool results and before the next model call (see
+    /// [`super::records::TurnRecord::steering`]). With no active turn it starts one.
+    Steer { input: ClientMessageInput },
     /// The runtime starts delivering the live decision (claims the effect).
     ClaimDecision {
         decision_id: DecisionId,
@@ -157,6 +163,9 @@ pub enum Rejection {
     /// The call has no running attempt to settle.
     #[error("call {id:?} has no running attempt (status {status:?})")]
     CallNotRunning { id: CallId, status: CallStatus },
+    /// An approval for a call that is not waiting for one.
+    #[error("call {0:?} is not waiting for approval")]
+    NotAwaitingApproval(CallId),
     /// A client tried to settle a call that is not a client tool call.
     #[error("call {0:?} is not a client tool call")]
     NotAClientCall(CallId),
@@ -187,6 +196,7 @@ impl Rejection {
             Rejection::StaleAttempt { .. } => "stale_attempt",
             Rejection::CallNotRunning { .. } => "call_not_running",
             Rejection::NotAClientCall(_) => "not_a_client_call",
+            Rejection::NotAwaitingApproval(_) => "not_awaiting_approval",
             Rejection::NoActiveTurn => "no_active_turn",
             Rejection::InvalidInput(_) => "invalid_input",
             Rejection::StaleClaim(_) => "stale_claim",

@@ -41,6 +41,14 @@ pub enum Event {
         /// The turn it names.
         turn_id: TurnId,
     },
+    /// A steering message (a queued turn with `steering`) entered the active turn at its safe
+    /// point: its message is recorded on the path just before, and its id now names that turn.
+    TurnSteered {
+        /// The steering turn, no longer queued.
+        turn_id: TurnId,
+        /// The active turn it joined.
+        into: TurnId,
+    },
     TurnEnded {
         turn_id: TurnId,
         status: TurnStatus,
@@ -183,6 +191,8 @@ pub enum Event {
         /// When the next may start.
         retry_at: Timestamp,
     },
+    /// A client approved a call waiting for approval: it starts. (A denial settles it.)
+    CallApproved { call_id: CallId },
     /// A call waiting for its retry is ready for its next attempt.
     CallRequeued { call_id: CallId },
     /// A call settled for good.
@@ -225,6 +235,7 @@ impl Event {
             Event::TurnQueued { .. } => "turn.queued",
             Event::TurnActivated { .. } => "turn.activated",
             Event::TurnAliased { .. } => "turn.aliased",
+            Event::TurnSteered { .. } => "turn.steered",
             Event::TurnEnded { .. } => "turn.ended",
             Event::TurnDone { .. } => "turn.done",
             Event::TriggerQueued { .. } => "trigger.queued",
@@ -244,6 +255,7 @@ impl Event {
             Event::CallCreated { .. } => "call.created",
             Event::CallDispatched { .. } => "call.dispatched",
             Event::CallRetryScheduled { .. } => "call.retry_scheduled",
+            Event::CallApproved { .. } => "call.approved",
             Event::CallRequeued { .. } => "call.requeued",
             Event::CallSettled { .. } => "call.settled",
             Event::CallReported { .. } => "call.reported",

@@ -55,6 +55,7 @@ impl Tx {
             Command::Create { init } => return self.create(*init),
             _ if !self.session.is_created() => return Err(Rejection::NotFound(self.session.id.clone())),
             Command::Submit { input, queue, origin } => self.submit(input, queue, origin)?,
+            Command::Steer { input } => self.steer(input)?,
             Command::ClaimDecision { decision_id, attempt } => self.claim_decision(&decision_id, attempt)?,
             Command::Answer { decision_id, attempt: _, response, ignored_fields } => {
                 // Any attempt's answer resolves the live decision; once resolved, later
@@ -135,6 +136,7 @@ impl Tx {
                 self.start_turn(&i.agent_id, i.turn_id, input, queue, origin, true)
             }
             ClientInput::Messages(i) => self.submit_view(i, queue, origin),
+            ClientInput::ToolApproval(a) => self.approve(a),
             ClientInput::Action(i) => {
                 self.check_agent(&i.agent_id)?;
                 if self.known_turn(i.turn_id.as_ref()) {
@@ -243,25 +245,7 @@ impl Tx {
             return Ok(());
         }
         let id = turn_id.unwrap_or_else(|| self.ids.turn_id());
-        let client_tools = match &input {
-            TurnInput::Messages { client, .. } => client.tools.clone().unwrap_or_default(),
-            _ => Vec::new(),
-        };
-        let mut turn = TurnRecord {
-            id,
-            status: TurnStatus::Queued,
-            origin,
-            input: Some(input),
-            client_tools,
-            submitted_at: self.now,
-            started_at: None,
-            ended_at: None,
-            data: None,
-            error: None,
-            code: None,
-            usage: Usage::default(),
-            done_pending: false,
-        };
+        let mut turn = self.queued_turn(id, input, origin);
         if let Some(active) = &self.session.active_turn {
             if !queue {
                 return Err(Rejection::TurnAlreadyActive { turn_id: active.clone() });
@@ -285,6 +269,99 @@ impl Tx {
         self.emit(Event::TurnStarted { turn });
         self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: Some(turn_id) } });
         Ok(())
+    }
+
+    /// A turn of `input`, queued (until it starts).
+    fn queued_turn(&self, id: TurnId, input: TurnInput, origin: TurnOrigin) -> TurnRecord {
+        let client_tools = match &input {
+            TurnInput::Messages { client, .. } => client.tools.clone().unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        TurnRecord {
+            id,
+            status: TurnStatus::Queued,
+            origin,
+            input: Some(input),
+            client_tools,
+            submitted_at: self.now,
+            started_at: None,
+            ended_at: None,
+            data: None,
+            error: None,
+            code: None,
+            usage: Usage::default(),
+            done_pending: false,
+            steering: false,
+        }
+    }
+
+    /// `Command::Steer`: with a turn active, the message waits as a steering turn for the
+    /// turn's next safe point ([`Tx::take_steering`]); without one it starts a turn.
+    pub(super) fn steer(&mut self, i: ClientMessageInput) -> Result<(), Rejection> {
+        if self.session.active_turn.is_none() {
+            return self.submit(ClientInput::Message(i), false, TurnOrigin::Client);
+        }
+        if i.message.role != Role::User {
+            return Err(Rejection::invalid("message.role", "a steering message must be the user's"));
+        }
+        self.check_agent(&i.agent_id)?;
+        if self.known_turn(i.turn_id.as_ref()) {
+            return Ok(());
+        }
+        let id = i.turn_id.unwrap_or_else(|| self.ids.turn_id());
+        let input = TurnInput::Message { message: i.message };
+        let turn = TurnRecord { steering: true, ..self.queued_turn(id, input, TurnOrigin::Client) };
+        self.emit(Event::TurnQueued { turn });
+        Ok(())
+    }
+
+    /// At a safe point of active turn `turn_id` (a model call is about to be made, and no tool
+    /// call on the path waits for its result), the steering messages sent meanwhile join the
+    /// path, in the order they came, and their turns join the active one.
+    pub(super) fn take_steering(&mut self, turn_id: Option<&TurnId>) {
+        let Some(active) = self.session.active_turn.clone().filter(|a| Some(a) == turn_id) else { return };
+        let head = self.session.tree.head().cloned();
+        if !self.session.tree.unanswered_tool_calls_at(head.as_ref()).is_empty() {
+            return;
+        }
+        let steering: Vec<(TurnId, DraftMessage)> = self
+            .session
+            .queued_turns
+            .iter()
+            .filter_map(|t| self.session.turns.get(t))
+            .filter(|t| t.steering)
+            .filter_map(|t| match &t.input {
+                Some(TurnInput::Message { message }) => Some((t.id.clone(), message.clone())),
+                _ => None,
+            })
+            .collect();
+        let mut parent = head;
+        for (turn_id, message) in steering {
+            let message = message.into_message(self.ids.message_id());
+            let id = message.id.clone();
+            self.emit(Event::MessageRecorded { message, parent_id: parent });
+            self.emit(Event::TurnSteered { turn_id, into: active.clone() });
+            parent = Some(id);
+        }
+    }
+
+    /// `tool.approval`: an approved call starts; a denied one settles with the denial, which
+    /// the model is told as the call's result.
+    pub(super) fn approve(&mut self, a: ToolApprovalInput) -> Result<(), Rejection> {
+        let call = self.open_call(&a.id)?.clone();
+        if !call.awaiting_approval {
+            return Err(Rejection::NotAwaitingApproval(a.id));
+        }
+        if a.approved {
+            self.emit(Event::CallApproved { call_id: call.id.clone() });
+            let call = CallRecord { awaiting_approval: false, ..call };
+            self.start_queued_call(&call);
+            return Ok(());
+        }
+        let name = call.name().unwrap_or_default();
+        let because = a.reason.map(|r| format!(": {r}")).unwrap_or_default();
+        let denial = CallError::terminal(format!("the user denied this call of {name}{because}"));
+        self.settle(&call.id, None, Err(denial), Fence::Reject)
     }
 
     pub(super) fn start_next_queued_turn(&mut self) {

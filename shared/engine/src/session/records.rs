@@ -178,6 +178,10 @@ pub struct CallRecord {
     /// Set once it settled (status completed or failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<CallOutcome>,
+    /// A call of a tool declared `approval = "always"`: it stays queued, not started, until a
+    /// client approves it (`call.approved`) or denies it (settled with the denial).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub awaiting_approval: bool,
 }
 
 impl CallRecord {
@@ -445,6 +449,11 @@ pub struct TurnRecord {
     /// more meanwhile.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub done_pending: bool,
+    /// A message sent to steer the active turn: it waits, queued, for that turn's next safe
+    /// point (`turn.steered` then merges it into the turn), and starts as a turn of its own if
+    /// the turn ends first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub steering: bool,
 }
 
 /// What a delegation sent its child: the message of its `message.send` and the turn id of

@@ -353,6 +353,14 @@ impl Tx {
                 let id = a.id.clone().unwrap_or_else(|| self.ids.llm_call_id());
                 self.check_fresh(&id)?;
                 self.check_budget_before_call(turn_id.as_ref())?;
+                // The model is about to read the path: steering messages join it now (a call
+                // with messages of its own reads none of the path).
+                let anchor = if a.messages.is_none() {
+                    self.take_steering(turn_id.as_ref());
+                    self.session.tree.head().cloned()
+                } else {
+                    anchor
+                };
                 let call = self.llm_call_record(id, a, anchor, turn_id)?;
                 self.create_call(call);
             }
@@ -360,7 +368,7 @@ impl Tx {
                 let id = a.id.clone().unwrap_or_else(|| self.ids.tool_call_id());
                 self.check_fresh(&id)?;
                 let declared = self.session.tool_declaration(&a.name, turn_id.as_ref());
-                let handler = a.handler.or(declared.and_then(|t| t.handler)).unwrap_or_default();
+                let handler = a.handler.or(declared.as_ref().and_then(|t| t.handler)).unwrap_or_default();
                 let defaults = self.session.defaults();
                 let policy = a.retry.unwrap_or(match handler {
                     ToolHandler::Client => defaults.client_tool,
@@ -373,7 +381,11 @@ impl Tx {
                     other => other.to_string(),
                 };
                 let spec = CallSpec::ToolCall { name: a.name.clone(), arguments, handler };
-                self.create_call(new_call(id, spec, anchor, turn_id, policy));
+                let awaiting_approval = declared.as_ref().is_some_and(AgentTool::needs_approval);
+                self.create_call(CallRecord {
+                    awaiting_approval,
+                    ..new_call(id, spec, anchor, turn_id, policy)
+                });
             }
             Action::ToolResult(a) => {
                 let id = self.answered_call(decision, a.id.as_ref());
@@ -552,6 +564,7 @@ fn new_call(
         turn_id,
         policy,
         outcome: None,
+        awaiting_approval: false,
     }
 }
 

@@ -210,6 +210,7 @@ fn a_full_example_parses_to_every_field() {
                 })),
                 output: Some(json!({"type": "string"})),
                 handler: Some(ToolHandler::Worker),
+                approval: None,
             },
             AgentTool {
                 name: "ask".into(),
@@ -217,6 +218,7 @@ fn a_full_example_parses_to_every_field() {
                 input: None,
                 output: None,
                 handler: Some(ToolHandler::Client),
+                approval: None,
             },
         ]),
         sub_agents: Some(vec![SubAgent { id: "helper".into(), description: Some("Helps.".into()) }]),

@@ -22,7 +22,8 @@ use turnstone_engine::session::{Command, Event, Session};
 pub use crate::api::ApiError;
 
 use crate::api::{
-    ActivePath, CancelRequest, Cancelled, EventPage, SessionPage, SessionSummary, Settled, Submitted, Turn,
+    ActivePath, CancelRequest, Cancelled, EventPage, Placement, SessionPage, SessionSummary, Settled,
+    Submitted, Turn,
 };
 use crate::app::App;
 use crate::auth::{Access, AuthError, Authenticator, Caller, Listing};
@@ -135,6 +136,19 @@ fn too_large(state: &AppState) -> ApiError {
 struct SubmitQuery {
     #[serde(default)]
     queue: bool,
+    #[serde(default)]
+    steer: bool,
+}
+
+impl SubmitQuery {
+    fn placement(&self) -> Result<Placement, ApiError> {
+        match (self.queue, self.steer) {
+            (false, false) => Ok(Placement::Start),
+            (true, false) => Ok(Placement::Queue),
+            (false, true) => Ok(Placement::Steer),
+            (true, true) => Err(ApiError::invalid("steer", "queue and steer cannot both be true")),
+        }
+    }
 }
 
 async fn submit(
@@ -146,8 +160,9 @@ async fn submit(
 ) -> Result<Response, ApiError> {
     let caller = authenticate(&state, &headers)?;
     check_id(&id)?;
+    let placement = query.placement()?;
     let input: ClientInput = body(&state, &bytes)?;
-    let submitted: Submitted = state.app.submit(&id, input, query.queue, &caller).await?;
+    let submitted: Submitted = state.app.submit(&id, input, placement, &caller).await?;
     Ok((StatusCode::ACCEPTED, Json(submitted)).into_response())
 }
 
