@@ -536,9 +536,7 @@ handler = "client"
 approval = "always"
 "#;
     let (host, _dir) = host(&config(&openai, agents)).await;
-    let approve = |id: &str, approved: bool, reason: Option<&str>| {
-        json!({"type": "tool.approval", "id": id, "approved": approved, "reason": reason})
-    };
+    let approve = |id: &str, approved: bool, reason: Option<&str>| json!({"type": "tool.approval", "id": id, "approved": approved, "reason": reason});
 
     let first = host.submit_ok("s-approve", &message("guarded", "Deploy.")).await;
     let summary = host.wait_summary("s-approve", PATIENCE, |s| !s.awaiting_approval.is_empty()).await;

@@ -3,7 +3,7 @@
 //! Per message: read the session's last event seq (a new session starts at 0), submit the
 //! message, then follow the event stream from that seq, rendering, until the turn ends. An
 //! interrupt asks for a resume payload line, a client tool call for its result line; both are
-//! sent back as JSON strings. A dropped stream is resumed from the last event seen.
+//! sent back as JSON strings. A call waiting for approval asks `y`, or why not (a denial). A dropped stream is resumed from the last event seen.
 
 use std::hash::{BuildHasher, RandomState};
 use std::io::{BufRead, IsTerminal, Write};
@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::Value;
 use turnstone_engine::protocol::{
-    ClientInput, ClientMessageInput, DraftMessage, InterruptResumeInput, ToolResultInput,
+    ClientInput, ClientMessageInput, DraftMessage, InterruptResumeInput, ToolApprovalInput, ToolResultInput,
 };
 
 use super::client::{ApiError, Client};
@@ -155,6 +155,18 @@ impl Chat<'_, '_> {
                         ClientInput::InterruptResume(InterruptResumeInput {
                             interrupt_id: id.as_str().into(),
                             payload,
+                        })
+                    })
+                    .await?
+                }
+                Step::Approval { id, name, arguments } => {
+                    self.answer(&format!("  ! approve {name}({arguments})? y, or why not > "), |line| {
+                        let approved = matches!(line.trim(), "y" | "yes");
+                        let reason = (!approved && !line.trim().is_empty()).then(|| line.trim().to_owned());
+                        ClientInput::ToolApproval(ToolApprovalInput {
+                            id: id.as_str().into(),
+                            approved,
+                            reason,
                         })
                     })
                     .await?

@@ -26,6 +26,8 @@ pub enum Step {
     Interrupt { id: String },
     /// A client tool call waits: ask the user for its result.
     ClientCall { id: String, name: String, arguments: String },
+    /// A tool call waits for approval: ask the user to approve or deny it.
+    Approval { id: String, name: String, arguments: String },
     /// The watched turn ended.
     Ended {
         /// Whether it completed (rather than failed or was cancelled).
@@ -45,12 +47,21 @@ pub struct Renderer<W> {
     at_line_start: bool,
     /// Tool names by call id, for tool results without a name.
     tool_names: HashMap<String, String>,
+    /// Client tool calls waiting for approval: once approved, the user answers them.
+    awaiting: HashMap<String, Step>,
 }
 
 impl<W: Write> Renderer<W> {
     /// A renderer writing to `out`.
     pub fn new(out: W) -> Self {
-        Renderer { out, turn_id: None, streamed: false, at_line_start: true, tool_names: HashMap::new() }
+        Renderer {
+            out,
+            turn_id: None,
+            streamed: false,
+            at_line_start: true,
+            tool_names: HashMap::new(),
+            awaiting: HashMap::new(),
+        }
     }
 
     /// Watches `turn_id`: its `turn.ended` ends the watch.
@@ -76,6 +87,10 @@ impl<W: Write> Renderer<W> {
                 Step::Continue
             }
             "call.created" => self.call(data.get("call").unwrap_or(&Value::Null))?,
+            "call.approved" => {
+                let id = str_field(data, "call_id").unwrap_or_default();
+                self.awaiting.remove(id).unwrap_or(Step::Continue)
+            }
             "outbox.queued" => {
                 let item = data.get("item").unwrap_or(&Value::Null);
                 if str_field(item, "type") == Some("spawn_child") {
@@ -145,10 +160,17 @@ impl<W: Write> Renderer<W> {
         let arguments = str_field(spec, "arguments").unwrap_or_default().to_owned();
         self.tool_names.insert(id.clone(), name.clone());
         self.line(&format!("  → tool {name}({arguments})"))?;
-        Ok(match str_field(spec, "handler") {
-            Some("client") => Step::ClientCall { id, name, arguments },
+        let run = match str_field(spec, "handler") {
+            Some("client") => {
+                Step::ClientCall { id: id.clone(), name: name.clone(), arguments: arguments.clone() }
+            }
             _ => Step::Continue,
-        })
+        };
+        if call.get("awaiting_approval").and_then(Value::as_bool) == Some(true) {
+            self.awaiting.insert(id.clone(), run);
+            return Ok(Step::Approval { id, name, arguments });
+        }
+        Ok(run)
     }
 
     fn interrupt(&mut self, interrupt: &Value) -> io::Result<Step> {
@@ -376,6 +398,28 @@ mod tests {
                 Step::ClientCall { id: "c1".into(), name: "ask_user".into(), arguments: "{}".into() },
                 Step::Continue,
                 Step::Interrupt { id: "i1".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_call_awaiting_approval_asks_for_it_then_for_its_result() {
+        let Event::CallCreated { mut call } = tool_call("c1", "deploy", "{}", ToolHandler::Client) else {
+            panic!()
+        };
+        call.awaiting_approval = true;
+        let (_, steps) = render(vec![
+            event(Event::CallCreated { call }),
+            event(Event::CallApproved { call_id: "c1".into() }),
+            event(Event::CallApproved { call_id: "c1".into() }),
+        ]);
+        let (id, name, arguments) = ("c1".to_owned(), "deploy".to_owned(), "{}".to_owned());
+        assert_eq!(
+            steps,
+            vec![
+                Step::Approval { id: id.clone(), name: name.clone(), arguments: arguments.clone() },
+                Step::ClientCall { id, name, arguments },
+                Step::Continue,
             ]
         );
     }

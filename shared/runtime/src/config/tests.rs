@@ -89,9 +89,11 @@ fn the_demo_parses() {
     assert!(demo.config.system.as_deref().is_some_and(|s| !s.is_empty()));
     assert_eq!(demo.llm_for(&config), Some("scripted"));
     assert!(!demo.has_worker());
-    let [confirm] = demo.config.tools() else { panic!("one tool: {:?}", demo.config.tools) };
+    let [confirm, deploy] = demo.config.tools() else { panic!("two tools: {:?}", demo.config.tools) };
     assert_eq!(confirm.name, "confirm");
     assert_eq!(confirm.handler, Some(ToolHandler::Client));
+    assert!(!confirm.needs_approval());
+    assert_eq!((deploy.name.as_str(), deploy.needs_approval()), ("deploy", true));
     assert_eq!(confirm.input.as_ref().unwrap()["properties"]["question"]["type"], "string");
     assert_eq!(demo.config.sub_agents().iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["researcher"]);
 
@@ -293,7 +295,7 @@ fn unknown_keys_are_named_where_they_are() {
             "[agent.demo]\nmodel = \"x\"\ntools = [{ name = \"a\", handler = \"client\", inptu = {} }]\n"
         )),
         "turnstone.toml:6:44: agent.demo.tools[0].inptu: unknown key \"inptu\" (did you mean \"input\"?); \
-         expected one of: name, description, input, output, handler"
+         expected one of: name, description, input, output, handler, approval"
     );
     assert_eq!(
         err(&with_llm("[agent.demo]\nmodel = \"x\"\n\n[[agent.demo.sub_agents]]\nid = \"demo\"\nwhy = 1\n")),
