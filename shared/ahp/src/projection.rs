@@ -43,6 +43,9 @@ pub struct ChatProjection {
     /// Steering turns waiting for the active turn's safe point, oldest first; AHP shows one
     /// steering message, the latest.
     steering: Vec<TurnId>,
+    /// The session's forks, in the order they were made: each a session continuing this one's
+    /// conversation through a turn, a chat of this AHP session.
+    forks: Vec<(SessionId, TurnId)>,
     /// The actions of the event (or delta) being projected.
     emitted: Vec<StateAction>,
     /// What is being projected, for errors.
@@ -93,6 +96,7 @@ impl ChatProjection {
             turn: None,
             queued: Vec::new(),
             steering: Vec::new(),
+            forks: Vec::new(),
             emitted: Vec::new(),
             projecting: "",
         }
@@ -101,6 +105,20 @@ impl ChatProjection {
     /// The session's id.
     pub fn session_id(&self) -> &SessionId {
         self.session.id()
+    }
+
+    /// A fork's chat: it starts with `history`, its source's turns through the one it forks
+    /// at (AHP copies a fork's history into the new chat), before the fork's own events.
+    pub fn forked(session_id: impl Into<SessionId>, history: Vec<ahp_types::state::Turn>) -> Self {
+        let mut projection = ChatProjection::new(session_id);
+        projection.chat.turns = history;
+        projection
+    }
+
+    /// The session's forks so far, oldest first: each a session that continues this one's
+    /// conversation through a turn.
+    pub fn forks(&self) -> &[(SessionId, TurnId)] {
+        &self.forks
     }
 
     /// The chat as the actions so far reduce it.
@@ -158,6 +176,10 @@ impl ChatProjection {
             Event::TurnQueued { turn } => self.queue(turn),
             Event::TurnActivated { turn_id, at } => self.activate(turn_id, *at),
             Event::TurnSteered { turn_id, .. } => self.steered(turn_id),
+            Event::Forked { session_id, turn_id } => {
+                self.forks.push((session_id.clone(), turn_id.clone()));
+                Ok(())
+            }
             Event::TurnEnded { turn_id, status, error, code, at, .. } => {
                 self.end(turn_id, *status, error.as_deref(), code.as_ref(), *at)
             }
@@ -204,11 +226,17 @@ impl ChatProjection {
     fn created(&mut self, init: &SessionInit, at: Timestamp) {
         self.chat.title = init.agent_id.clone();
         self.chat.modified_at = at.to_rfc3339();
-        // A sub-agent's chat was spawned by its parent's tool call.
-        self.chat.origin = init.parent.as_ref().map(|parent| ChatOrigin::Tool {
+        // A sub-agent's chat was spawned by its parent's tool call; a fork's, by a fork of its
+        // source chat at a turn.
+        let spawned = init.parent.as_ref().map(|parent| ChatOrigin::Tool {
             chat: chat_uri(&parent.session_id),
             tool_call_id: parent.tool_call_id.to_string(),
         });
+        let forked = init.fork.as_ref().map(|fork| ChatOrigin::Fork {
+            chat: chat_uri(&fork.session_id),
+            turn_id: fork.turn_id.to_string(),
+        });
+        self.chat.origin = spawned.or(forked);
     }
 
     fn queue(&mut self, turn: &TurnRecord) -> Result<(), ProjectionError> {

@@ -304,6 +304,7 @@ pub fn init(agent_id: &str, declared: Option<AgentConfig>, has_worker: bool) -> 
         ancestry: Vec::new(),
         defaults: Defaults::default(),
         budget: Budget::default(),
+        fork: None,
     }
 }
 

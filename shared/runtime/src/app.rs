@@ -165,6 +165,7 @@ impl App {
             ancestry: Vec::new(),
             defaults: self.defaults,
             budget: agent.budget,
+            fork: None,
         })
     }
 

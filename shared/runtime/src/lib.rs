@@ -10,6 +10,7 @@ pub mod config;
 pub mod conformance;
 pub mod dispatch;
 pub mod error;
+pub mod fork;
 pub mod host;
 pub mod http;
 pub mod llm;

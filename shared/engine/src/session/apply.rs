@@ -37,6 +37,8 @@ impl Session {
             Event::TurnAliased { alias, turn_id } => {
                 self.turn_aliases.insert(alias.clone(), turn_id.clone());
             }
+            // A fork is the catalog's business: the session itself does not change.
+            Event::Forked { .. } => {}
             Event::TurnSteered { turn_id, into } => {
                 self.queued_turns.retain(|t| t != turn_id);
                 self.turns.remove(turn_id);

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use super::records::{CallError, SessionInit, TurnOrigin};
 use crate::ids::{CallId, DecisionId, InterruptId, SessionId, TurnId};
 use crate::protocol::{
-    Action, CallStatus, ClientInput, ClientMessageInput, DecisionResponse, LlmResponse, ProtocolError,
+    Action, CallStatus, ClientInput, ClientMessageInput, DecisionResponse, LlmResponse, Message,
+    ProtocolError,
 };
 
 /// Something that asks to change a session.
@@ -27,6 +28,12 @@ pub enum Command {
         #[serde(default)]
         origin: TurnOrigin,
     },
+    /// A new session's history, a fork's copy of its source's path: recorded, in order, as
+    /// the active path of a session that has no messages yet. Starts no turn.
+    Seed { messages: Vec<Message> },
+    /// A fork of this session was made: session `into` continues its conversation through
+    /// turn `turn_id` (recorded in the log only, for the session's catalog of chats).
+    Forked { into: SessionId, turn_id: TurnId },
     /// A client steers the active turn with a message: it enters the turn at its next safe
     /// point, after the pending tool results and before the next model call (see
     /// [`super::records::TurnRecord::steering`]). With no active turn it starts one.

@@ -41,6 +41,13 @@ pub enum Event {
         /// The turn it names.
         turn_id: TurnId,
     },
+    /// A fork of this session was made (`Command::Forked`): only the log keeps it.
+    Forked {
+        /// The fork.
+        session_id: SessionId,
+        /// The turn its history runs through.
+        turn_id: TurnId,
+    },
     /// A steering message (a queued turn with `steering`) entered the active turn at its safe
     /// point: its message is recorded on the path just before, and its id now names that turn.
     TurnSteered {
@@ -236,6 +243,7 @@ impl Event {
             Event::TurnActivated { .. } => "turn.activated",
             Event::TurnAliased { .. } => "turn.aliased",
             Event::TurnSteered { .. } => "turn.steered",
+            Event::Forked { .. } => "session.forked",
             Event::TurnEnded { .. } => "turn.ended",
             Event::TurnDone { .. } => "turn.done",
             Event::TriggerQueued { .. } => "trigger.queued",

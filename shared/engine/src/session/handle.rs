@@ -56,6 +56,10 @@ impl Tx {
             _ if !self.session.is_created() => return Err(Rejection::NotFound(self.session.id.clone())),
             Command::Submit { input, queue, origin } => self.submit(input, queue, origin)?,
             Command::Steer { input } => self.steer(input)?,
+            Command::Seed { messages } => self.seed(messages)?,
+            Command::Forked { into, turn_id } => {
+                self.emit(Event::Forked { session_id: into, turn_id });
+            }
             Command::ClaimDecision { decision_id, attempt } => self.claim_decision(&decision_id, attempt)?,
             Command::Answer { decision_id, attempt: _, response, ignored_fields } => {
                 // Any attempt's answer resolves the live decision; once resolved, later
@@ -293,6 +297,27 @@ impl Tx {
             done_pending: false,
             steering: false,
         }
+    }
+
+    /// `Command::Seed`: a new session's history becomes its path.
+    fn seed(&mut self, messages: Vec<Message>) -> Result<(), Rejection> {
+        if !self.session.tree.is_empty() || self.session.active_turn.is_some() {
+            return Err(Rejection::invalid("messages", "only a session with no messages yet can be seeded"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(i) = messages.iter().position(|m| !seen.insert(&m.id)) {
+            return Err(Rejection::invalid(
+                format!("messages[{i}].id"),
+                format!("{:?} appears twice", messages[i].id),
+            ));
+        }
+        let mut parent = None;
+        for message in messages {
+            let id = message.id.clone();
+            self.emit(Event::MessageRecorded { message, parent_id: parent });
+            parent = Some(id);
+        }
+        Ok(())
     }
 
     /// `Command::Steer`: with a turn active, the message waits as a steering turn for the

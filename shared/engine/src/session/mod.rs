@@ -32,8 +32,8 @@ pub use outbox::{OutboxItem, Route, Send, Spawn, child_failed, route};
 pub use plan::{Effect, Plan};
 pub use records::{
     Budget, CallError, CallOutcome, CallRecord, CallSpec, CallValue, ChildTask, Decision, Defaults,
-    Interrupt, ParentLink, PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource, TurnInput,
-    TurnOrigin, TurnRecord, TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
+    ForkOrigin, Interrupt, ParentLink, PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource,
+    TurnInput, TurnOrigin, TurnRecord, TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
 };
 pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};
@@ -200,18 +200,7 @@ fn is_zero(n: &u64) -> bool {
 }
 
 fn init_without_declared<S: serde::Serializer>(init: &Option<SessionInit>, s: S) -> Result<S::Ok, S::Error> {
-    init.as_ref()
-        .map(|i| SessionInit {
-            agent_id: i.agent_id.clone(),
-            identity: i.identity.clone(),
-            declared: None,
-            has_worker: i.has_worker,
-            parent: i.parent.clone(),
-            ancestry: i.ancestry.clone(),
-            defaults: i.defaults,
-            budget: i.budget,
-        })
-        .serialize(s)
+    init.as_ref().map(|i| SessionInit { declared: None, ..i.clone() }).serialize(s)
 }
 
 /// The result of handling a command: the events to persist, and the session after them.

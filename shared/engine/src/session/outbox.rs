@@ -267,6 +267,7 @@ mod tests {
             ancestry: Vec::new(),
             defaults: Default::default(),
             budget: Default::default(),
+            fork: None,
         };
         let Command::Create { init } = spawn.command(base) else { unreachable!("a create") };
         let link = init.parent.clone();

@@ -70,6 +70,16 @@ pub struct ParentLink {
     pub tool_call_id: CallId,
 }
 
+/// Where a forked session's history comes from: its source session's active path as it was
+/// when one of its turns ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkOrigin {
+    /// The source session.
+    pub session_id: SessionId,
+    /// The source's turn whose end the history runs through.
+    pub turn_id: TurnId,
+}
+
 /// What a call is, beyond its lifecycle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -621,6 +631,9 @@ pub struct SessionInit {
     /// The agent's limits on each turn's model use (none: unlimited).
     #[serde(default, skip_serializing_if = "Budget::is_unlimited")]
     pub budget: Budget,
+    /// For a fork: the session and turn its history was copied from (`Command::Seed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork: Option<ForkOrigin>,
 }
 
 /// An agent's limits on what one turn may spend on model calls. A turn whose usage passes one
