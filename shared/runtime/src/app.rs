@@ -430,6 +430,20 @@ impl App {
         Ok(Submitted { session_id: session_id.into(), turn_id, queued })
     }
 
+    /// Creates session `session_id` of agent `agent_id`, owned by `caller`, with no turn yet
+    /// (AHP's `createSession`). A session that exists already is refused
+    /// (`Rejection::AlreadyExists`), whoever owns it.
+    pub async fn create_session(
+        &self,
+        session_id: &str,
+        agent_id: &str,
+        caller: &Caller,
+    ) -> Result<Executed> {
+        let owner = caller.owner().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
+        let init = self.session_init(agent_id, owner)?;
+        self.execute(session_id, |_| Ok(vec![Command::Create { init: Box::new(init.clone()) }])).await
+    }
+
     /// Runs one command against an existing session that `caller` may `access` (any other is
     /// not found, as one that does not exist).
     pub async fn command_as(

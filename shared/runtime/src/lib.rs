@@ -1,5 +1,6 @@
 //! Turnstone's runtime: everything between the pure engine and the outside world.
 
+pub mod ahp;
 pub mod api;
 pub mod app;
 pub mod assemble;

@@ -6,18 +6,18 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
-use turnstone_ahp::{ChatProjection, ChatState};
+use turnstone_ahp::ChatState;
 use turnstone_engine::ids::SessionId;
 
 use super::{AppState, authenticate, reachable};
+use crate::ahp::ProjectError;
+use crate::ahp::turns;
 use crate::api::ApiError;
 use crate::auth::Access;
 
 /// Turns a page holds unless asked otherwise, and at most.
 const DEFAULT_TURNS: usize = 50;
 const MAX_TURNS: usize = 500;
-/// Events read from the store at a time while the chat is projected.
-const EVENTS_PER_READ: usize = 1000;
 
 #[derive(Deserialize)]
 pub(super) struct ChatQuery {
@@ -39,41 +39,15 @@ pub(super) async fn chat(
     reachable(&state, &caller, &id, Access::Read).await?;
     let limit = query.turns.unwrap_or(DEFAULT_TURNS).clamp(1, MAX_TURNS);
     // The chat is the projection of the whole log.
-    let mut projection = ChatProjection::new(id.clone());
-    let mut after = 0;
-    loop {
-        let page = state
-            .app
-            .store()
-            .events_after(&id, after, EVENTS_PER_READ)
-            .await
-            .map_err(crate::error::Error::from)?;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        for logged in &page {
-            projection.apply(&logged.event).map_err(|e| {
-                tracing::error!(session_id = %id, seq = logged.seq, error = %e, "the chat projection failed");
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("session {id}: {e}"))
-            })?;
+    let projection = crate::ahp::project_log(&state.app, &id).await.map_err(|e| match e {
+        ProjectError::Store(e) => ApiError::from(e),
+        e => {
+            tracing::error!(session_id = %id, error = %e, "the chat projection failed");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("session {id}: {e}"))
         }
-    }
-    let mut chat = projection.chat().clone();
-    let end = match query.cursor.as_deref() {
-        None => chat.turns.len(),
-        Some(cursor) => parse_cursor(cursor).filter(|end| *end <= chat.turns.len()).ok_or_else(|| {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "invalid cursor").with_param("cursor")
-        })?,
-    };
-    let start = end.saturating_sub(limit);
-    chat.turns.truncate(end);
-    chat.turns.drain(..start);
-    chat.turns_next_cursor = (start > 0).then(|| format!("{CURSOR_PREFIX}{start}"));
+    })?;
+    let chat = turns::tail(projection.chat(), query.cursor.as_deref(), limit).map_err(|_| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "invalid cursor").with_param("cursor")
+    })?;
     Ok(Json(chat))
-}
-
-/// Cursors name a position in the chat's turns, which only grow at the end.
-const CURSOR_PREFIX: &str = "turns-before.";
-
-fn parse_cursor(cursor: &str) -> Option<usize> {
-    cursor.strip_prefix(CURSOR_PREFIX)?.parse().ok()
 }

@@ -1,5 +1,6 @@
 //! The HTTP API under `/v1` (DESIGN.md section 8), as an axum router built from an [`App`].
 
+mod ahp;
 mod chat;
 mod error;
 mod sse;
@@ -58,12 +59,15 @@ impl Default for HttpConfig {
 struct AppState {
     app: Arc<App>,
     config: Arc<HttpConfig>,
+    /// What the connections of `GET /v1/ahp` share.
+    ahp: Arc<crate::ahp::AhpHost>,
 }
 
 /// The HTTP API.
 pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
     let limit = config.max_body_bytes;
-    let state = AppState { app, config: Arc::new(config) };
+    let ahp = crate::ahp::AhpHost::new(Arc::clone(&app));
+    let state = AppState { app, config: Arc::new(config), ahp };
     axum::Router::new()
         .route("/v1/sessions", get(list_sessions))
         .route("/v1/sessions/{id}", get(session_summary))
@@ -75,6 +79,7 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
         .route("/v1/sessions/{id}/chat", get(chat::chat))
         .route("/v1/sessions/{id}/calls/settle", post(settle))
         .route("/v1/sessions/{id}/cancel", post(cancel))
+        .route("/v1/ahp", get(ahp::upgrade))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         // Bodies are read and limited by `body()`; this only stops axum's own 2 MB default.
@@ -332,12 +337,17 @@ async fn list_sessions(
     Ok(Json(SessionPage { sessions: page.items, next_cursor: page.next_cursor }))
 }
 
+/// Whether `id` is a session id this host accepts: 1-128 characters of A-Z, a-z, 0-9, '-',
+/// '_', '.', ':'.
+pub(crate) fn valid_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+}
+
 /// Session ids travel in URLs and keys: keep them to a safe alphabet and length.
 fn check_id(id: &str) -> Result<(), ApiError> {
-    let ok = !id.is_empty()
-        && id.len() <= 128
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'));
-    if ok {
+    if valid_session_id(id) {
         Ok(())
     } else {
         Err(ApiError::new(

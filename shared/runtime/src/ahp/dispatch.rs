@@ -1,0 +1,210 @@
+//! `dispatchAction`: a client action on a chat channel becomes an engine input. The engine's
+//! events then come back through the projection as the action's echo (with the client's
+//! origin, [`super::origins`]); an action the host or the engine refuses is answered with a
+//! `rejectionReason` (`Err` here), and nothing is written.
+
+use ahp_types::actions::{
+    ActionOrigin, ChatInputCompletedAction, ChatPendingMessageSetAction, ChatToolCallCompleteAction,
+    ChatTurnStartedAction, StateAction,
+};
+use ahp_types::commands::DispatchActionParams;
+use ahp_types::state::{PendingMessageKind, ToolResultContent};
+use serde_json::{Value, json};
+use turnstone_engine::ids::{CallId, SessionId};
+use turnstone_engine::protocol::{ClientInput, ToolHandler, parse};
+use turnstone_engine::session::{CallSpec, Command, Session};
+
+use super::AhpHost;
+use super::sessions::{reachable, session_id};
+use crate::auth::{Access, Caller};
+use crate::error::Error;
+
+/// Why a dispatched action was refused: its `rejectionReason`.
+pub(crate) type Refusal = String;
+
+/// Carries out `params.action`, dispatched by client `client_id` as `caller`.
+pub(crate) async fn dispatch(
+    host: &AhpHost,
+    caller: &Caller,
+    client_id: &str,
+    params: &DispatchActionParams,
+) -> Result<(), Refusal> {
+    let channel = params.channel.as_str();
+    let id =
+        session_id(channel, "ahp-chat").ok_or_else(|| format!("{channel} is not a chat of this host"))?;
+    let session = reachable(host, caller, &id, Access::Drive, channel)
+        .await
+        .map_err(|_| format!("no chat {channel}"))?;
+    let origin = ActionOrigin { client_id: client_id.to_owned(), client_seq: params.client_seq };
+    let action = &params.action;
+    let run = async {
+        match action {
+            StateAction::ChatTurnStarted(a) => start_turn(host, caller, &session, a, false).await,
+            StateAction::ChatTurnCancelled(a) => {
+                if session.active_turn_id().map(|t| t.as_str()) != Some(a.turn_id.as_str()) {
+                    return Err(format!("turn {} is not the active turn", a.turn_id));
+                }
+                let cancel = Command::Cancel { reason: "cancelled by the client".to_owned() };
+                host.app.command_as(&id, caller, Access::Drive, cancel).await.map(|_| ()).map_err(refusal)
+            }
+            StateAction::ChatInputCompleted(a) => submit(host, caller, &id, resume(a), false).await,
+            StateAction::ChatToolCallComplete(a) => complete_tool(host, caller, &session, a).await,
+            StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Queued => {
+                queue(host, caller, &session, a).await
+            }
+            StateAction::ChatToolCallConfirmed(_) | StateAction::ChatPendingMessageSet(_) => {
+                approve_or_steer(host, caller, &session, action).await
+            }
+            StateAction::ChatPendingMessageRemoved(a) if a.kind == PendingMessageKind::Queued => {
+                Err(format!(
+                    "queued message {} cannot be removed: the engine cannot withdraw a queued turn yet",
+                    a.id
+                ))
+            }
+            StateAction::ChatQueuedMessagesReordered(_) => {
+                Err("queued messages cannot be reordered: the engine starts queued turns in arrival order"
+                    .to_owned())
+            }
+            other => {
+                Err(format!("{} is not an action a client may dispatch to this host", action_type(other)))
+            }
+        }
+    };
+    // Remembered before the engine runs it: its echo may reach another connection first.
+    host.origins.remember(&id, action, origin);
+    let outcome = run.await;
+    if outcome.is_err() {
+        host.origins.forget(&id, action);
+    }
+    outcome
+}
+
+/// Tool approval (`chat/toolCallConfirmed`) and steering (`chat/pendingMessageSet` of kind
+/// `steering`): the engine is gaining both; until this host maps them, they are refused.
+async fn approve_or_steer(
+    _host: &AhpHost,
+    _caller: &Caller,
+    _session: &Session,
+    action: &StateAction,
+) -> Result<(), Refusal> {
+    Err(format!("{} is not supported by this host yet", action_type(action)))
+}
+
+/// `chat/turnStarted`: a `client.message` with the client's turn id (the session's agent
+/// runs it). A turn already active refuses it.
+async fn start_turn(
+    host: &AhpHost,
+    caller: &Caller,
+    session: &Session,
+    action: &ChatTurnStartedAction,
+    queue: bool,
+) -> Result<(), Refusal> {
+    let input = message(session, &action.turn_id, &action.message.text);
+    submit(host, caller, session.id(), input, queue).await
+}
+
+/// `chat/pendingMessageSet` of kind `queued`: a turn queued behind the active one (started at
+/// once when none is), its id the pending message's.
+async fn queue(
+    host: &AhpHost,
+    caller: &Caller,
+    session: &Session,
+    action: &ChatPendingMessageSetAction,
+) -> Result<(), Refusal> {
+    let input = message(session, &action.id, &action.message.text);
+    submit(host, caller, session.id(), input, true).await
+}
+
+fn message(session: &Session, turn_id: &str, text: &str) -> Value {
+    json!({
+        "type": "client.message",
+        "agent_id": session.agent_id(),
+        "turn_id": turn_id,
+        "message": {"role": "user", "content": text},
+        "stream": true,
+    })
+}
+
+/// `chat/inputCompleted`: `interrupt.resume` with `{"response", "answers"}`, the payload the
+/// projection reads back as the request's completion.
+fn resume(action: &ChatInputCompletedAction) -> Value {
+    let mut payload = json!({ "response": action.response });
+    if let Some(answers) = &action.answers {
+        payload["answers"] = json!(answers);
+    }
+    json!({"type": "interrupt.resume", "interrupt_id": action.request_id, "payload": payload})
+}
+
+/// `chat/toolCallComplete` of a client tool's call: `tool.result` with its text, or
+/// `tool.error` with its error's message.
+async fn complete_tool(
+    host: &AhpHost,
+    caller: &Caller,
+    session: &Session,
+    action: &ChatToolCallCompleteAction,
+) -> Result<(), Refusal> {
+    let call_id = CallId::from(action.tool_call_id.as_str());
+    let client_call = session
+        .call(&call_id)
+        .is_some_and(|c| matches!(&c.spec, CallSpec::ToolCall { handler: ToolHandler::Client, .. }));
+    if !client_call {
+        return Err(format!("tool call {call_id} is not a client tool's call of this chat"));
+    }
+    let result = &action.result;
+    let text = result
+        .content
+        .iter()
+        .flatten()
+        .filter_map(|c| match c {
+            ToolResultContent::Text(t) => Some(t.text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let input = if result.success {
+        let value = match (&result.structured_content, text.is_empty()) {
+            (Some(structured), true) => json!(structured),
+            _ => json!(text),
+        };
+        json!({"type": "tool.result", "id": call_id, "result": value})
+    } else {
+        let message = result
+            .error
+            .as_ref()
+            .and_then(|e| e.get("message"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or(if text.is_empty() { result.past_tense_message.as_text().to_owned() } else { text });
+        json!({"type": "tool.error", "id": call_id, "error": message, "retryable": false})
+    };
+    submit(host, caller, session.id(), input, false).await
+}
+
+/// Submits `input` (JSON of a `ClientInput`) to session `id`.
+async fn submit(
+    host: &AhpHost,
+    caller: &Caller,
+    id: &SessionId,
+    input: Value,
+    queue: bool,
+) -> Result<(), Refusal> {
+    let input: ClientInput =
+        parse(input).map_err(|e| format!("invalid action: {}: {}", e.path, e.message))?;
+    host.app.submit(id, input, queue, caller).await.map(|_| ()).map_err(refusal)
+}
+
+/// The engine's reason, in its words.
+fn refusal(e: Error) -> Refusal {
+    match e {
+        Error::SessionNotFound(id) => format!("no session {id}"),
+        e => e.to_string(),
+    }
+}
+
+/// An action's wire type, e.g. `chat/delta`.
+fn action_type(action: &StateAction) -> String {
+    serde_json::to_value(action)
+        .ok()
+        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_else(|| "this action".to_owned())
+}

@@ -1,0 +1,83 @@
+//! The Agent Host Protocol (AHP) host: `GET /v1/ahp` upgrades to a WebSocket that speaks
+//! AHP's JSON-RPC 2.0 in text frames, so an AHP client lists, creates, watches and drives the
+//! caller's Turnstone sessions.
+//!
+//! - A Turnstone agent is an AHP agent (`provider` = the agent id) in the root state.
+//! - Session `X` is `ahp-session:/X`; its one chat, the active path, is `ahp-chat:/X`.
+//! - Every chat action comes from [`turnstone_ahp::ChatProjection`], fed the session's durable
+//!   events in log order and, live, the model's token deltas: what a subscriber reduces equals
+//!   `GET /v1/sessions/X/chat`.
+//! - A client's `dispatchAction` becomes an engine input ([`dispatch`]); the engine's events
+//!   then come back through the projection, as the echo. An action the engine refuses is echoed
+//!   with a `rejectionReason`.
+//!
+//! # `serverSeq` and the durable log
+//!
+//! A chat channel's actions are numbered from the session's log, so a number names the same
+//! action on every connection and on every host, a restarted one included:
+//!
+//! `serverSeq = e * 2^20 + c`, where `e` is the seq of the last durable event applied and `c`
+//! counts the actions sent since it: first the actions event `e` projects to (`1..=n_e`), then
+//! whatever went out before event `e + 1` (live token deltas, `chat/turnsLoaded`, rejections;
+//! none of them durable). A snapshot taken after event `e` has `fromSeq = e * 2^20 + n_e`.
+//!
+//! `reconnect` with `lastSeenServerSeq = e * 2^20 + c` for one chat channel replays when the
+//! client's state is a pure function of the log: the host projects events `1..=e` again (their
+//! actions unsent), and if `c <= n_e` and no model call was running after event `e` (no
+//! delta could have shown part of a reply the log does not hold yet), it sends the actions of
+//! event `e` past the `c`-th and those of every later event, numbered as above. Otherwise
+//! (deltas or other non-durable actions seen, a model call mid-stream, several chat channels
+//! sharing one `lastSeenServerSeq`), the answer is fresh snapshots of every subscription. Either
+//! way no action is lost. Root and session channels carry no actions here (only the root's
+//! notifications, which AHP never replays), so their snapshots have `fromSeq` 0.
+//!
+//! Origins (`clientId`, `clientSeq`) of accepted client actions are kept in memory
+//! ([`origins`]): a replay from the log or another host echoes those actions without one.
+
+mod channels;
+mod connection;
+mod dispatch;
+mod origins;
+mod position;
+mod reconnect;
+mod rpc;
+mod sessions;
+pub(crate) mod turns;
+
+use std::sync::Arc;
+
+use tokio::sync::broadcast;
+use turnstone_engine::ids::SessionId;
+
+use crate::app::App;
+
+pub use channels::{ProjectError, project_log};
+pub use connection::serve;
+
+/// Root notifications buffered per connection before a slow one skips some.
+const ROOT_NEWS: usize = 256;
+
+/// What every AHP connection of one host shares.
+pub struct AhpHost {
+    app: Arc<App>,
+    /// Origins of accepted client actions, for their echoes.
+    origins: origins::Origins,
+    /// Sessions created through this host, for `root/sessionAdded`.
+    added: broadcast::Sender<SessionId>,
+}
+
+impl AhpHost {
+    /// The AHP host of `app`.
+    pub fn new(app: Arc<App>) -> Arc<Self> {
+        Arc::new(AhpHost {
+            app,
+            origins: origins::Origins::default(),
+            added: broadcast::channel(ROOT_NEWS).0,
+        })
+    }
+
+    /// The app behind it.
+    pub fn app(&self) -> &Arc<App> {
+        &self.app
+    }
+}

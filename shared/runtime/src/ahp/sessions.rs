@@ -1,0 +1,225 @@
+//! Sessions on the root channel: `listSessions`, `createSession`, `disposeSession`, the session
+//! channel's snapshot and `root/sessionAdded`. A session the caller may not read is not found
+//! and not listed, as in the HTTP API.
+
+use ahp_types::commands::{CreateSessionParams, ListSessionsParams, ListSessionsResult};
+use ahp_types::common::ROOT_RESOURCE_URI;
+use ahp_types::errors::ahp_error_codes;
+use ahp_types::notifications::SessionAddedParams;
+use ahp_types::state::{
+    ChatState, ChatSummary, SessionLifecycle, SessionState, SessionStatus, SessionSummary, Snapshot,
+    SnapshotState,
+};
+use turnstone_ahp::{chat_uri, session_uri};
+use turnstone_engine::ids::SessionId;
+use turnstone_engine::session::{Rejection, Session};
+
+use super::AhpHost;
+use super::channels::project_log;
+use super::rpc::{self, RpcError};
+use crate::auth::{Access, Caller, Listing};
+use crate::error::Error;
+use crate::store::{SessionFilter, SessionListing};
+
+/// Sessions a `listSessions` page holds unless asked otherwise, and at most.
+const DEFAULT_PAGE: usize = 50;
+const MAX_PAGE: usize = 500;
+
+/// The session id in `uri` with `scheme` (`ahp-session:/X`, `ahp-chat:/X`).
+pub(crate) fn session_id(uri: &str, scheme: &str) -> Option<SessionId> {
+    let id = uri.strip_prefix(scheme)?.strip_prefix(":/")?;
+    crate::http::valid_session_id(id).then(|| SessionId::from(id))
+}
+
+/// -32001 for `uri`: no such session, or one the caller may not see.
+pub(crate) fn not_found(uri: &str) -> RpcError {
+    RpcError::new(ahp_error_codes::SESSION_NOT_FOUND, format!("no session {uri}"))
+}
+
+/// Session `id` when it exists and `caller` may `access` it.
+pub(crate) async fn reachable(
+    host: &AhpHost,
+    caller: &Caller,
+    id: &SessionId,
+    access: Access,
+    uri: &str,
+) -> Result<Session, RpcError> {
+    match host.app.session(id).await {
+        Ok(session) if caller.may(access, &session) => Ok(session),
+        Ok(_) | Err(Error::SessionNotFound(_)) => Err(not_found(uri)),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+pub(crate) fn internal(e: impl std::fmt::Display) -> RpcError {
+    RpcError::internal(e.to_string())
+}
+
+/// `listSessions`: the caller's sessions, most recently created first as the store lists them.
+pub(crate) async fn list(
+    host: &AhpHost,
+    caller: &Caller,
+    params: ListSessionsParams,
+) -> Result<ListSessionsResult, RpcError> {
+    let owner = match caller.listing() {
+        Listing::OwnedBy(me) => Some(me),
+        Listing::Any => None,
+        Listing::Nothing => {
+            return Err(RpcError::new(
+                ahp_error_codes::PERMISSION_DENIED,
+                "a machine key may only settle calls",
+            ));
+        }
+    };
+    let limit = params.limit.and_then(|l| usize::try_from(l).ok()).unwrap_or(DEFAULT_PAGE).clamp(1, MAX_PAGE);
+    let filter = SessionFilter { agent_id: None, owner };
+    let page = host.app.store().list_sessions(&filter, params.cursor.as_deref(), limit).await.map_err(
+        |e| match e {
+            crate::store::StoreError::InvalidCursor => {
+                RpcError::invalid_params("params.cursor: not a cursor of this host")
+            }
+            e => internal(e),
+        },
+    )?;
+    Ok(ListSessionsResult { next_cursor: page.next_cursor, items: page.items.iter().map(listed).collect() })
+}
+
+/// The summary of a listed session (its status is not in the listing: shown idle).
+fn listed(listing: &SessionListing) -> SessionSummary {
+    summary(
+        &SessionId::from(listing.session_id.as_str()),
+        &listing.agent_id,
+        SessionStatus::Idle.bits(),
+        listing.created_at.to_rfc3339(),
+        listing.updated_at.to_rfc3339(),
+    )
+}
+
+fn summary(
+    id: &SessionId,
+    agent_id: &str,
+    status: u32,
+    created_at: String,
+    modified_at: String,
+) -> SessionSummary {
+    SessionSummary {
+        provider: agent_id.to_owned(),
+        title: agent_id.to_owned(),
+        status,
+        activity: None,
+        origin: None,
+        project: None,
+        working_directories: None,
+        annotations: None,
+        resource: session_uri(id),
+        created_at,
+        modified_at,
+        changes: None,
+        meta: None,
+        chats: None,
+        default_chat: Some(chat_uri(id)),
+    }
+}
+
+/// `createSession`: an empty session of agent `provider`, owned by the caller, announced to
+/// every root subscriber who may see it.
+pub(crate) async fn create(
+    host: &AhpHost,
+    caller: &Caller,
+    params: CreateSessionParams,
+) -> Result<(), RpcError> {
+    let id = session_id(&params.channel, "ahp-session").ok_or_else(|| {
+        RpcError::invalid_params(
+            "params.channel: must be ahp-session:/<id>, the id 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.', ':'",
+        )
+    })?;
+    let provider = params
+        .provider
+        .ok_or_else(|| RpcError::invalid_params("params.provider: the agent id is required"))?;
+    if host.app.agent(&provider).is_none() {
+        return Err(RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, format!("no agent {provider:?}")));
+    }
+    match host.app.create_session(&id, &provider, caller).await {
+        Ok(_) => {}
+        Err(Error::Rejected(Rejection::AlreadyExists(_))) => {
+            return Err(RpcError::new(
+                ahp_error_codes::SESSION_ALREADY_EXISTS,
+                format!("session {} already exists", params.channel),
+            ));
+        }
+        Err(Error::SessionNotFound(_)) => {
+            return Err(RpcError::new(
+                ahp_error_codes::PERMISSION_DENIED,
+                "this caller cannot create sessions",
+            ));
+        }
+        Err(e) => return Err(internal(e)),
+    }
+    // No root subscriber is no error.
+    let _ = host.added.send(id);
+    Ok(())
+}
+
+/// `disposeSession`: the store keeps every session for good.
+pub(crate) async fn dispose(host: &AhpHost, caller: &Caller, channel: &str) -> Result<(), RpcError> {
+    let id = session_id(channel, "ahp-session").ok_or_else(|| not_found(channel))?;
+    reachable(host, caller, &id, Access::Drive, channel).await?;
+    Err(RpcError::internal(
+        "disposeSession is not supported: Turnstone's stores keep every session and its log for good",
+    ))
+}
+
+/// The session channel's snapshot: the session with its one chat.
+pub(crate) async fn snapshot(host: &AhpHost, session: &Session) -> Result<Snapshot, RpcError> {
+    let id = session.id().clone();
+    let projection = project_log(&host.app, &id).await.map_err(internal)?;
+    let chat = projection.chat();
+    let state = SessionState {
+        provider: session.agent_id().to_owned(),
+        title: chat.title.clone(),
+        status: chat.status,
+        activity: None,
+        origin: None,
+        project: None,
+        working_directories: None,
+        annotations: None,
+        lifecycle: SessionLifecycle::Ready,
+        creation_error: None,
+        server_tools: None,
+        active_clients: Vec::new(),
+        chats: vec![chat_summary(chat)],
+        default_chat: Some(chat_uri(&id)),
+        config: None,
+        customizations: None,
+        changesets: None,
+        input_needed: None,
+        meta: None,
+    };
+    Ok(Snapshot { resource: session_uri(&id), state: SnapshotState::Session(Box::new(state)), from_seq: 0 })
+}
+
+fn chat_summary(chat: &ChatState) -> ChatSummary {
+    ChatSummary {
+        resource: chat.resource.clone(),
+        title: chat.title.clone(),
+        status: chat.status,
+        activity: chat.activity.clone(),
+        modified_at: chat.modified_at.clone(),
+        changes: None,
+        origin: chat.origin.clone(),
+        movable: None,
+        interactivity: None,
+        working_directories: None,
+    }
+}
+
+/// `root/sessionAdded` for session `id`, if `caller` may see it.
+pub(crate) async fn added(host: &AhpHost, caller: &Caller, id: &SessionId) -> Option<String> {
+    let session = host.app.session(id).await.ok().filter(|s| caller.may(Access::Read, s))?;
+    let at = session.created_at().to_rfc3339();
+    let summary = summary(id, session.agent_id(), SessionStatus::Idle.bits(), at.clone(), at);
+    Some(rpc::notification(
+        "root/sessionAdded",
+        &SessionAddedParams { channel: ROOT_RESOURCE_URI.to_owned(), summary },
+    ))
+}
