@@ -333,11 +333,14 @@ async fn a_client_drives_a_chat_over_ahp() {
     assert_eq!(rpc_code(&malformed), -32602);
     let ClientError::Rpc(e) = &malformed else { unreachable!() };
     assert!(e.message.contains("channel"), "{e:?}");
-    let fork = client
+    let sourceless = client
         .request::<_, Value>("createChat", json!({"channel": "ahp-session:/s-a", "chat": "ahp-chat:/fork"}))
         .await
         .unwrap_err();
-    assert!(matches!(&fork, ClientError::Rpc(e) if e.message.contains("not supported")), "{fork:?}");
+    assert!(
+        matches!(&sourceless, ClientError::Rpc(e) if e.code == -32602 && e.message.contains("params.source")),
+        "a chat of this host is a fork: {sourceless:?}"
+    );
     client.shutdown().await;
     host.stop().await;
 }
@@ -537,5 +540,172 @@ async fn ahp_is_authenticated_and_scoped_to_the_callers_sessions() {
     assert_eq!(status, 404, "bob's turn never started");
     alice.shutdown().await;
     bob.shutdown().await;
+    host.stop().await;
+}
+
+fn confirmed(turn_id: &str, call_id: &str, approved: bool, reason: Option<&str>) -> StateAction {
+    StateAction::ChatToolCallConfirmed(ahp_types::actions::ChatToolCallConfirmedAction {
+        turn_id: turn_id.into(),
+        tool_call_id: call_id.into(),
+        meta: None,
+        approved,
+        confirmed: approved.then_some(ahp_types::state::ToolCallConfirmationReason::UserAction),
+        reason: None,
+        edited_tool_input: None,
+        user_suggestion: None,
+        reason_message: reason.map(|r| StringOrMarkdown::Plain(r.into())),
+        selected_option_id: None,
+    })
+}
+
+fn completed_with(turn_id: &str, call_id: &str, text: &str) -> StateAction {
+    StateAction::ChatToolCallComplete(ChatToolCallCompleteAction {
+        turn_id: turn_id.into(),
+        tool_call_id: call_id.into(),
+        meta: None,
+        result: ToolCallResult {
+            success: true,
+            past_tense_message: StringOrMarkdown::Plain("Done".into()),
+            content: Some(vec![ToolResultContent::Text(ToolResultTextContent { text: text.into() })]),
+            structured_content: None,
+            error: None,
+        },
+        requires_result_confirmation: None,
+    })
+}
+
+const GUARDED: &str = r#"
+[agent.guard]
+model = "gpt-fake"
+llm = "fake"
+
+[[agent.guard.tools]]
+name = "deploy"
+handler = "client"
+approval = "always"
+
+[[agent.guard.tools]]
+name = "wipe"
+handler = "client"
+approval = "always"
+"#;
+
+/// Tool approval (one call approved, one denied with a reason), a steering message that enters
+/// the running turn after its tool's result, and a fork of the chat at a completed turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn approval_steering_and_forks_over_ahp() {
+    let openai = FakeOpenAi::start().await;
+    let (host, _dir) = host(&config(&openai, GUARDED)).await;
+    let client = initialized(&host, None, "client-g").await;
+
+    // Approve one call, deny the other.
+    openai.push(Reply::tool_calls([
+        FakeToolCall::new("call_d", "deploy", "{}"),
+        FakeToolCall::new("call_w", "wipe", "{}"),
+    ]));
+    openai.push(Reply::text("Deployed; nothing wiped."));
+    let _: Value = client
+        .request("createSession", json!({"channel": "ahp-session:/s-g", "provider": "guard"}))
+        .await
+        .unwrap();
+    let mut chat = Mirror::subscribe(&client, "s-g").await;
+    client.dispatch(chat.channel(), turn_started("g-1", "Ship it")).await.unwrap();
+    chat.until(|e| matches!(&e.action, StateAction::ChatToolCallReady(r) if r.tool_call_id == "call_w"))
+        .await;
+    let active = chat.chat.active_turn.as_ref().unwrap();
+    let waiting = |id: &str| {
+        active.response_parts.iter().any(|p| {
+            matches!(p, ahp_types::state::ResponsePart::ToolCall(tc)
+                if matches!(&tc.tool_call, ahp_types::state::ToolCallState::PendingConfirmation(s) if s.tool_call_id == id))
+        })
+    };
+    assert!(waiting("call_d") && waiting("call_w"), "{:?}", active.response_parts);
+    client.dispatch(chat.channel(), confirmed("g-1", "call_d", true, None)).await.unwrap();
+    client.dispatch(chat.channel(), confirmed("g-1", "call_w", false, Some("never wipe"))).await.unwrap();
+    chat.until(|e| matches!(&e.action, StateAction::ChatToolCallConfirmed(c) if c.tool_call_id == "call_w"))
+        .await;
+    client.dispatch(chat.channel(), completed_with("g-1", "call_d", "shipped")).await.unwrap();
+    wait_status(&host, "s-g", "g-1", TurnStatus::Completed).await;
+    chat.settle(&host).await;
+    let turn = &chat.chat.turns[0];
+    let state = |id: &str| {
+        turn.response_parts
+            .iter()
+            .find_map(|p| match p {
+                ahp_types::state::ResponsePart::ToolCall(tc) => {
+                    let v = serde_json::to_value(&tc.tool_call).unwrap();
+                    (v["toolCallId"] == id).then_some(v)
+                }
+                _ => None,
+            })
+            .unwrap()
+    };
+    assert_eq!(state("call_d")["status"], "completed");
+    assert_eq!(
+        (state("call_w")["status"].as_str(), state("call_w")["reason"].as_str()),
+        (Some("cancelled"), Some("denied"))
+    );
+    let told = &openai.requests()[1].body["messages"];
+    assert!(told.to_string().contains("the user denied this call of wipe: never wipe"), "{told}");
+
+    // Steer the running turn while it waits on a tool call.
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_c", "confirm", r#"{"question":"Go?"}"#)]));
+    openai.push(Reply::text("Going, and hello."));
+    let _: Value = client
+        .request("createSession", json!({"channel": "ahp-session:/s-st", "provider": "asker"}))
+        .await
+        .unwrap();
+    let mut chat = Mirror::subscribe(&client, "s-st").await;
+    client.dispatch(chat.channel(), turn_started("st-1", "Go")).await.unwrap();
+    chat.until(|e| kind(e) == "chat/toolCallReady").await;
+    let steer = StateAction::ChatPendingMessageSet(ChatPendingMessageSetAction {
+        kind: PendingMessageKind::Steering,
+        id: "st-2".into(),
+        message: user("Also say hello"),
+    });
+    client.dispatch(chat.channel(), steer).await.unwrap();
+    chat.until(|e| kind(e) == "chat/pendingMessageSet").await;
+    assert_eq!(chat.chat.steering_message.as_ref().map(|m| m.id.as_str()), Some("st-2"));
+    client.dispatch(chat.channel(), completed_with("st-1", "call_c", "yes")).await.unwrap();
+    wait_status(&host, "s-st", "st-1", TurnStatus::Completed).await;
+    chat.settle(&host).await;
+    assert!(chat.chat.steering_message.is_none());
+    assert_eq!(chat.chat.turns.len(), 1, "the steering message joined the turn");
+    let asked = openai.requests()[3].body["messages"].as_array().unwrap().clone();
+    assert_eq!(asked.last().unwrap()["content"], "Also say hello");
+
+    // Fork the chat at its completed turn: a chat of the session with that history.
+    let fork = json!({
+        "channel": "ahp-session:/s-st",
+        "chat": "ahp-chat:/s-st-fork",
+        "source": {"kind": "fork", "chat": "ahp-chat:/s-st", "turnId": "st-1"},
+    });
+    let _: Value = client.request("createChat", fork.clone()).await.unwrap();
+    let _: Value = client.request("createChat", fork).await.unwrap();
+    let (result, _): (SubscribeResult, _) = client.subscribe("ahp-session:/s-st".into()).await.unwrap();
+    let SnapshotState::Session(session) = result.snapshot.unwrap().state else { panic!() };
+    let chats: Vec<&str> = session.chats.iter().map(|c| c.resource.as_str()).collect();
+    assert_eq!(chats, ["ahp-chat:/s-st", "ahp-chat:/s-st-fork"]);
+    let mut forked = Mirror::subscribe(&client, "s-st-fork").await;
+    assert_eq!(forked.chat.turns.len(), 1, "the fork starts with its source's turn");
+    assert_eq!(
+        serde_json::to_value(&forked.chat.origin).unwrap(),
+        json!({"kind": "fork", "chat": "ahp-chat:/s-st", "turnId": "st-1"})
+    );
+    openai.push(Reply::text("A new direction."));
+    client.dispatch(forked.channel(), turn_started("f-1", "Now something else")).await.unwrap();
+    wait_status(&host, "s-st-fork", "f-1", TurnStatus::Completed).await;
+    forked.settle(&host).await;
+    assert_eq!(forked.chat.turns.len(), 2);
+    let history = openai.requests()[4].body["messages"].as_array().unwrap().clone();
+    assert!(history.iter().any(|m| m["content"] == "Also say hello"), "the fork continues the conversation");
+    let bad = json!({
+        "channel": "ahp-session:/s-st",
+        "chat": "ahp-chat:/s-st-fork2",
+        "source": {"kind": "fork", "chat": "ahp-chat:/s-st", "turnId": "nope"},
+    });
+    let error = client.request::<_, Value>("createChat", bad).await.unwrap_err();
+    assert_eq!(rpc_code(&error), -32602, "{error:?}");
+    client.shutdown().await;
     host.stop().await;
 }

@@ -630,6 +630,55 @@ handler = "client"
     host.stop().await;
 }
 
+/// `POST /v1/sessions/{id}/forks`: a new session continuing the conversation through a
+/// completed turn; the source goes on unchanged; the same fork again writes nothing (200);
+/// an unknown turn is 404, a cancelled one 422, a taken id 409.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_continues_the_conversation_through_a_completed_turn() {
+    let openai = FakeOpenAi::start().await;
+    for text in ["One.", "Two.", "Fork reply."] {
+        openai.push(Reply::text(text));
+    }
+    let (host, _dir) = host(&config(&openai, "[agent.plain]\nmodel = \"gpt-fake\"\nllm = \"fake\"\n")).await;
+    for (text, turn) in [("First?", "t-1"), ("Second?", "t-2")] {
+        host.submit_ok("s-src", &message_as("plain", text, turn)).await;
+        assert_eq!(host.wait_turn("s-src", turn).await.status, TurnStatus::Completed);
+    }
+    let (status, body) =
+        host.post("/v1/sessions/s-src/forks", &json!({"turn_id": "t-1", "session_id": "s-fork"})).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        body,
+        json!({"session_id": "s-fork", "forked_from": {"session_id": "s-src", "turn_id": "t-1"}})
+    );
+    assert_eq!(transcript(&host.messages("s-fork").await), ["user: First?", "assistant: One."]);
+    let turn = host.submit_ok("s-fork", &message("plain", "Instead?")).await;
+    assert_eq!(host.wait_turn("s-fork", &turn).await.status, TurnStatus::Completed);
+    assert_eq!(
+        transcript(&host.messages("s-fork").await),
+        ["user: First?", "assistant: One.", "user: Instead?", "assistant: Fork reply."]
+    );
+    assert_eq!(host.messages("s-src").await.len(), 4, "the source is unchanged");
+    let chat: Value = host.get_ok("/v1/sessions/s-fork/chat").await;
+    assert_eq!(chat["turns"].as_array().unwrap().len(), 2, "the copied turn, then its own");
+    assert_eq!(chat["origin"], json!({"kind": "fork", "chat": "ahp-chat:/s-src", "turnId": "t-1"}));
+
+    let (status, _) =
+        host.post("/v1/sessions/s-src/forks", &json!({"turn_id": "t-1", "session_id": "s-fork"})).await;
+    assert_eq!(status, 200, "the same fork again");
+    let (status, body) =
+        host.post("/v1/sessions/s-src/forks", &json!({"turn_id": "t-2", "session_id": "s-fork"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("session_exists")), "{body}");
+    let (status, body) = host.post("/v1/sessions/s-src/forks", &json!({"turn_id": "t-9"})).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = host.post("/v1/sessions/s-src/forks", &json!({"turn": "t-1"})).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (422, Some("turn")), "{body}");
+    let (status, body) = host.post("/v1/sessions/s-src/forks", &json!({"turn_id": "t-2"})).await;
+    assert_eq!(status, 201, "{body}");
+    assert!(body["session_id"].as_str().unwrap().starts_with("fork-"), "{body}");
+    host.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Interrupts
 

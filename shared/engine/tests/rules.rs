@@ -1522,3 +1522,29 @@ fn a_steering_message_with_no_turn_running_starts_one_and_must_be_the_users() {
     }
     assert_eq!(h.try_exec(system).unwrap_err().code(), "invalid_input");
 }
+
+// ----- forks -------------------------------------------------------------------------------
+
+#[test]
+fn a_seed_becomes_the_path_of_a_session_without_messages_and_only_of_one() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    let history = vec![
+        DraftMessage::user("hi").into_message("m1".into()),
+        DraftMessage { role: Role::Assistant, ..DraftMessage::user("hello") }.into_message("m2".into()),
+    ];
+    let events = h.exec(Command::Seed { messages: history.clone() });
+    assert_eq!(names(&events), ["message.recorded", "message.recorded"]);
+    assert_eq!(h.path_texts(), ["User:hi", "Assistant:hello"]);
+    assert!(h.session.active_turn_id().is_none(), "a seed starts no turn");
+    let err = h.try_exec(Command::Seed { messages: history }).unwrap_err();
+    assert_eq!(err.code(), "invalid_input");
+    let mut fresh = harness("t", init("demo", Some(agent("m")), false));
+    let twice = vec![
+        DraftMessage::user("a").into_message("m1".into()),
+        DraftMessage::user("b").into_message("m1".into()),
+    ];
+    let err = fresh.try_exec(Command::Seed { messages: twice }).unwrap_err();
+    assert!(matches!(&err, Rejection::InvalidInput(p) if p.path == "messages[1].id"), "{err:?}");
+    h.turn("and now?", "now this");
+    assert_eq!(h.path_texts(), ["User:hi", "Assistant:hello", "User:and now?", "Assistant:now this"]);
+}

@@ -44,6 +44,19 @@ pub enum Placement {
     Steer,
 }
 
+/// The body of `POST /v1/sessions/{id}/forks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// The completed turn the fork's history runs through.
+    pub turn_id: TurnId,
+    /// The new session's id; omitted: `fork-<16 hex>`.
+    #[serde(default)]
+    pub session_id: Option<SessionId>,
+}
+
+pub use crate::fork::Forked;
+
 /// `202` to `POST /v1/sessions/{id}/calls/settle`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Settled {

@@ -7,11 +7,15 @@
 //! commit that creates a model call is announced before the call streams).
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, StateAction};
 use ahp_types::common::ROOT_RESOURCE_URI;
-use ahp_types::state::{AgentInfo, RootState, Snapshot, SnapshotState};
+use ahp_types::state::{
+    AgentCapabilities, AgentInfo, MultipleChatsCapability, RootState, Snapshot, SnapshotState, Turn,
+};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use turnstone_ahp::{ChatProjection, ProjectionError, chat_uri};
 use turnstone_engine::ids::{CallId, SessionId};
@@ -38,11 +42,31 @@ pub enum ProjectError {
     Projection { seq: u64, error: ProjectionError },
 }
 
-/// The chat of session `session_id`'s whole log.
+/// The chat of session `session_id`'s whole log (a fork's starting from its source's turns).
 pub async fn project_log(app: &App, session_id: &SessionId) -> Result<ChatProjection, ProjectError> {
-    let mut feed = ChatFeed::new(session_id.clone());
+    let mut feed = ChatFeed::open(app, session_id.clone()).await?;
     feed.catch_up(app, |_| {}).await?;
     Ok(feed.projection)
+}
+
+/// The turns a fork's chat starts with: its source's chat through the turn it forked at (AHP
+/// copies a fork's history into the new chat). None for a session that is not a fork.
+fn fork_history<'a>(
+    app: &'a App,
+    session_id: &'a SessionId,
+) -> Pin<Box<dyn Future<Output = Result<Vec<Turn>, ProjectError>> + Send + 'a>> {
+    Box::pin(async move {
+        let session = match app.session(session_id).await {
+            Ok(session) => session,
+            Err(crate::error::Error::SessionNotFound(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let Some(origin) = session.init().and_then(|i| i.fork.clone()) else { return Ok(Vec::new()) };
+        let source = project_log(app, &origin.session_id).await?;
+        let turns = &source.chat().turns;
+        let through = turns.iter().position(|t| t.id == origin.turn_id.as_str()).map_or(0, |i| i + 1);
+        Ok(turns[..through].to_vec())
+    })
 }
 
 /// The root channel's snapshot: every configured agent is an AHP agent.
@@ -56,7 +80,11 @@ pub(crate) fn root_snapshot(app: &App) -> Snapshot {
             models: Vec::new(),
             protected_resources: None,
             customizations: None,
-            capabilities: None,
+            // A chat forks into a session of its own (`createChat` with a fork source).
+            capabilities: Some(AgentCapabilities {
+                multiple_chats: Some(MultipleChatsCapability { fork: Some(true), side_chat: None }),
+                multiple_working_directories: None,
+            }),
         })
         .collect();
     let state = RootState { agents, active_sessions: None, terminals: None, config: None, meta: None };
@@ -79,13 +107,16 @@ pub(crate) struct ChatFeed {
 }
 
 impl ChatFeed {
-    pub fn new(session_id: SessionId) -> Self {
-        ChatFeed {
-            projection: ChatProjection::new(session_id.clone()),
+    /// The feed of session `session_id` before its first event (a fork's chat holding its
+    /// source's turns already).
+    pub async fn open(app: &App, session_id: SessionId) -> Result<Self, ProjectError> {
+        let history = fork_history(app, &session_id).await?;
+        Ok(ChatFeed {
+            projection: ChatProjection::forked(session_id.clone(), history),
             session_id,
             position: Position::default(),
             skip: HashSet::new(),
-        }
+        })
     }
 
     /// Projects one logged event: its actions, numbered.

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin};
 use ahp_types::commands::{
-    CreateSessionParams, DispatchActionParams, DisposeSessionParams, FetchTurnsParams, FetchTurnsResult,
-    Implementation, InitializeParams, InitializeResult, ListSessionsParams, ReconnectParams, SubscribeParams,
-    SubscribeResult, UnsubscribeParams,
+    CreateChatParams, CreateSessionParams, DispatchActionParams, DisposeSessionParams, FetchTurnsParams,
+    FetchTurnsResult, Implementation, InitializeParams, InitializeResult, ListSessionsParams,
+    ReconnectParams, SubscribeParams, SubscribeResult, UnsubscribeParams,
 };
 use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
 use ahp_types::errors::{UnsupportedProtocolVersionErrorData, ahp_error_codes, json_rpc_error_codes};
@@ -116,15 +116,18 @@ pub(crate) async fn resolve(host: &AhpHost, caller: &Caller, uri: &str) -> Resul
 /// Opens `channel`: its snapshot (a chat's with at most `turns` turns), and the subscription.
 pub(crate) async fn open(
     host: &AhpHost,
+    caller: &Caller,
     channel: Channel,
     turns: Option<usize>,
 ) -> Result<(Snapshot, Subscribed), RpcError> {
     match channel {
         Channel::Root => Ok((root_snapshot(&host.app), Subscribed::Root)),
-        Channel::Session(session) => Ok((sessions::snapshot(host, &session).await?, Subscribed::Session)),
+        Channel::Session(session) => {
+            Ok((sessions::snapshot(host, caller, &session).await?, Subscribed::Session))
+        }
         Channel::Chat(id) => {
             let live = Live::follow(&host.app, &id).await.map_err(internal)?;
-            let mut feed = ChatFeed::new(id);
+            let mut feed = ChatFeed::open(&host.app, id).await.map_err(internal)?;
             feed.catch_up(&host.app, |_| {}).await.map_err(internal)?;
             feed.skip_running(&host.app).await;
             Ok((feed.snapshot(turns), Subscribed::Chat { feed: Box::new(feed), live }))
@@ -195,7 +198,7 @@ impl Connection {
                 let params: SubscribeParams = rpc::params(params)?;
                 let channel = resolve(&self.host, &self.caller, &params.channel).await?;
                 let turns = params.view.and_then(|v| v.turns).and_then(|t| usize::try_from(t).ok());
-                let (snapshot, subscribed) = open(&self.host, channel, turns).await?;
+                let (snapshot, subscribed) = open(&self.host, &self.caller, channel, turns).await?;
                 let result = SubscribeResult { snapshot: Some(snapshot) };
                 Ok((rpc::to_value(&result)?, vec![(params.channel, subscribed)]))
             }
@@ -218,9 +221,11 @@ impl Connection {
                 sessions::dispose(&self.host, &self.caller, &params.channel).await?;
                 none(Value::Null)
             }
-            "createChat" => Err(RpcError::internal(
-                "createChat is not supported by this host yet: a session has one chat, its active path",
-            )),
+            "createChat" => {
+                let params: CreateChatParams = rpc::params(params)?;
+                sessions::create_chat(&self.host, &self.caller, params).await?;
+                none(Value::Null)
+            }
             "fetchTurns" => {
                 let params: FetchTurnsParams = rpc::params(params)?;
                 self.fetch_turns(params).await?;
@@ -271,7 +276,7 @@ impl Connection {
         for uri in params.initial_subscriptions.unwrap_or_default() {
             // A channel the caller may not read is left out, as if it did not exist.
             let Ok(channel) = resolve(&self.host, &self.caller, &uri).await else { continue };
-            let (snapshot, held) = open(&self.host, channel, None).await?;
+            let (snapshot, held) = open(&self.host, &self.caller, channel, None).await?;
             snapshots.push(snapshot);
             subscribed.push((uri, held));
         }

@@ -5,7 +5,7 @@
 
 use ahp_types::actions::{
     ActionOrigin, ChatInputCompletedAction, ChatPendingMessageSetAction, ChatToolCallCompleteAction,
-    ChatTurnStartedAction, StateAction,
+    ChatToolCallConfirmedAction, ChatTurnStartedAction, StateAction,
 };
 use ahp_types::commands::DispatchActionParams;
 use ahp_types::state::{PendingMessageKind, ToolResultContent};
@@ -16,6 +16,7 @@ use turnstone_engine::session::{CallSpec, Command, Session};
 
 use super::AhpHost;
 use super::sessions::{reachable, session_id};
+use crate::api::Placement;
 use crate::auth::{Access, Caller};
 use crate::error::Error;
 
@@ -39,7 +40,7 @@ pub(crate) async fn dispatch(
     let action = &params.action;
     let run = async {
         match action {
-            StateAction::ChatTurnStarted(a) => start_turn(host, caller, &session, a, false).await,
+            StateAction::ChatTurnStarted(a) => start_turn(host, caller, &session, a).await,
             StateAction::ChatTurnCancelled(a) => {
                 if session.active_turn_id().map(|t| t.as_str()) != Some(a.turn_id.as_str()) {
                     return Err(format!("turn {} is not the active turn", a.turn_id));
@@ -47,20 +48,16 @@ pub(crate) async fn dispatch(
                 let cancel = Command::Cancel { reason: "cancelled by the client".to_owned() };
                 host.app.command_as(&id, caller, Access::Drive, cancel).await.map(|_| ()).map_err(refusal)
             }
-            StateAction::ChatInputCompleted(a) => submit(host, caller, &id, resume(a), false).await,
+            StateAction::ChatInputCompleted(a) => {
+                submit(host, caller, &id, resume(a), Placement::Start).await
+            }
             StateAction::ChatToolCallComplete(a) => complete_tool(host, caller, &session, a).await,
-            StateAction::ChatPendingMessageSet(a) if a.kind == PendingMessageKind::Queued => {
-                queue(host, caller, &session, a).await
-            }
-            StateAction::ChatToolCallConfirmed(_) | StateAction::ChatPendingMessageSet(_) => {
-                approve_or_steer(host, caller, &session, action).await
-            }
-            StateAction::ChatPendingMessageRemoved(a) if a.kind == PendingMessageKind::Queued => {
-                Err(format!(
-                    "queued message {} cannot be removed: the engine cannot withdraw a queued turn yet",
-                    a.id
-                ))
-            }
+            StateAction::ChatPendingMessageSet(a) => pend(host, caller, &session, a).await,
+            StateAction::ChatToolCallConfirmed(a) => confirm(host, caller, &session, a).await,
+            StateAction::ChatPendingMessageRemoved(a) => Err(format!(
+                "pending message {} cannot be removed: the engine cannot withdraw a queued or steering turn yet",
+                a.id
+            )),
             StateAction::ChatQueuedMessagesReordered(_) => {
                 Err("queued messages cannot be reordered: the engine starts queued turns in arrival order"
                     .to_owned())
@@ -79,15 +76,26 @@ pub(crate) async fn dispatch(
     outcome
 }
 
-/// Tool approval (`chat/toolCallConfirmed`) and steering (`chat/pendingMessageSet` of kind
-/// `steering`): the engine is gaining both; until this host maps them, they are refused.
-async fn approve_or_steer(
-    _host: &AhpHost,
-    _caller: &Caller,
-    _session: &Session,
-    action: &StateAction,
+/// `chat/toolCallConfirmed` of a call waiting for approval: `tool.approval`, a denial with
+/// its reason message (or its reason) told to the model.
+async fn confirm(
+    host: &AhpHost,
+    caller: &Caller,
+    session: &Session,
+    action: &ChatToolCallConfirmedAction,
 ) -> Result<(), Refusal> {
-    Err(format!("{} is not supported by this host yet", action_type(action)))
+    let call_id = CallId::from(action.tool_call_id.as_str());
+    if !session.call(&call_id).is_some_and(|c| c.awaiting_approval) {
+        return Err(format!("tool call {call_id} of this chat is not waiting for confirmation"));
+    }
+    let reason = action
+        .reason_message
+        .as_ref()
+        .map(|m| m.as_text().to_owned())
+        .or_else(|| action.reason.as_ref().and_then(|r| json!(r).as_str().map(str::to_owned)));
+    let input =
+        json!({"type": "tool.approval", "id": call_id, "approved": action.approved, "reason": reason});
+    submit(host, caller, session.id(), input, Placement::Start).await
 }
 
 /// `chat/turnStarted`: a `client.message` with the client's turn id (the session's agent
@@ -97,22 +105,26 @@ async fn start_turn(
     caller: &Caller,
     session: &Session,
     action: &ChatTurnStartedAction,
-    queue: bool,
 ) -> Result<(), Refusal> {
     let input = message(session, &action.turn_id, &action.message.text);
-    submit(host, caller, session.id(), input, queue).await
+    submit(host, caller, session.id(), input, Placement::Start).await
 }
 
-/// `chat/pendingMessageSet` of kind `queued`: a turn queued behind the active one (started at
-/// once when none is), its id the pending message's.
-async fn queue(
+/// `chat/pendingMessageSet`: of kind `queued`, a turn queued behind the active one (started
+/// at once when none is); of kind `steering`, a message for the running turn's next safe
+/// point. Either way its id is the pending message's.
+async fn pend(
     host: &AhpHost,
     caller: &Caller,
     session: &Session,
     action: &ChatPendingMessageSetAction,
 ) -> Result<(), Refusal> {
+    let placement = match action.kind {
+        PendingMessageKind::Queued => Placement::Queue,
+        PendingMessageKind::Steering => Placement::Steer,
+    };
     let input = message(session, &action.id, &action.message.text);
-    submit(host, caller, session.id(), input, true).await
+    submit(host, caller, session.id(), input, placement).await
 }
 
 fn message(session: &Session, turn_id: &str, text: &str) -> Value {
@@ -177,7 +189,7 @@ async fn complete_tool(
             .unwrap_or(if text.is_empty() { result.past_tense_message.as_text().to_owned() } else { text });
         json!({"type": "tool.error", "id": call_id, "error": message, "retryable": false})
     };
-    submit(host, caller, session.id(), input, false).await
+    submit(host, caller, session.id(), input, Placement::Start).await
 }
 
 /// Submits `input` (JSON of a `ClientInput`) to session `id`.
@@ -186,11 +198,11 @@ async fn submit(
     caller: &Caller,
     id: &SessionId,
     input: Value,
-    queue: bool,
+    placement: Placement,
 ) -> Result<(), Refusal> {
     let input: ClientInput =
         parse(input).map_err(|e| format!("invalid action: {}: {}", e.path, e.message))?;
-    host.app.submit(id, input, queue, caller).await.map(|_| ()).map_err(refusal)
+    host.app.submit(id, input, placement, caller).await.map(|_| ()).map_err(refusal)
 }
 
 /// The engine's reason, in its words.

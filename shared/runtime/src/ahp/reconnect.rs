@@ -77,7 +77,7 @@ pub(crate) async fn reconnect(
     let mut snapshots = Vec::new();
     let mut subscribed = Vec::new();
     for (uri, channel) in channels {
-        let (snapshot, held) = open(host, channel, None).await?;
+        let (snapshot, held) = open(host, caller, channel, None).await?;
         snapshots.push(snapshot);
         subscribed.push((uri, held));
     }
@@ -93,7 +93,7 @@ async fn replay(
 ) -> Result<Option<(ChatFeed, Live, Vec<(u64, StateAction)>)>, ProjectError> {
     let target = Position::decode(last_seen);
     let live = Live::follow(&host.app, id).await?;
-    let mut feed = ChatFeed::new(id.clone());
+    let mut feed = ChatFeed::open(&host.app, id.clone()).await?;
     // The engine's own fold beside the projection, to tell whether a model call was running.
     let mut session = Session::new(id.clone());
     let mut replayed = Vec::new();

@@ -2,7 +2,9 @@
 //! channel's snapshot and `root/sessionAdded`. A session the caller may not read is not found
 //! and not listed, as in the HTTP API.
 
-use ahp_types::commands::{CreateSessionParams, ListSessionsParams, ListSessionsResult};
+use ahp_types::commands::{
+    ChatSource, CreateChatParams, CreateSessionParams, ListSessionsParams, ListSessionsResult,
+};
 use ahp_types::common::ROOT_RESOURCE_URI;
 use ahp_types::errors::ahp_error_codes;
 use ahp_types::notifications::SessionAddedParams;
@@ -11,12 +13,14 @@ use ahp_types::state::{
     SnapshotState,
 };
 use turnstone_ahp::{chat_uri, session_uri};
-use turnstone_engine::ids::SessionId;
+use turnstone_engine::ids::{SessionId, TurnId};
+use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DraftMessage};
 use turnstone_engine::session::{Rejection, Session};
 
 use super::AhpHost;
 use super::channels::project_log;
 use super::rpc::{self, RpcError};
+use crate::api::Placement;
 use crate::auth::{Access, Caller, Listing};
 use crate::error::Error;
 use crate::store::{SessionFilter, SessionListing};
@@ -160,6 +164,70 @@ pub(crate) async fn create(
     Ok(())
 }
 
+/// `createChat` with a fork source: the new chat is a session of its own that continues the
+/// session's default chat through one of its completed turns ([`App::fork`]), listed in the
+/// session's catalog of chats; an initial message starts its first turn. A chat of a fresh
+/// conversation is a new session (`createSession`), and side chats are not offered.
+///
+/// [`App::fork`]: crate::app::App::fork
+pub(crate) async fn create_chat(
+    host: &AhpHost,
+    caller: &Caller,
+    params: CreateChatParams,
+) -> Result<(), RpcError> {
+    let id = session_id(&params.channel, "ahp-session").ok_or_else(|| not_found(&params.channel))?;
+    let session = reachable(host, caller, &id, Access::Drive, &params.channel).await?;
+    let fork_id = session_id(&params.chat, "ahp-chat").ok_or_else(|| {
+        RpcError::invalid_params("params.chat: must be ahp-chat:/<id>, the id as a session id")
+    })?;
+    let source = match params.source {
+        Some(ChatSource::Fork(source)) => source,
+        _ => {
+            return Err(RpcError::invalid_params(
+                "params.source: this host creates chats as forks (kind \"fork\"); a new conversation \
+                 is a new session (createSession)",
+            ));
+        }
+    };
+    if source.chat != chat_uri(&id) {
+        return Err(RpcError::invalid_params(format!(
+            "params.source.chat: forks are made from the session's default chat, {}",
+            chat_uri(&id)
+        )));
+    }
+    let turn_id = TurnId::from(source.turn_id.as_str());
+    match host.app.fork(&id, &turn_id, &fork_id, caller).await {
+        Ok(_) => {}
+        Err(Error::Rejected(Rejection::AlreadyExists(_))) => {
+            return Err(RpcError::new(
+                ahp_error_codes::ALREADY_EXISTS,
+                format!("{} already exists, and is not this fork", params.chat),
+            ));
+        }
+        Err(Error::TurnNotFound { .. }) => {
+            return Err(RpcError::invalid_params(format!(
+                "params.source.turnId: no turn {turn_id} ended in {}",
+                source.chat
+            )));
+        }
+        Err(Error::Rejected(Rejection::InvalidInput(problem))) => {
+            return Err(RpcError::invalid_params(format!("params.source.turnId: {}", problem.message)));
+        }
+        Err(Error::SessionNotFound(_)) => return Err(not_found(&params.channel)),
+        Err(e) => return Err(internal(e)),
+    }
+    if let Some(message) = params.initial_message {
+        let input = ClientInput::Message(ClientMessageInput {
+            agent_id: session.agent_id().to_owned(),
+            turn_id: None,
+            message: DraftMessage::user(message.text),
+            stream: Some(true),
+        });
+        host.app.submit(&fork_id, input, Placement::Start, caller).await.map_err(internal)?;
+    }
+    Ok(())
+}
+
 /// `disposeSession`: the store keeps every session for good.
 pub(crate) async fn dispose(host: &AhpHost, caller: &Caller, channel: &str) -> Result<(), RpcError> {
     let id = session_id(channel, "ahp-session").ok_or_else(|| not_found(channel))?;
@@ -170,10 +238,22 @@ pub(crate) async fn dispose(host: &AhpHost, caller: &Caller, channel: &str) -> R
 }
 
 /// The session channel's snapshot: the session with its one chat.
-pub(crate) async fn snapshot(host: &AhpHost, session: &Session) -> Result<Snapshot, RpcError> {
+pub(crate) async fn snapshot(
+    host: &AhpHost,
+    caller: &Caller,
+    session: &Session,
+) -> Result<Snapshot, RpcError> {
     let id = session.id().clone();
     let projection = project_log(&host.app, &id).await.map_err(internal)?;
     let chat = projection.chat();
+    // The default chat, then the forks, oldest first (those the caller may still read).
+    let mut chats = vec![chat_summary(chat)];
+    for (fork, _) in projection.forks() {
+        if reachable(host, caller, fork, Access::Read, "").await.is_ok() {
+            let forked = project_log(&host.app, fork).await.map_err(internal)?;
+            chats.push(chat_summary(forked.chat()));
+        }
+    }
     let state = SessionState {
         provider: session.agent_id().to_owned(),
         title: chat.title.clone(),
@@ -187,7 +267,7 @@ pub(crate) async fn snapshot(host: &AhpHost, session: &Session) -> Result<Snapsh
         creation_error: None,
         server_tools: None,
         active_clients: Vec::new(),
-        chats: vec![chat_summary(chat)],
+        chats,
         default_chat: Some(chat_uri(&id)),
         config: None,
         customizations: None,

@@ -23,8 +23,8 @@ use turnstone_engine::session::{Command, Event, Session};
 pub use crate::api::ApiError;
 
 use crate::api::{
-    ActivePath, CancelRequest, Cancelled, EventPage, Placement, SessionPage, SessionSummary, Settled,
-    Submitted, Turn,
+    ActivePath, CancelRequest, Cancelled, EventPage, ForkRequest, Placement, SessionPage, SessionSummary,
+    Settled, Submitted, Turn,
 };
 use crate::app::App;
 use crate::auth::{Access, AuthError, Authenticator, Caller, Listing};
@@ -79,6 +79,7 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
         .route("/v1/sessions/{id}/chat", get(chat::chat))
         .route("/v1/sessions/{id}/calls/settle", post(settle))
         .route("/v1/sessions/{id}/cancel", post(cancel))
+        .route("/v1/sessions/{id}/forks", post(fork))
         .route("/v1/ahp", get(ahp::upgrade))
         .route("/healthz", get(|| async { "ok" }))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
@@ -199,6 +200,33 @@ async fn cancel(
         _ => None,
     });
     Ok((StatusCode::ACCEPTED, Json(Cancelled { session_id: id, turn_id })).into_response())
+}
+
+/// `POST /v1/sessions/{id}/forks`: a new session continuing this one's conversation through
+/// one of its completed turns; 201, or 200 when that very fork exists already.
+async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<SessionId>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let caller = authenticate(&state, &headers)?;
+    let request: ForkRequest = body(&state, &bytes)?;
+    let fork_id = match request.session_id {
+        Some(fork_id) => {
+            check_id(fork_id.as_str())?;
+            fork_id
+        }
+        None => {
+            use std::hash::BuildHasher;
+            // `RandomState` is keyed from the OS's randomness.
+            format!("fork-{:016x}", std::hash::RandomState::new().hash_one(&id)).into()
+        }
+    };
+    let existed = state.app.session(&fork_id).await.is_ok();
+    let forked = state.app.fork(&id, &request.turn_id, &fork_id, &caller).await?;
+    let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, Json(forked)).into_response())
 }
 
 async fn session_summary(
