@@ -605,7 +605,15 @@ impl ChatProjection {
         turn.model = Some(response.model.clone());
         turn.reply = Some((call.id.clone(), attempt));
         let usage = usage::usage_info(&turn.usage, turn.model.as_deref());
-        self.emit(StateAction::ChatUsage(ChatUsageAction { turn_id, usage, meta: None }))
+        // The recorded reasoning ends the reasoning part exactly as the text's does its part:
+        // what streamed, completed (or all of it, when nothing streamed).
+        let shown = turn.reasonings.get(&parts::reasoning_id(&call.id, attempt)).cloned().unwrap_or_default();
+        self.emit(StateAction::ChatUsage(ChatUsageAction { turn_id: turn_id.clone(), usage, meta: None }))?;
+        let rest = response.reasoning.as_deref().and_then(|r| r.strip_prefix(shown.as_str()));
+        match rest.filter(|rest| !rest.is_empty()) {
+            Some(rest) => self.reason(&turn_id, parts::reasoning_id(&call.id, attempt), rest),
+            None => Ok(()),
+        }
     }
 
     /// A voided call (or one still open when its turn ends) is cancelled with `reason`.

@@ -75,26 +75,30 @@ impl ChatProjection {
     }
 
     /// Grows reasoning part `id` by `more`, creating it with `more` first.
-    fn reason(&mut self, turn_id: &str, id: String, more: &str) -> Result<(), ProjectionError> {
-        let exists = self.open_turn().is_some_and(|t| t.reasonings.contains(&id));
-        let action = if exists {
+    pub(crate) fn reason(&mut self, turn_id: &str, id: String, more: &str) -> Result<(), ProjectionError> {
+        let shown = self.open_turn().and_then(|t| t.reasonings.get(&id).cloned());
+        let action = if shown.is_some() {
             StateAction::ChatReasoning(ChatReasoningAction {
                 turn_id: turn_id.to_owned(),
-                part_id: id,
+                part_id: id.clone(),
                 content: more.to_owned(),
                 meta: None,
             })
         } else {
-            if let Some(turn) = self.open_turn() {
-                turn.reasonings.insert(id.clone());
-            }
             StateAction::ChatResponsePart(ChatResponsePartAction {
                 turn_id: turn_id.to_owned(),
-                part: ResponsePart::Reasoning(ReasoningResponsePart { id, content: more.to_owned() }),
+                part: ResponsePart::Reasoning(ReasoningResponsePart {
+                    id: id.clone(),
+                    content: more.to_owned(),
+                }),
                 meta: None,
             })
         };
-        self.emit(action)
+        self.emit(action)?;
+        if let Some(turn) = self.open_turn() {
+            turn.reasonings.insert(id, shown.unwrap_or_default() + more);
+        }
+        Ok(())
     }
 }
 

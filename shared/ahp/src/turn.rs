@@ -40,8 +40,8 @@ pub(crate) struct OpenTurn {
     pub tool_names: BTreeMap<CallId, String>,
     /// Markdown parts by id, with the text shown.
     pub texts: BTreeMap<String, String>,
-    /// Reasoning parts by id.
-    pub reasonings: BTreeSet<String>,
+    /// Reasoning parts by id, with the reasoning shown.
+    pub reasonings: BTreeMap<String, String>,
     /// The settled model call (and attempt) whose reply the next assistant message records.
     pub reply: Option<(CallId, u32)>,
     /// Interrupts shown as open input requests.
@@ -61,7 +61,7 @@ impl OpenTurn {
             tools: BTreeMap::new(),
             tool_names: BTreeMap::new(),
             texts: BTreeMap::new(),
-            reasonings: BTreeSet::new(),
+            reasonings: BTreeMap::new(),
             reply: None,
             inputs: BTreeSet::new(),
         }

@@ -120,6 +120,26 @@ fn reasoning_streams_into_a_reasoning_part() {
 }
 
 #[test]
+fn recorded_reasoning_ends_the_part_so_live_and_replayed_chats_are_equal() {
+    let (mut h, mut live, call_id, attempt) = streaming("d6");
+    let thinking = |more: &str| StreamDelta { reasoning: Some(more.into()), ..Default::default() };
+    live.delta(call_id.as_str(), &thinking("Blue is "));
+    live.delta(call_id.as_str(), &text("It is blue"));
+    let mut response = final_reply("It is blue", "{}");
+    response.reasoning = Some("Blue is calm, and they like calm.".into());
+    h.exec(Command::LlmCallFinished { call_id, attempt, outcome: Ok(response) });
+    live.catch_up(&h.log);
+    live.check_actions();
+    let replayed = project(&h);
+    assert_eq!(live.chat(), replayed.chat(), "live and replayed chats are equal");
+    let active = replayed.chat().active_turn.as_ref().unwrap();
+    assert_eq!(
+        part_kinds(&active.response_parts)[..2],
+        ["reasoning:Blue is calm, and they like calm.", "markdown:It is blue"]
+    );
+}
+
+#[test]
 fn a_delta_of_a_call_that_is_not_running_shows_nothing() {
     let (mut h, mut live, call_id, attempt) = streaming("d5");
     assert!(live.delta("llm_unknown", &text("ghost")).is_empty());

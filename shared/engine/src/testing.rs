@@ -318,6 +318,7 @@ pub fn reply(text: &str) -> LlmResponse {
         usage: Some(serde_json::json!({"prompt_tokens": 10, "completion_tokens": 5})),
         cost: Some("0.001".into()),
         images: None,
+        reasoning: None,
     }
 }
 
@@ -333,6 +334,7 @@ pub fn tool_calls(calls: &[(&str, &str, &str)]) -> LlmResponse {
         usage: None,
         cost: None,
         images: None,
+        reasoning: None,
     }
 }
 

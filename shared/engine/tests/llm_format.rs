@@ -209,6 +209,7 @@ fn openai_response_text() {
             usage: Some(body["usage"].clone()),
             cost: None,
             images: None,
+            reasoning: None,
         }
     );
     assert!(!response.is_truncated() && !response.is_refused());
@@ -428,6 +429,7 @@ fn openai_stream_text_with_usage() {
             usage: Some(usage),
             cost: None,
             images: None,
+            reasoning: None,
         }
     );
 }
@@ -586,6 +588,7 @@ fn openai_stream_reasoning_fields() {
     );
     let response = acc.finish().expect("complete");
     assert_eq!(response.content.as_deref(), Some("42"));
+    assert_eq!(response.reasoning.as_deref(), Some("Let me think.Still thinking."), "recorded as streamed");
     assert_eq!(response.usage, None);
 }
 
@@ -973,6 +976,7 @@ fn anthropic_response_text_and_parallel_tool_use() {
             usage: Some(body["usage"].clone()),
             cost: None,
             images: None,
+            reasoning: None,
         }
     );
 }
@@ -1140,6 +1144,7 @@ fn anthropic_stream_text() {
             })),
             cost: None,
             images: None,
+            reasoning: None,
         }
     );
 }
@@ -1189,6 +1194,7 @@ fn anthropic_stream_thinking_text_and_parallel_tool_use_split_across_many_events
 
     let response = acc.finish().expect("complete");
     assert_eq!(response.content.as_deref(), Some("Checking both."));
+    assert_eq!(response.reasoning.as_deref(), Some("Two cities, two calls."), "recorded as streamed");
     assert_eq!(
         response.tool_calls,
         Some(vec![
@@ -1398,4 +1404,27 @@ fn images_in_assistant_messages_are_left_out_of_requests() {
     );
     let openai = llm_format::request(LlmFormat::Openai, &request, false).unwrap();
     assert_eq!(openai["messages"][1]["content"], json!([{"type": "text", "text": "Here it is"}]));
+}
+
+#[test]
+fn reasoning_of_whole_responses_is_recorded() {
+    let body = json!({
+        "model": "deepseek-reasoner",
+        "choices": [{ "index": 0, "finish_reason": "stop",
+            "message": { "role": "assistant", "content": "42", "reasoning_content": "Six times seven." } }]
+    });
+    assert_eq!(openai::response(&body).unwrap().reasoning.as_deref(), Some("Six times seven."));
+    let body = json!({
+        "model": "claude", "stop_reason": "end_turn",
+        "content": [
+            { "type": "thinking", "thinking": "Six times ", "signature": "sig" },
+            { "type": "thinking", "thinking": "seven." },
+            { "type": "text", "text": "42" }
+        ]
+    });
+    let response = anthropic::response(&body).unwrap();
+    assert_eq!(
+        (response.reasoning.as_deref(), response.content.as_deref()),
+        (Some("Six times seven."), Some("42"))
+    );
 }

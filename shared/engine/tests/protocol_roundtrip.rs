@@ -1250,7 +1250,8 @@ fn llm_responses() {
             finish_reason: None,
             usage: None,
             cost: None,
-            images: None
+            images: None,
+            reasoning: None,
         }
     );
     let full: LlmResponse = load("llm.json", "LlmResponse", "full");

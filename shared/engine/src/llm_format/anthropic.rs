@@ -377,12 +377,14 @@ pub fn response(body: &Value) -> Result<LlmResponse, FormatError> {
     }
     let model = req_str(obj, "model", "")?.to_owned();
     let mut text = String::new();
+    let mut reasoning = String::new();
     let mut tool_calls = Vec::new();
     for (i, block) in req_array(obj, "content", "")?.iter().enumerate() {
         let path = index("content", i);
         let block = object(block, &path)?;
         match req_str(block, "type", &path)? {
             "text" => text.push_str(req_str(block, "text", &path)?),
+            "thinking" => reasoning.push_str(opt_str(block, "thinking", &path)?.unwrap_or_default()),
             "tool_use" => {
                 let id = req_str(block, "id", &path)?;
                 let name = req_str(block, "name", &path)?;
@@ -400,6 +402,7 @@ pub fn response(body: &Value) -> Result<LlmResponse, FormatError> {
         usage: get(obj, "usage").cloned(),
         cost: None,
         images: None,
+        reasoning: Some(reasoning).filter(|r| !r.is_empty()),
     })
 }
 
@@ -417,7 +420,7 @@ pub struct StreamAccumulator {
 enum Block {
     Text(String),
     ToolUse { id: String, name: String, json: String, initial: Value },
-    Thinking,
+    Thinking(String),
     Other,
 }
 
@@ -500,7 +503,7 @@ impl StreamAccumulator {
                 if !thinking.is_empty() {
                     out.reasoning = Some(thinking.to_owned());
                 }
-                Block::Thinking
+                Block::Thinking(thinking.to_owned())
             }
             _ => Block::Other,
         };
@@ -542,8 +545,9 @@ impl StreamAccumulator {
                     }]);
                 }
             }
-            ("thinking_delta", Block::Thinking) => {
+            ("thinking_delta", Block::Thinking(thinking)) => {
                 let more = req_str(d, "thinking", &path)?;
+                thinking.push_str(more);
                 if !more.is_empty() {
                     out.reasoning = Some(more.to_owned());
                 }
@@ -571,10 +575,12 @@ impl StreamAccumulator {
             ));
         }
         let mut text = String::new();
+        let mut reasoning = String::new();
         let mut tool_calls = Vec::new();
         for block in self.blocks.into_values() {
             match block {
                 Block::Text(more) => text.push_str(&more),
+                Block::Thinking(more) => reasoning.push_str(&more),
                 Block::ToolUse { id, name, json, initial } => {
                     let arguments = if !json.is_empty() {
                         json
@@ -585,7 +591,7 @@ impl StreamAccumulator {
                     };
                     tool_calls.push(ToolCall::function(id, name, arguments));
                 }
-                Block::Thinking | Block::Other => {}
+                Block::Other => {}
             }
         }
         Ok(LlmResponse {
@@ -596,6 +602,7 @@ impl StreamAccumulator {
             usage: self.usage.map(Value::Object),
             cost: None,
             images: None,
+            reasoning: Some(reasoning).filter(|r| !r.is_empty()),
         })
     }
 }

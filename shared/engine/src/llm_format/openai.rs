@@ -208,6 +208,16 @@ pub fn response(body: &Value) -> Result<LlmResponse, FormatError> {
         usage: get(obj, "usage").cloned(),
         cost: None,
         images,
+        reasoning: reasoning(message, base)?.map(str::to_owned),
+    })
+}
+
+/// The reasoning of a message or delta: `reasoning_content` (DeepSeek, vLLM), else `reasoning`
+/// (OpenRouter, Ollama); OpenAI's own API shows none.
+fn reasoning<'a>(message: &'a Map<String, Value>, path: &str) -> Result<Option<&'a str>, FormatError> {
+    Ok(match opt_str(message, "reasoning_content", path)?.filter(|r| !r.is_empty()) {
+        Some(r) => Some(r),
+        None => opt_str(message, "reasoning", path)?.filter(|r| !r.is_empty()),
     })
 }
 
@@ -276,6 +286,7 @@ fn arguments_text(function: &Map<String, Value>, path: &str) -> Result<String, F
 pub struct StreamAccumulator {
     model: Option<String>,
     text: String,
+    reasoning: String,
     refused: bool,
     calls: Vec<PartialCall>,
     by_index: HashMap<u64, usize>,
@@ -344,11 +355,8 @@ impl StreamAccumulator {
             self.text.push_str(&text);
             out.text = Some(text);
         }
-        let reasoning = match opt_str(d, "reasoning_content", path)?.filter(|r| !r.is_empty()) {
-            Some(r) => Some(r),
-            None => opt_str(d, "reasoning", path)?.filter(|r| !r.is_empty()),
-        };
-        if let Some(reasoning) = reasoning {
+        if let Some(reasoning) = reasoning(d, path)? {
+            self.reasoning.push_str(reasoning);
             out.reasoning = Some(reasoning.to_owned());
         }
         if let Some(calls) = opt_array(d, "tool_calls", path)? {
@@ -443,6 +451,7 @@ impl StreamAccumulator {
             usage: self.usage,
             cost: None,
             images: None,
+            reasoning: Some(self.reasoning).filter(|r| !r.is_empty()),
         })
     }
 }

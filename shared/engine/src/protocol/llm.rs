@@ -98,6 +98,10 @@ pub struct LlmResponse {
     /// Generated images.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images: Option<Vec<super::message::UrlRef>>,
+    /// The model's reasoning, where it shows it (an extension of the protocol): recorded so
+    /// that a client sees the same reasoning live, as it streams, and afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
 }
 
 impl LlmResponse {

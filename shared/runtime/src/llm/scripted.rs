@@ -80,6 +80,7 @@ impl ScriptedProvider {
             })),
             cost: Some("0".to_owned()),
             images: None,
+            reasoning: None,
         })
     }
 }
