@@ -570,3 +570,29 @@ fn a_steering_message_left_when_its_turn_ends_starts_the_next_turn() {
     assert_eq!(texts[1], ("st2".to_owned(), "and more".to_owned()));
     assert!(p.chat().steering_message.is_none());
 }
+
+#[test]
+fn a_forks_chat_starts_with_its_sources_turns_and_names_its_origin() {
+    let mut source = harness("src", init("demo", Some(AgentConfig::new("m")), false));
+    source.turn("first", "one");
+    source.turn("second", "two");
+    let source_chat = project(&source).chat().clone();
+    let first_turn = source_chat.turns[0].clone();
+    let mut fork_init = init("demo", Some(AgentConfig::new("m")), false);
+    fork_init.fork = Some(ForkOrigin { session_id: "src".into(), turn_id: first_turn.id.as_str().into() });
+    let mut fork = harness("fk", fork_init);
+    let history: Vec<Message> =
+        source.session.tree().active_path()[..2].iter().map(|m| (*m).clone()).collect();
+    fork.exec(Command::Seed { messages: history });
+    fork.turn("instead", "three");
+    let mut p = Projected::of(ChatProjection::forked("fk", vec![first_turn.clone()]));
+    p.catch_up(&fork.log);
+    p.check_actions();
+    let chat = p.chat();
+    assert_eq!(
+        serde_json::to_value(&chat.origin).unwrap(),
+        json!({"kind": "fork", "chat": "ahp-chat:/src", "turnId": first_turn.id})
+    );
+    let texts: Vec<_> = chat.turns.iter().map(|t| t.message.text.as_str()).collect();
+    assert_eq!(texts, ["first", "instead"], "the copied turn, then the fork's own; the seed shows no turn");
+}

@@ -8,7 +8,7 @@ use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
 use ahp_types::state::{
     ChatState, ResponsePart, ToolCallCompletedState, ToolCallResponsePart, ToolCallState, Turn,
 };
-use turnstone_ahp::{ChatProjection, StateAction, chat_from_log};
+pub use turnstone_ahp::{ChatProjection, StateAction, chat_from_log};
 use turnstone_engine::protocol::{AgentConfig, AgentTool, ToolHandler};
 use turnstone_engine::session::{Event, SessionInit};
 pub use turnstone_engine::testing::{Driver, init, message, reply, tool_calls};
@@ -33,7 +33,12 @@ pub struct Projected {
 
 impl Projected {
     pub fn new(id: &str) -> Self {
-        Projected { projection: ChatProjection::new(id), actions: Vec::new(), start: None, fed: 0 }
+        Self::of(ChatProjection::new(id))
+    }
+
+    /// Feeds `projection` from its start.
+    pub fn of(projection: ChatProjection) -> Self {
+        Projected { projection, actions: Vec::new(), start: None, fed: 0 }
     }
 
     /// Feeds the events of `log` not yet fed.
