@@ -9,7 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use turnstone_engine::ids::TurnId;
+use tokio::sync::broadcast;
+use turnstone_engine::ids::{SessionId, TurnId};
 use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
     Budget, Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree, TurnOrigin,
@@ -88,7 +89,13 @@ pub struct App {
     /// appended, so a load re-reads only the nodes after them (bounded; cleared when full).
     messages: Mutex<HashMap<String, Tree>>,
     entropy: AtomicU64,
+    /// Sessions this process created, as they are committed (for catalogs that announce them,
+    /// such as AHP's `root/sessionAdded`).
+    created: broadcast::Sender<SessionId>,
 }
+
+/// Session creations buffered per listener before a slow one skips some.
+const CREATED_BUFFER: usize = 256;
 
 /// The result of a commit: the session after it and the events it wrote.
 #[derive(Debug, Clone)]
@@ -119,7 +126,14 @@ impl App {
             handoff: Mutex::new(HashMap::new()),
             messages: Mutex::new(HashMap::new()),
             entropy: AtomicU64::new(seed),
+            created: broadcast::channel(CREATED_BUFFER).0,
         })
+    }
+
+    /// Follows the sessions this process creates from now on (over HTTP, AHP, or as
+    /// sub-agents), each announced once its creation is committed.
+    pub fn sessions_created(&self) -> broadcast::Receiver<SessionId> {
+        self.created.subscribe()
     }
 
     /// Who hears of commits.
@@ -328,6 +342,10 @@ impl App {
             })
             .collect();
         self.notifier.committed(session_id, session.events_applied(), &ended_turns);
+        if events.iter().any(|e| matches!(e, Event::SessionCreated { .. })) {
+            // No listener is no error.
+            let _ = self.created.send(session.id().clone());
+        }
     }
 
     /// Enqueues a wake-up for `session_id` at `at`.
