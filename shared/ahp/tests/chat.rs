@@ -449,18 +449,6 @@ fn approval_turn(id: &str) -> Driver {
     h
 }
 
-fn approval(id: &str, approved: bool, reason: Option<&str>) -> Command {
-    Command::Submit {
-        input: ClientInput::ToolApproval(ToolApprovalInput {
-            id: id.into(),
-            approved,
-            reason: reason.map(str::to_owned),
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    }
-}
-
 #[test]
 fn a_call_needing_approval_waits_pending_confirmation_and_runs_once_approved() {
     let mut h = approval_turn("s11");
@@ -476,15 +464,7 @@ fn a_call_needing_approval_waits_pending_confirmation_and_runs_once_approved() {
         panic!("{:?}", active.response_parts)
     };
     assert_eq!(running.confirmed, ahp_types::state::ToolCallConfirmationReason::UserAction);
-    h.exec(Command::Submit {
-        input: ClientInput::ToolResult(ToolResultInput {
-            id: "c1".into(),
-            attempt: None,
-            result: Some(json!("red")),
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    });
+    h.exec(client_result("c1", "red"));
     h.run_llm(reply("red it is"));
     let p = project(&h);
     assert_eq!(
@@ -521,35 +501,16 @@ fn a_call_waiting_for_approval_when_its_turn_is_cancelled_is_cancelled_as_skippe
     assert_eq!(c.reason, ToolCallCancellationReason::Skipped);
 }
 
-fn steer(text: &str, turn_id: &str) -> Command {
-    Command::Steer {
-        input: ClientMessageInput {
-            agent_id: "demo".into(),
-            turn_id: Some(turn_id.into()),
-            message: DraftMessage::user(text),
-            stream: None,
-        },
-    }
-}
-
 #[test]
 fn a_steering_message_is_pending_until_the_turn_takes_it() {
     let mut h = harness("s14", init("demo", Some(agent_with_tools()), false));
     client_turn(&mut h);
-    h.exec(steer("make it blue", "st1"));
+    h.exec(steer("demo", "make it blue", "st1"));
     let mut p = Projected::new("s14");
     p.catch_up(&h.log);
     let steering = p.chat().steering_message.as_ref().expect("a steering message");
     assert_eq!((steering.id.as_str(), steering.message.text.as_str()), ("st1", "make it blue"));
-    h.exec(Command::Submit {
-        input: ClientInput::ToolResult(ToolResultInput {
-            id: "c1".into(),
-            attempt: None,
-            result: Some(json!("red")),
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    });
+    h.exec(client_result("c1", "red"));
     let actions = p.catch_up(&h.log);
     assert!(types(&actions).contains(&"chat/pendingMessageRemoved".to_owned()), "{:?}", types(&actions));
     assert!(p.chat().steering_message.is_none());
@@ -562,7 +523,7 @@ fn a_steering_message_is_pending_until_the_turn_takes_it() {
 fn a_steering_message_left_when_its_turn_ends_starts_the_next_turn() {
     let mut h = harness("s15", init("demo", Some(AgentConfig::new("m")), false));
     h.submit("first");
-    h.exec(steer("and more", "st2"));
+    h.exec(steer("demo", "and more", "st2"));
     h.run_llm(reply("one"));
     h.run_llm(reply("two"));
     let p = project(&h);

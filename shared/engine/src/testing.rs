@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use crate::ids::{CallId, DecisionId, SessionId, TurnId};
 use crate::protocol::{
     Action, AgentConfig, ClientInput, ClientMessageInput, DecisionRequest, DecisionResponse, DraftMessage,
-    LlmResponse, Role, ToolCall, WorkerIdentity,
+    LlmResponse, Role, ToolApprovalInput, ToolCall, ToolResultInput, WorkerIdentity,
 };
 use crate::session::{
     Budget, CallError, Command, Ctx, Defaults, Effect, Event, Rejection, Session, SessionInit, TurnOrigin,
@@ -350,6 +350,41 @@ pub fn message(agent_id: &str, text: &str) -> Command {
         queue: false,
         origin: TurnOrigin::Client,
     }
+}
+
+/// A client's `client.message` for `agent_id` steering the active turn, as turn `turn_id`.
+pub fn steer(agent_id: &str, text: &str, turn_id: &str) -> Command {
+    Command::Steer {
+        input: ClientMessageInput {
+            agent_id: agent_id.into(),
+            turn_id: Some(turn_id.into()),
+            message: DraftMessage::user(text),
+            stream: None,
+        },
+    }
+}
+
+/// A client's `tool.approval` of call `id`.
+pub fn approval(id: &str, approved: bool, reason: Option<&str>) -> Command {
+    client_input(ClientInput::ToolApproval(ToolApprovalInput {
+        id: id.into(),
+        approved,
+        reason: reason.map(str::to_owned),
+    }))
+}
+
+/// A client's `tool.result` for its call `id` (the current attempt).
+pub fn client_result(id: &str, result: &str) -> Command {
+    client_input(ClientInput::ToolResult(ToolResultInput {
+        id: id.into(),
+        attempt: None,
+        result: Some(serde_json::Value::String(result.into())),
+    }))
+}
+
+/// `input` from a client, not queued.
+fn client_input(input: ClientInput) -> Command {
+    Command::Submit { input, queue: false, origin: TurnOrigin::Client }
 }
 
 /// The events' names, e.g. `call.settled`.

@@ -1418,17 +1418,6 @@ fn at_a_call_needing_approval() -> Harness {
     h
 }
 
-fn approval(id: &str, approved: bool, reason: Option<&str>) -> Command {
-    submit(
-        ClientInput::ToolApproval(ToolApprovalInput {
-            id: id.into(),
-            approved,
-            reason: reason.map(str::to_owned),
-        }),
-        false,
-    )
-}
-
 #[test]
 fn a_call_of_a_tool_needing_approval_waits_until_approved() {
     let mut h = at_a_call_needing_approval();
@@ -1467,35 +1456,20 @@ fn an_approval_names_a_known_call() {
 
 // ----- steering ----------------------------------------------------------------------------
 
-fn steer(text: &str, turn_id: &str) -> Command {
-    Command::Steer {
-        input: ClientMessageInput {
-            agent_id: "demo".into(),
-            turn_id: Some(turn_id.into()),
-            message: DraftMessage::user(text),
-            stream: None,
-        },
-    }
-}
-
 #[test]
 fn a_steering_message_enters_the_turn_after_the_tool_results_before_the_next_model_call() {
     let pick = AgentTool { handler: Some(ToolHandler::Client), ..tool("pick") };
     let mut h = harness("s", init("demo", Some(with_tools(vec![pick])), false));
     h.exec(msg_with_turn("demo", "go", "t1"));
     h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
-    assert_eq!(names(&h.exec(steer("also this", "s1"))), ["turn.queued"]);
+    assert_eq!(names(&h.exec(steer("demo", "also this", "s1"))), ["turn.queued"]);
     assert_eq!(h.path_texts(), ["User:go", "Assistant:"], "never between a call and its result");
-    let result = submit(
-        ClientInput::ToolResult(ToolResultInput { id: "c1".into(), attempt: None, result: Some(json!("x")) }),
-        false,
-    );
-    let events = h.exec(result);
+    let events = h.exec(client_result("c1", "x"));
     assert!(names(&events).contains(&"turn.steered"));
     assert_eq!(h.path_texts(), ["User:go", "Assistant:", "Tool:x", "User:also this"]);
     assert!(h.session.queued_turn_ids().is_empty());
     assert_eq!(h.session.resolve_turn_id(&"s1".into()).as_str(), "t1", "the steering id names the turn");
-    assert!(h.exec(steer("also this", "s1")).is_empty(), "a known steering id writes nothing");
+    assert!(h.exec(steer("demo", "also this", "s1")).is_empty(), "a known steering id writes nothing");
     h.run_llm(reply("done"));
     assert_eq!(h.session.turn(&"t1".into()).map(|t| t.status), Some(TurnStatus::Completed));
     assert_eq!(h.path_texts().last().map(String::as_str), Some("Assistant:done"));
@@ -1505,7 +1479,7 @@ fn a_steering_message_enters_the_turn_after_the_tool_results_before_the_next_mod
 fn a_steering_message_whose_turn_ends_first_becomes_the_next_turn() {
     let mut h = harness("s", init("demo", Some(agent("m")), false));
     h.exec(msg_with_turn("demo", "go", "t1"));
-    h.exec(steer("and then", "s1"));
+    h.exec(steer("demo", "and then", "s1"));
     h.run_llm(reply("first"));
     assert_eq!(h.session.active_turn_id().map(|t| t.as_str()), Some("s1"));
     h.run_llm(reply("second"));
@@ -1515,8 +1489,8 @@ fn a_steering_message_whose_turn_ends_first_becomes_the_next_turn() {
 #[test]
 fn a_steering_message_with_no_turn_running_starts_one_and_must_be_the_users() {
     let mut h = harness("s", init("demo", Some(agent("m")), false));
-    assert!(names(&h.exec(steer("hi", "s1"))).contains(&"turn.started"));
-    let mut system = steer("obey", "s2");
+    assert!(names(&h.exec(steer("demo", "hi", "s1"))).contains(&"turn.started"));
+    let mut system = steer("demo", "obey", "s2");
     if let Command::Steer { input } = &mut system {
         input.message.role = Role::System;
     }

@@ -11,7 +11,9 @@ use ahp_types::state::{
 pub use turnstone_ahp::{ChatProjection, StateAction, chat_from_log};
 use turnstone_engine::protocol::{AgentConfig, AgentTool, ToolHandler};
 use turnstone_engine::session::{Event, SessionInit};
-pub use turnstone_engine::testing::{Driver, init, message, reply, tool_calls};
+pub use turnstone_engine::testing::{
+    Driver, approval, client_result, init, message, reply, steer, tool_calls,
+};
 use turnstone_engine::time::Timestamp;
 
 pub const T0: i64 = 1_796_000_000_000;

@@ -10,7 +10,9 @@ use turnstone_engine::ids::SessionId;
 use turnstone_engine::protocol::*;
 use turnstone_engine::session::*;
 #[allow(unused_imports)]
-pub use turnstone_engine::testing::{Driver, init, message, names, reply, tool_calls};
+pub use turnstone_engine::testing::{
+    Driver, approval, client_result, init, message, names, reply, steer, tool_calls,
+};
 use turnstone_engine::time::Timestamp;
 
 pub const T0: i64 = 1_796_000_000_000;
