@@ -10,6 +10,17 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// What [`is_safe`] allows, for error messages.
+pub const SAFE_ID: &str = "1-128 characters of A-Z, a-z, 0-9, '-', '_', '.', ':'";
+
+/// Whether `id` may name something clients address (a session, a turn): such ids travel in
+/// URLs and storage keys, so they keep to a small alphabet and length ([`SAFE_ID`]).
+pub fn is_safe(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+}
+
 macro_rules! ids {
     ($($(#[$doc:meta])* $name:ident;)+) => {$(
         $(#[$doc])*

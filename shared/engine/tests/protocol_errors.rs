@@ -275,7 +275,7 @@ fn tool_input_tags() {
     );
     assert_error::<DecisionRequest>(
         &execute(json!({ "status": "invalid", "value": {} })),
-        "trigger.input",
+        "trigger.input.error",
         "missing field `error`",
     );
     assert_error::<DecisionRequest>(
@@ -289,74 +289,86 @@ fn tool_input_tags() {
 
 #[test]
 fn missing_required_fields() {
-    assert_error::<DecisionRequest>(&without(request(), "/session_id"), "", "missing field `session_id`");
-    assert_error::<DecisionRequest>(&without(request(), "/state"), "", "missing field `state`");
+    assert_error::<DecisionRequest>(
+        &without(request(), "/session_id"),
+        "session_id",
+        "missing field `session_id`",
+    );
+    assert_error::<DecisionRequest>(&without(request(), "/state"), "state", "missing field `state`");
     // `T | null` fields are required: null is allowed, omission is not.
     for field in ["agent", "deadline", "turn_id"] {
         assert_error::<DecisionRequest>(
             &without(request(), &format!("/{field}")),
-            "",
+            field,
             &format!("missing field `{field}`"),
         );
     }
     assert_error::<DecisionRequest>(
         &without(request(), "/agent/retry/timeout_secs"),
-        "agent.retry",
+        "agent.retry.timeout_secs",
         "missing field `timeout_secs`",
     );
-    assert_error::<DecisionRequest>(&without(request(), "/agent/model"), "agent", "missing field `model`");
+    assert_error::<DecisionRequest>(
+        &without(request(), "/agent/model"),
+        "agent.model",
+        "missing field `model`",
+    );
     assert_error::<DecisionRequest>(
         &without(request(), "/trigger/client"),
-        "trigger",
+        "trigger.client",
         "missing field `client`",
     );
     assert_error::<DecisionRequest>(
         &without(request(), "/messages/1/id"),
-        "messages[1]",
+        "messages[1].id",
         "missing field `id`",
     );
     assert_error::<DecisionRequest>(
         &without(request(), "/calls/0/attempt"),
-        "calls[0]",
+        "calls[0].attempt",
         "missing field `attempt`",
     );
     assert_error::<DecisionRequest>(
         &without(request(), "/message_tree/nodes/1/message"),
-        "message_tree.nodes[1]",
+        "message_tree.nodes[1].message",
         "missing field `message`",
     );
     assert_error::<DecisionResponse>(
         &without(response(), "/actions/1/name"),
-        "actions[1]",
+        "actions[1].name",
         "missing field `name`",
     );
     assert_error::<DecisionResponse>(
         &without(response(), "/actions/1/arguments"),
-        "actions[1]",
+        "actions[1].arguments",
         "missing field `arguments`",
     );
     assert_error::<DecisionResponse>(
         &without(response(), "/actions/0/tools/0/description"),
-        "actions[0].tools[0]",
+        "actions[0].tools[0].description",
         "missing field `description`",
     );
     assert_error::<DecisionResponse>(
         &without(response(), "/actions/0/messages/1/role"),
-        "actions[0].messages[1]",
+        "actions[0].messages[1].role",
         "missing field `role`",
     );
     assert_error::<ClientInput>(
         &json!({ "type": "tool.error", "id": "c1", "error": "no" }),
-        "",
+        "retryable",
         "missing field `retryable`",
     );
     assert_error::<DecisionRequest>(
         &with(request(), "/messages/0/content/0", json!({ "type": "image_url", "image_url": {} })),
-        "messages[0].content[0].image_url",
+        "messages[0].content[0].image_url.url",
         "missing field `url`",
     );
-    assert_error::<Action>(&json!({ "type": "tool.result" }), "", "missing field `result`");
-    assert_error::<Action>(&json!({ "type": "llm.result", "id": "l1" }), "", "missing field `response`");
+    assert_error::<Action>(&json!({ "type": "tool.result" }), "result", "missing field `result`");
+    assert_error::<Action>(
+        &json!({ "type": "llm.result", "id": "l1" }),
+        "response",
+        "missing field `response`",
+    );
 }
 
 #[test]
@@ -553,7 +565,7 @@ fn wrong_types_deep_in_a_response() {
             "/actions/2",
             json!({ "type": "message.send", "session_id": "s", "message": { "role": "user", "content": [{ "type": "file", "file": { "filename": "a" } }] } }),
         ),
-        "actions[2].message.content[0].file",
+        "actions[2].message.content[0].file.file_data",
         "missing field `file_data`",
     );
     // Later docs make tool.finished's result a StoredResult object; seed 000 has a string.
@@ -569,7 +581,7 @@ fn wrong_types_deep_in_a_response() {
     );
     assert_error::<ClientInput>(
         &json!({ "type": "client.messages", "agent_id": "a", "messages": [], "client": { "tools": [{ "description": "x" }] } }),
-        "client.tools[0]",
+        "client.tools[0].name",
         "missing field `name`",
     );
 }
@@ -608,7 +620,7 @@ fn content_is_a_string_or_an_array_of_parts() {
         "[0]",
         "invalid type: string \"hi\", expected an object with a \"type\" field",
     );
-    assert_error::<Content>(&json!([{ "type": "text" }]), "[0]", "missing field `text`");
+    assert_error::<Content>(&json!([{ "type": "text" }]), "[0].text", "missing field `text`");
 }
 
 // ---- state: null and omitted ----

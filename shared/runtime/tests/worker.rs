@@ -404,7 +404,7 @@ async fn sse_invalid_delta_names_the_field() {
     let (result, deltas) = worker.deliver("/sse-bad-delta", PLENTY).await;
     assert!(deltas.is_empty());
     let err = result.unwrap_err();
-    assert_invalid(&err, "tool_calls[0]");
+    assert_invalid(&err, "tool_calls[0].id");
     assert!(err.to_string().contains("llm.token.delta"), "{err}");
     assert!(err.to_string().contains("id"), "{err}");
 }

@@ -91,8 +91,17 @@ fn split(outer: &str, text: &str) -> ProtocolError {
             let message = rest.split_once(MARK).map_or(rest, |(m, _)| m);
             ProtocolError::new(join(outer, inner), message)
         }
-        None => ProtocolError::new(outer, strip_position(text)),
+        // A missing field is named by the object that lacks it: name the field itself.
+        None => match missing_field(text) {
+            Some(field) => ProtocolError::new(join(outer, field), strip_position(text)),
+            None => ProtocolError::new(outer, strip_position(text)),
+        },
     }
+}
+
+/// The field of serde's "missing field `x`" message.
+fn missing_field(text: &str) -> Option<&str> {
+    text.strip_prefix("missing field `")?.split_once('`').map(|(field, _)| field)
 }
 
 fn strip_position(text: &str) -> String {
@@ -111,10 +120,18 @@ fn join(outer: &str, inner: &str) -> String {
     }
 }
 
+/// Segments a path shows at most: a document nested past serde_json's recursion limit would
+/// otherwise be named by a path thousands of characters long.
+const MAX_PATH_SEGMENTS: usize = 16;
+
 fn render_path(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let mut out = String::new();
-    for segment in path.iter() {
+    for (i, segment) in path.iter().enumerate() {
+        if i == MAX_PATH_SEGMENTS {
+            out.push_str("...");
+            break;
+        }
         match segment {
             Segment::Seq { index } => out.push_str(&format!("[{index}]")),
             Segment::Map { key } | Segment::Enum { variant: key } => {

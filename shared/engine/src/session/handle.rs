@@ -119,6 +119,7 @@ impl Tx {
         queue: bool,
         origin: TurnOrigin,
     ) -> Result<(), Rejection> {
+        check_turn_id(input.turn_id())?;
         match input {
             ClientInput::InterruptResume(resume) => self.resume(resume),
             ClientInput::ToolResult(r) => {
@@ -329,6 +330,7 @@ impl Tx {
         if i.message.role != Role::User {
             return Err(Rejection::invalid("message.role", "a steering message must be the user's"));
         }
+        check_turn_id(i.turn_id.as_ref())?;
         self.check_agent(&i.agent_id)?;
         if self.known_turn(i.turn_id.as_ref()) {
             return Ok(());
@@ -668,5 +670,17 @@ fn turn_source(input: TurnInput) -> TriggerSource {
         TurnInput::Message { message } => TriggerSource::ClientMessage { message },
         TurnInput::Messages { messages, client } => TriggerSource::ClientMessages { messages, client },
         TurnInput::Action { name, args } => TriggerSource::ClientAction { name, args },
+    }
+}
+
+/// A client's turn id names its turn in URLs (`/turns/{turn_id}`): it keeps to the safe
+/// alphabet of ids.
+fn check_turn_id(turn_id: Option<&TurnId>) -> Result<(), Rejection> {
+    match turn_id {
+        Some(id) if !crate::ids::is_safe(id.as_str()) => Err(Rejection::invalid(
+            "turn_id",
+            format!("{id:?} is not a turn id: use {}", crate::ids::SAFE_ID),
+        )),
+        _ => Ok(()),
     }
 }

@@ -240,8 +240,8 @@ impl Tx {
                     }
                 }
                 Action::SubAgentSpawn(a) => {
-                    if a.session_id.as_str().is_empty() {
-                        return Err(at("session_id", "must not be empty".into()));
+                    if !crate::ids::is_safe(a.session_id.as_str()) {
+                        return Err(at("session_id", format!("must be {}", crate::ids::SAFE_ID)));
                     }
                     if a.session_id == self.session.id || self.session.ancestry().contains(&a.session_id) {
                         return Err(at(

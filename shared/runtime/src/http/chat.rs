@@ -3,12 +3,13 @@
 //! paged newest first.
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use turnstone_ahp::ChatState;
 use turnstone_engine::ids::SessionId;
 
+use super::query::ApiQuery;
 use super::{AppState, authenticate, reachable};
 use crate::ahp::ProjectError;
 use crate::ahp::turns;
@@ -32,7 +33,7 @@ pub(super) struct ChatQuery {
 pub(super) async fn chat(
     State(state): State<AppState>,
     Path(id): Path<SessionId>,
-    Query(query): Query<ChatQuery>,
+    ApiQuery(query): ApiQuery<ChatQuery>,
     headers: HeaderMap,
 ) -> Result<Json<ChatState>, ApiError> {
     let caller = authenticate(&state, &headers)?;

@@ -3,6 +3,7 @@
 mod ahp;
 mod chat;
 mod error;
+mod query;
 mod sse;
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,6 +30,7 @@ use crate::api::{
 use crate::app::App;
 use crate::auth::{Access, AuthError, Authenticator, Caller, Listing};
 use crate::store::SessionFilter;
+use query::ApiQuery;
 
 /// Router settings.
 #[derive(Debug, Clone)]
@@ -160,7 +162,7 @@ impl SubmitQuery {
 async fn submit(
     State(state): State<AppState>,
     Path(id): Path<SessionId>,
-    Query(query): Query<SubmitQuery>,
+    ApiQuery(query): ApiQuery<SubmitQuery>,
     headers: HeaderMap,
     bytes: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
@@ -248,12 +250,13 @@ struct MessagesQuery {
 async fn messages(
     State(state): State<AppState>,
     Path(id): Path<SessionId>,
-    Query(query): Query<MessagesQuery>,
+    ApiQuery(query): ApiQuery<MessagesQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let caller = authenticate(&state, &headers)?;
+    let tree = query::flag(query.tree.as_deref(), "tree")?;
     let session = reachable(&state, &caller, &id, Access::Read).await?;
-    if matches!(query.tree.as_deref(), Some("1" | "true")) {
+    if tree {
         return Ok(Json(session.tree().to_wire()).into_response());
     }
     let messages = session.tree().active_path().into_iter().cloned().collect();
@@ -269,7 +272,7 @@ struct TurnQuery {
 async fn turn(
     State(state): State<AppState>,
     Path((id, turn_id)): Path<(SessionId, TurnId)>,
-    Query(query): Query<TurnQuery>,
+    ApiQuery(query): ApiQuery<TurnQuery>,
     headers: HeaderMap,
 ) -> Result<Json<Turn>, ApiError> {
     let caller = authenticate(&state, &headers)?;
@@ -312,7 +315,7 @@ struct EventsQuery {
 async fn events(
     State(state): State<AppState>,
     Path(id): Path<SessionId>,
-    Query(query): Query<EventsQuery>,
+    ApiQuery(query): ApiQuery<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Json<EventPage>, ApiError> {
     let caller = authenticate(&state, &headers)?;
@@ -338,7 +341,7 @@ struct ListQuery {
 
 async fn list_sessions(
     State(state): State<AppState>,
-    Query(query): Query<ListQuery>,
+    ApiQuery(query): ApiQuery<ListQuery>,
     headers: HeaderMap,
 ) -> Result<Json<SessionPage>, ApiError> {
     let caller = authenticate(&state, &headers)?;
@@ -368,9 +371,7 @@ async fn list_sessions(
 /// Whether `id` is a session id this host accepts: 1-128 characters of A-Z, a-z, 0-9, '-',
 /// '_', '.', ':'.
 pub(crate) fn valid_session_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+    turnstone_engine::ids::is_safe(id)
 }
 
 /// Session ids travel in URLs and keys: keep them to a safe alphabet and length.
@@ -381,7 +382,7 @@ fn check_id(id: &str) -> Result<(), ApiError> {
         Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_session_id",
-            "session ids are 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.', ':'",
+            format!("session ids are {}", turnstone_engine::ids::SAFE_ID),
         ))
     }
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
@@ -18,6 +18,7 @@ use tokio::sync::{broadcast, mpsc, watch};
 use turnstone_engine::ids::{CallId, SessionId};
 use turnstone_engine::protocol::StreamDelta;
 
+use super::query::ApiQuery;
 use super::{ApiError, AppState, authenticate, reachable};
 use crate::api::TokenDelta;
 use crate::auth::Access;
@@ -39,7 +40,7 @@ pub(super) struct StreamQuery {
 pub(super) async fn stream(
     State(state): State<AppState>,
     Path(id): Path<SessionId>,
-    Query(query): Query<StreamQuery>,
+    ApiQuery(query): ApiQuery<StreamQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let caller = authenticate(&state, &headers)?;
