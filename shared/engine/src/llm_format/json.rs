@@ -120,12 +120,17 @@ pub(crate) fn req_u64(obj: &Map<String, Value>, key: &str, base: &str) -> Result
 ///
 /// Both providers shape it `{"error": {"type": ..., "message": ...}}` (OpenAI adds `code`);
 /// some OpenAI-compatible servers send a bare string.
+/// What a provider's error says when it says nothing.
+const NO_MESSAGE: &str = "the provider reported an error without a message";
+
 pub(crate) fn provider_error(obj: &Map<String, Value>) -> Option<FormatError> {
     let error = get(obj, "error")?;
     let message = match error {
-        Value::String(s) => s.clone(),
+        Value::String(s) if !s.is_empty() => s.clone(),
+        Value::String(_) => NO_MESSAGE.to_owned(),
         Value::Object(e) => {
-            let text = e.get("message").and_then(Value::as_str).unwrap_or("provider error");
+            let text =
+                e.get("message").and_then(Value::as_str).filter(|m| !m.is_empty()).unwrap_or(NO_MESSAGE);
             let kind = e
                 .get("type")
                 .and_then(Value::as_str)

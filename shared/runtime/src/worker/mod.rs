@@ -355,3 +355,79 @@ fn body_error(err: reqwest::Error) -> DeliveryError {
         DeliveryError::BrokenStream { message: error_chain(&err) }
     }
 }
+
+/// Property tests of a worker's event stream: whatever bytes arrive, cut wherever, the parser
+/// and the event handling never panic, and every refusal says what was wrong.
+#[cfg(test)]
+mod stream_properties {
+    // Test code: a failed expectation is a failed test.
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use proptest::prelude::*;
+    use proptest::test_runner::Config;
+
+    use super::*;
+    use crate::net::SseParser;
+
+    /// Event data: valid answers and deltas, the same with a part cut off, and anything.
+    fn data() -> impl Strategy<Value = String> {
+        let valid = prop_oneof![
+            Just(r#"{"text": "hel"}"#.to_owned()),
+            Just(r#"{"tool_calls": [{"id": "c1", "name": "f", "arguments": "{"}]}"#.to_owned()),
+            Just(r#"{"actions": [{"type": "done", "data": "ok"}], "state": {"n": 1}}"#.to_owned()),
+            Just(r#"{"message": "busy", "retryable": false}"#.to_owned()),
+        ];
+        prop_oneof![
+            2 => valid.clone(),
+            2 => (valid, any::<usize>()).prop_map(|(d, cut)| d[..cut % (d.len() + 1)].to_owned()),
+            1 => ".{0,40}",
+        ]
+    }
+
+    fn event() -> impl Strategy<Value = (String, String)> {
+        let name = prop_oneof![
+            Just(DELTA_EVENT.to_owned()),
+            Just(RESULT_EVENT.to_owned()),
+            Just(ERROR_EVENT.to_owned()),
+            "[a-z.]{0,12}",
+        ];
+        (name, data())
+    }
+
+    proptest! {
+        #![proptest_config(Config { cases: 2_000, failure_persistence: None, ..Config::default() })]
+
+        #[test]
+        fn any_worker_event_stream(
+            events in proptest::collection::vec(event(), 0..6),
+            noise in proptest::collection::vec(any::<u8>(), 0..16),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6),
+        ) {
+            let mut bytes = Vec::new();
+            for (name, data) in &events {
+                bytes.extend(format!("event: {name}\ndata: {data}\n\n").into_bytes());
+            }
+            bytes.extend(noise);
+            let mut parser = SseParser::new(4096);
+            let mut parsed = Vec::new();
+            let mut at = 0;
+            for cut in cuts.iter().chain([&usize::MAX]) {
+                let end = if *cut == usize::MAX { bytes.len() } else { at + cut % (bytes.len() - at + 1) };
+                if parser.feed(&bytes[at..end], &mut parsed).is_err() {
+                    return Ok(());
+                }
+                at = end;
+            }
+            for event in &parsed {
+                match handle_event(event, &mut |_| {}) {
+                    Ok(Some(_)) => break,
+                    Ok(None) => {}
+                    Err(e) => {
+                        prop_assert!(!e.to_string().is_empty());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
