@@ -172,3 +172,58 @@ async fn every_route_refuses_bad_input_clearly_and_writes_nothing() {
     assert_eq!((status, &listed["sessions"]), (200, &json!([])), "nothing was written");
     host.stop().await;
 }
+
+const LIMITED: &str = r#"
+[llm.s]
+type = "scripted"
+
+[agent.demo]
+model = "scripted"
+llm = "s"
+
+[limits]
+message_bytes = 200
+messages_per_input = 3
+queued_turns = 1
+sessions_per_owner = 2
+
+[auth]
+api_keys_env = "KEYS"
+"#;
+
+/// `[limits]` over HTTP: each limit crossed is refused, naming it, and writes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = TestHost::start_with_env(LIMITED, dir.path(), |name| {
+        (name == "KEYS").then(|| "alice:key-a".to_owned())
+    })
+    .await;
+    let host = server.with_token("key-a");
+    let (status, body) = host
+        .post_raw(
+            "/v1/sessions/l1/inputs",
+            message(json!({"message": {"role": "user", "content": "x".repeat(300)}})),
+        )
+        .await;
+    assert_eq!((status, body["error"]["param"].as_str()), (422, Some("message.content")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("limits.message_bytes"), "{body}");
+    let view = json!({"type": "client.messages", "agent_id": "demo",
+        "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}, {"role": "user", "content": "c"}, {"role": "user", "content": "d"}]});
+    let (status, body) = host.submit("l1", &view).await;
+    assert_eq!((status, body["error"]["param"].as_str()), (422, Some("messages")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("limits.messages_per_input"), "{body}");
+    let (_, listed) = host.get("/v1/sessions").await;
+    assert_eq!(listed["sessions"], json!([]), "refused inputs create nothing");
+
+    // The quota: two sessions, not a third.
+    for id in ["l1", "l2"] {
+        host.submit_ok(id, &json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": "hi"}})).await;
+    }
+    let (status, body) = host.submit("l3", &json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": "hi"}})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("too_many_sessions")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("limits.sessions_per_owner"), "{body}");
+    let (status, _) = host.get("/v1/sessions/l3").await;
+    assert_eq!(status, 404, "the refused session was not created");
+    server.stop().await;
+}

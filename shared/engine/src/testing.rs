@@ -17,8 +17,8 @@ use crate::protocol::{
     LlmResponse, Role, ToolApprovalInput, ToolCall, ToolResultInput, WorkerIdentity,
 };
 use crate::session::{
-    Budget, CallError, Command, Ctx, Defaults, Effect, Event, Rejection, Session, SessionInit, TurnOrigin,
-    TurnRecord, handle,
+    Budget, CallError, Command, Ctx, Defaults, Effect, Event, Limits, Rejection, Session, SessionInit,
+    TurnOrigin, TurnRecord, handle,
 };
 use crate::time::Timestamp;
 
@@ -44,6 +44,8 @@ pub struct Driver {
     checked: bool,
     /// How many events at the end of `log` are not yet committed.
     uncommitted: usize,
+    /// The limits every command runs with (the engine's defaults unless a test sets them).
+    pub limits: Limits,
 }
 
 impl Driver {
@@ -59,6 +61,7 @@ impl Driver {
             clock_step_ms: 0,
             checked: true,
             uncommitted: 0,
+            limits: Limits::default(),
         }
     }
 
@@ -120,7 +123,7 @@ impl Driver {
     /// the rejection is returned (and nothing changes).
     pub fn try_exec(&mut self, command: Command) -> Result<Vec<Event>, Rejection> {
         self.seed = self.seed.wrapping_add(1);
-        let ctx = Ctx::new(self.now, self.seed);
+        let ctx = Ctx { limits: self.limits, ..Ctx::new(self.now, self.seed) };
         let transition = handle(&self.session, command, &ctx)?;
         self.session = transition.session;
         self.log.extend(transition.events.iter().cloned());

@@ -1333,7 +1333,7 @@ fn a_budget_survives_the_log_and_an_unlimited_one_is_not_written() {
 
 /// Handles `command` with the store's answer about ids the head forgot.
 fn handle_knowing(h: &Driver, command: Command, used: Vec<UsedId>) -> Transition {
-    let ctx = Ctx { now: h.now, seed: 99, used: used.into_iter().collect() };
+    let ctx = Ctx { now: h.now, seed: 99, used: used.into_iter().collect(), ..Ctx::default() };
     handle(&h.session, command, &ctx).unwrap()
 }
 
@@ -1384,7 +1384,12 @@ fn a_call_id_only_the_store_remembers_is_not_made_again_nor_settled_again() {
             result: json!(1),
         }),
     };
-    let ctx = Ctx { now: h.now, seed: 7, used: [UsedId::Call("c-old".into())].into_iter().collect() };
+    let ctx = Ctx {
+        now: h.now,
+        seed: 7,
+        used: [UsedId::Call("c-old".into())].into_iter().collect(),
+        ..Ctx::default()
+    };
     assert!(matches!(handle(&h.session, settle.clone(), &ctx), Err(Rejection::CallAlreadySettled(_))));
     assert!(matches!(handle(&h.session, settle, &Ctx::new(h.now, 7)), Err(Rejection::UnknownCall(_))));
 }
@@ -1521,4 +1526,116 @@ fn a_seed_becomes_the_path_of_a_session_without_messages_and_only_of_one() {
     assert!(matches!(&err, Rejection::InvalidInput(p) if p.path == "messages[1].id"), "{err:?}");
     h.turn("and now?", "now this");
     assert_eq!(h.path_texts(), ["User:hi", "Assistant:hello", "User:and now?", "Assistant:now this"]);
+}
+
+// ----- limits ------------------------------------------------------------------------------
+
+fn small_limits() -> Limits {
+    Limits {
+        messages_per_input: 2,
+        message_bytes: 64,
+        state_bytes: 32,
+        queued_turns: 1,
+        sub_agent_depth: 1,
+        sub_agent_fanout: 1,
+    }
+}
+
+fn invalid_at(err: Rejection) -> (String, String) {
+    match err {
+        Rejection::InvalidInput(p) => (p.path, p.message),
+        other => panic!("not an invalid input: {other:?}"),
+    }
+}
+
+#[test]
+fn client_inputs_past_a_size_or_count_limit_are_refused_naming_the_field_and_the_limit() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.limits = small_limits();
+    let written = h.log.len();
+    let long = "x".repeat(100);
+    let (path, said) = invalid_at(h.try_exec(message("demo", &long)).unwrap_err());
+    assert_eq!(path, "message.content");
+    assert!(said.contains("over the limit of 64 (limits.message_bytes)"), "{said}");
+    let view = |n: usize| {
+        submit(
+            ClientInput::Messages(ClientMessagesInput {
+                agent_id: "demo".into(),
+                turn_id: None,
+                messages: (0..n).map(|i| DraftMessage::user(format!("m{i}"))).collect(),
+                stream: None,
+                client: None,
+            }),
+            false,
+        )
+    };
+    let (path, said) = invalid_at(h.try_exec(view(3)).unwrap_err());
+    assert_eq!(path, "messages");
+    assert!(said.contains("3 messages, over the limit of 2 (limits.messages_per_input)"), "{said}");
+    let result = ClientInput::ToolResult(ToolResultInput {
+        id: "c1".into(),
+        attempt: None,
+        result: Some(json!(long)),
+    });
+    assert_eq!(invalid_at(h.try_exec(submit(result, false)).unwrap_err()).0, "result");
+    assert_eq!(h.log.len(), written, "nothing was written");
+    h.exec(message("demo", "short"));
+}
+
+#[test]
+fn a_full_queue_refuses_one_more_turn() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.limits = small_limits();
+    h.exec(msg_with_turn("demo", "one", "t1"));
+    let queued = |id: &str| {
+        let mut c = msg_with_turn("demo", "later", id);
+        if let Command::Submit { queue, .. } = &mut c {
+            *queue = true;
+        }
+        c
+    };
+    h.exec(queued("t2"));
+    let err = h.try_exec(queued("t3")).unwrap_err();
+    assert_eq!(err, Rejection::QueueFull { queued: 1 });
+    assert_eq!(err.code(), "queue_full");
+    assert_eq!(h.try_exec(steer("demo", "and", "s1")).unwrap_err().code(), "queue_full");
+}
+
+#[test]
+fn a_worker_answer_past_a_limit_fails_its_decision_naming_the_field() {
+    let mut h = harness("s", init("w", Some(agent("m")), true));
+    h.accept();
+    h.exec(message("w", "go"));
+    h.limits = small_limits();
+    let response = DecisionResponse { state: Some(json!({"notes": "x".repeat(40)})), ..Default::default() };
+    let (_, events) = h.answer(response);
+    let failed = events.iter().find_map(|e| match e {
+        Event::DecisionFailed { error, .. } => Some(error.clone()),
+        _ => None,
+    });
+    let error = failed.unwrap_or_else(|| panic!("no decision.failed: {:?}", names(&events)));
+    assert!(error.contains("state") && error.contains("limits.state_bytes"), "{error}");
+}
+
+#[test]
+fn delegations_past_the_fanout_or_the_depth_are_refused_naming_the_limit() {
+    let mut boss = agent("m");
+    boss.sub_agents = Some(vec![SubAgent { id: "helper".into(), description: None }]);
+    let ask = r#"{"message": "look"}"#;
+    let mut h = harness("s", init("boss", Some(boss.clone()), false));
+    h.limits = small_limits();
+    h.exec(message("boss", "two helpers, please"));
+    h.run_llm(tool_calls(&[("c1", "helper", ask), ("c2", "helper", ask)]));
+    let turn = h.last_turn();
+    assert_eq!(turn.status, TurnStatus::Failed);
+    assert!(turn.error.as_deref().is_some_and(|e| e.contains("limits.sub_agent_fanout")), "{turn:?}");
+
+    let mut nested = init("boss", Some(boss), false);
+    nested.ancestry = vec!["root".into()];
+    let mut h = harness("child", nested);
+    h.limits = small_limits();
+    h.exec(message("boss", "one more level"));
+    h.run_llm(tool_calls(&[("c1", "helper", ask)]));
+    let turn = h.last_turn();
+    assert!(turn.error.as_deref().is_some_and(|e| e.contains("limits.sub_agent_depth")), "{turn:?}");
 }

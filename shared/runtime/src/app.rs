@@ -21,11 +21,12 @@ use turnstone_engine::time::Timestamp;
 use crate::api::{Placement, Submitted};
 use crate::auth::{Access, Caller};
 use crate::clock::Clock;
+use crate::config::LimitsConfig;
 use crate::error::{Error, Result};
 use crate::llm::ModelProvider;
 use crate::notify::Notifier;
 use crate::queue::{Queue, WakeUp};
-use crate::store::{Commit, Store, StoreError};
+use crate::store::{Commit, SessionFilter, Store, StoreError};
 use crate::worker::WorkerEndpoint;
 
 /// How often a commit is retried when another writer moved the session on.
@@ -68,6 +69,8 @@ pub struct Parts {
     pub agents: BTreeMap<String, AgentRuntime>,
     /// Engine default policies.
     pub defaults: Defaults,
+    /// What sessions may be sent and hold, and how many one owner may create.
+    pub limits: LimitsConfig,
     /// Claim a submitted turn's first model call or delivery in the submit's own commit and
     /// hand it to this process's queue workers (one commit less per turn). Only for hosts
     /// whose queue workers run in the same process as the API (the local host).
@@ -82,6 +85,7 @@ pub struct App {
     clock: Arc<dyn Clock>,
     agents: BTreeMap<String, AgentRuntime>,
     defaults: Defaults,
+    limits: LimitsConfig,
     claim_ahead: bool,
     /// Effects claimed in a submit's commit, waiting for a queue worker of this process.
     handoff: Mutex<HashMap<String, Effect>>,
@@ -93,6 +97,9 @@ pub struct App {
     /// such as AHP's `root/sessionAdded`).
     created: broadcast::Sender<SessionId>,
 }
+
+/// Sessions read at a time while an owner's are counted.
+const SESSIONS_PER_READ: usize = 500;
 
 /// Session creations buffered per listener before a slow one skips some.
 const CREATED_BUFFER: usize = 256;
@@ -122,6 +129,7 @@ impl App {
             clock: parts.clock,
             agents: parts.agents,
             defaults: parts.defaults,
+            limits: parts.limits,
             claim_ahead: parts.claim_ahead,
             handoff: Mutex::new(HashMap::new()),
             messages: Mutex::new(HashMap::new()),
@@ -164,7 +172,28 @@ impl App {
     /// A context for one command, knowing the ids in `used` beyond the session's head.
     fn ctx(&self, used: &UsedIds) -> Ctx {
         let n = self.entropy.fetch_add(1, Ordering::Relaxed);
-        Ctx { now: self.clock.now(), seed: command_seed(n), used: used.clone() }
+        Ctx { now: self.clock.now(), seed: command_seed(n), used: used.clone(), limits: self.limits.engine() }
+    }
+
+    /// Whether `owner` may create one more session (`[limits] sessions_per_owner`). Anonymous
+    /// callers (no auth) have no quota.
+    pub(crate) async fn admit(&self, owner: &WorkerIdentity) -> Result<()> {
+        let (Some(limit), Some(owner_id)) = (self.limits.sessions_per_owner, owner.id.as_ref()) else {
+            return Ok(());
+        };
+        let filter = SessionFilter { agent_id: None, owner: Some(owner_id.clone()) };
+        let (mut count, mut cursor) = (0, None);
+        loop {
+            let page = self.store.list_sessions(&filter, cursor.as_deref(), SESSIONS_PER_READ).await?;
+            count += page.items.len();
+            if count >= limit {
+                return Err(Error::TooManySessions { limit });
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(()),
+            }
+        }
     }
 
     /// The init of a new session for `agent_id`.
@@ -401,6 +430,13 @@ impl App {
             },
         };
         let not_found = || Error::SessionNotFound(session_id.to_owned());
+        // A quota is checked before a first input creates the session.
+        if self.limits.sessions_per_owner.is_some()
+            && let Some(owner) = caller.owner()
+            && !self.load(session_id).await?.0.is_created()
+        {
+            self.admit(&owner).await?;
+        }
         let build = |session: &Session| {
             let mut commands = Vec::new();
             if session.is_created() {
@@ -458,6 +494,7 @@ impl App {
         caller: &Caller,
     ) -> Result<Executed> {
         let owner = caller.owner().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
+        self.admit(&owner).await?;
         let init = self.session_init(agent_id, owner)?;
         self.execute(session_id, |_| Ok(vec![Command::Create { init: Box::new(init.clone()) }])).await
     }

@@ -116,6 +116,7 @@ pub fn engine(
         clock: Arc::new(SystemClock),
         agents,
         defaults: config.defaults,
+        limits: config.limits,
         claim_ahead: topology == Topology::OneProcess,
     });
     let dispatcher = Dispatcher::new(Arc::clone(&app), WorkerClient::new()?);

@@ -31,6 +31,9 @@ pub enum Error {
     /// The queue failed.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// The caller owns as many sessions as `[limits] sessions_per_owner` allows.
+    #[error("this owner has {limit} sessions, the most allowed (limits.sessions_per_owner)")]
+    TooManySessions { limit: usize },
     /// Concurrent writers kept winning; the operation gave up.
     #[error("session {0:?} is too busy: gave up after repeated concurrent updates")]
     Contended(String),

@@ -171,6 +171,14 @@ impl Tx {
     }
 
     pub(super) fn external_settle(&mut self, action: Action) -> Result<(), Rejection> {
+        let checked = match &action {
+            Action::ToolResult(a) => {
+                self.limits.check_value("the result", &a.result).map_err(|p| ("result", p))
+            }
+            Action::ToolError(a) => self.limits.check_value("the error", &a.error).map_err(|p| ("error", p)),
+            _ => Ok(()),
+        };
+        checked.map_err(|(path, problem)| Rejection::invalid(path, problem))?;
         let (id, attempt, outcome, want_llm) = match action {
             Action::ToolResult(a) => (a.id, a.attempt, Ok(CallValue::Text(result_text(&a.result))), false),
             Action::ToolError(a) => (a.id.clone(), a.attempt, Err(call_error(&a)), false),

@@ -173,6 +173,12 @@ pub enum Rejection {
     /// An approval for a call that is not waiting for one.
     #[error("call {0:?} is not waiting for approval")]
     NotAwaitingApproval(CallId),
+    /// The session's queue of waiting turns is full.
+    #[error("{queued} turns already wait behind the active one (limits.queued_turns): wait for one to start")]
+    QueueFull {
+        /// How many wait.
+        queued: usize,
+    },
     /// A client tried to settle a call that is not a client tool call.
     #[error("call {0:?} is not a client tool call")]
     NotAClientCall(CallId),
@@ -204,6 +210,7 @@ impl Rejection {
             Rejection::CallNotRunning { .. } => "call_not_running",
             Rejection::NotAClientCall(_) => "not_a_client_call",
             Rejection::NotAwaitingApproval(_) => "not_awaiting_approval",
+            Rejection::QueueFull { .. } => "queue_full",
             Rejection::NoActiveTurn => "no_active_turn",
             Rejection::InvalidInput(_) => "invalid_input",
             Rejection::StaleClaim(_) => "stale_claim",

@@ -31,6 +31,7 @@ pub(super) struct Tx {
     /// The engine-hosted step being carried out when it wrote no `decision.accepted` (see
     /// `Tx::accept_step`); written after all if an event comes to name the decision.
     pub unrecorded_step: Option<crate::ids::DecisionId>,
+    pub limits: super::Limits,
 }
 
 impl Tx {
@@ -42,6 +43,7 @@ impl Tx {
             now: ctx.now,
             used: ctx.used.clone(),
             unrecorded_step: None,
+            limits: ctx.limits,
         }
     }
 
@@ -120,6 +122,7 @@ impl Tx {
         origin: TurnOrigin,
     ) -> Result<(), Rejection> {
         check_turn_id(input.turn_id())?;
+        self.check_input_limits(&input)?;
         match input {
             ClientInput::InterruptResume(resume) => self.resume(resume),
             ClientInput::ToolResult(r) => {
@@ -255,6 +258,7 @@ impl Tx {
             if !queue {
                 return Err(Rejection::TurnAlreadyActive { turn_id: active.clone() });
             }
+            self.check_queue()?;
             self.emit(Event::TurnQueued { turn });
             return Ok(());
         }
@@ -264,6 +268,7 @@ impl Tx {
         }
         if !self.session.queued_turns.is_empty() {
             // Queued turns start in arrival order: this one waits its place.
+            self.check_queue()?;
             self.emit(Event::TurnQueued { turn });
             return Ok(());
         }
@@ -274,6 +279,48 @@ impl Tx {
         self.emit(Event::TurnStarted { turn });
         self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: Some(turn_id) } });
         Ok(())
+    }
+
+    /// Room for one more waiting turn.
+    fn check_queue(&self) -> Result<(), Rejection> {
+        let queued = self.session.queued_turns.len();
+        if queued >= self.limits.queued_turns {
+            return Err(Rejection::QueueFull { queued });
+        }
+        Ok(())
+    }
+
+    /// A client's input within the session's limits on sizes and counts.
+    fn check_input_limits(&self, input: &ClientInput) -> Result<(), Rejection> {
+        let limits = &self.limits;
+        fn at(path: &'static str) -> impl Fn(String) -> Rejection {
+            move |problem| Rejection::invalid(path, problem)
+        }
+        match input {
+            ClientInput::Message(i) => limits.check_message(&i.message).map_err(at("message.content")),
+            ClientInput::Messages(i) => {
+                if i.messages.len() > limits.messages_per_input {
+                    return Err(Rejection::invalid(
+                        "messages",
+                        format!(
+                            "{} messages, over the limit of {} (limits.messages_per_input)",
+                            i.messages.len(),
+                            limits.messages_per_input
+                        ),
+                    ));
+                }
+                limits
+                    .check_messages("messages", &i.messages)
+                    .map_err(|(path, p)| Rejection::invalid(path, p))
+            }
+            ClientInput::Action(i) => limits.check_value("the action's args", &i.args).map_err(at("args")),
+            ClientInput::InterruptResume(i) => {
+                limits.check_value("the payload", &i.payload).map_err(at("payload"))
+            }
+            ClientInput::ToolResult(r) => limits.check_value("the result", &r.result).map_err(at("result")),
+            ClientInput::ToolError(e) => limits.check_value("the error", &e.error).map_err(at("error")),
+            ClientInput::ToolApproval(a) => limits.check_value("the reason", &a.reason).map_err(at("reason")),
+        }
     }
 
     /// A turn of `input`, queued (until it starts).
@@ -331,10 +378,12 @@ impl Tx {
             return Err(Rejection::invalid("message.role", "a steering message must be the user's"));
         }
         check_turn_id(i.turn_id.as_ref())?;
+        self.limits.check_message(&i.message).map_err(|p| Rejection::invalid("message.content", p))?;
         self.check_agent(&i.agent_id)?;
         if self.known_turn(i.turn_id.as_ref()) {
             return Ok(());
         }
+        self.check_queue()?;
         let id = i.turn_id.unwrap_or_else(|| self.ids.turn_id());
         let input = TurnInput::Message { message: i.message };
         let turn = TurnRecord { steering: true, ..self.queued_turn(id, input, TurnOrigin::Client) };

@@ -10,6 +10,7 @@ mod command;
 mod decide;
 mod event;
 mod handle;
+mod limits;
 mod outbox;
 mod plan;
 mod propose;
@@ -28,6 +29,7 @@ use serde_json::Value;
 
 pub use command::{Command, Rejection};
 pub use event::Event;
+pub use limits::Limits;
 pub use outbox::{OutboxItem, Route, Send, Spawn, child_failed, route};
 pub use plan::{Effect, Plan};
 pub use records::{
@@ -108,12 +110,14 @@ pub struct Ctx {
     /// Turn and call ids the session used before, beyond what its head remembers (the store's
     /// answer after it refused a commit that used one again; empty otherwise).
     pub used: UsedIds,
+    /// What the session may be sent or hold.
+    pub limits: Limits,
 }
 
 impl Ctx {
     /// A context at `now` with entropy `seed`, knowing nothing beyond the head.
     pub fn new(now: Timestamp, seed: u64) -> Self {
-        Ctx { now, seed, used: UsedIds::default() }
+        Ctx { now, seed, used: UsedIds::default(), limits: Limits::default() }
     }
 }
 

@@ -182,6 +182,13 @@ impl Tx {
         if let Some(config) = &response.agent {
             config.validate().map_err(|e| ProtocolError::new(format!("agent.{}", e.path), e.message))?;
         }
+        let limits = &self.limits;
+        if let Some(messages) = &response.messages {
+            limits.check_messages("messages", messages).map_err(|(path, p)| ProtocolError::new(path, p))?;
+        }
+        if let Some(state) = &response.state {
+            limits.check_state(state).map_err(|p| ProtocolError::new("state", p))?;
+        }
         let agent = response.agent.as_ref().or(self.session.current_agent());
         // Children spawned by earlier actions of this response, with their tool calls.
         let mut spawned: Vec<(&SessionId, &CallId)> = Vec::new();
@@ -209,6 +216,15 @@ impl Tx {
                 | Action::ToolError(CallErrorAction { id, .. })
                 | Action::LlmResult(LlmResultAction { id, .. })
                 | Action::LlmError(CallErrorAction { id, .. }) => {
+                    match action {
+                        Action::ToolResult(a) => {
+                            limits.check_value("the result", &a.result).map_err(|p| at("result", p))?
+                        }
+                        Action::ToolError(a) => {
+                            limits.check_value("the error", &a.error).map_err(|p| at("error", p))?
+                        }
+                        _ => {}
+                    }
                     if id.is_none() && decision.call_id.is_none() {
                         return Err(at(
                             "id",
@@ -220,6 +236,7 @@ impl Tx {
                     }
                 }
                 Action::MessageSend(a) => {
+                    limits.check_message(&a.message).map_err(|p| at("message.content", p))?;
                     // A child: spawned by an earlier response (its delegation not yet reported)
                     // or by an earlier action of this one. A delegation that settled meanwhile
                     // (its report still queued) is a child the worker could not know was done:
@@ -242,6 +259,34 @@ impl Tx {
                 Action::SubAgentSpawn(a) => {
                     if !crate::ids::is_safe(a.session_id.as_str()) {
                         return Err(at("session_id", format!("must be {}", crate::ids::SAFE_ID)));
+                    }
+                    let depth = self.session.ancestry().len() + 1;
+                    if depth > limits.sub_agent_depth {
+                        return Err(at(
+                            "agent_id",
+                            format!(
+                                "a sub-agent here would nest {depth} deep, over the limit of {} \
+                                 (limits.sub_agent_depth)",
+                                limits.sub_agent_depth
+                            ),
+                        ));
+                    }
+                    let open = self
+                        .session
+                        .calls
+                        .iter()
+                        .filter(|c| !c.is_settled() && matches!(c.spec, CallSpec::SubAgent { .. }))
+                        .count();
+                    let delegations = open + spawned.len() + 1;
+                    if delegations > limits.sub_agent_fanout {
+                        return Err(at(
+                            "agent_id",
+                            format!(
+                                "{delegations} delegations would be open at once, over the limit of {} \
+                                 (limits.sub_agent_fanout)",
+                                limits.sub_agent_fanout
+                            ),
+                        ));
                     }
                     if a.session_id == self.session.id || self.session.ancestry().contains(&a.session_id) {
                         return Err(at(
@@ -277,7 +322,10 @@ impl Tx {
                     }
                     spawned.push((&a.session_id, &a.tool_call_id));
                 }
-                Action::Interrupt(_) | Action::Done(_) => {}
+                Action::Interrupt(a) => {
+                    limits.check_value("the payload", &a.payload).map_err(|p| at("payload", p))?;
+                }
+                Action::Done(_) => {}
             }
         }
         Ok(())

@@ -18,6 +18,8 @@ pub(super) struct RawConfig {
     pub(super) agent: BTreeMap<String, RawAgent>,
     #[serde(default)]
     pub(super) auth: Option<AuthConfig>,
+    #[serde(default)]
+    pub(super) limits: Option<LimitsConfig>,
 }
 
 #[derive(Deserialize)]
@@ -89,6 +91,8 @@ pub(super) fn build(raw: RawConfig, src: &Source<'_>) -> Result<Config, ConfigEr
         problems.add(path(&["server", "max_body_bytes"]), "must be at least 1");
     }
     let defaults = build_defaults(raw.defaults, &mut problems);
+    let limits = raw.limits.unwrap_or_default();
+    check_limits(&limits, &mut problems);
     for (id, llm) in &raw.llm {
         check_llm(id, llm, &mut problems);
     }
@@ -106,7 +110,33 @@ pub(super) fn build(raw: RawConfig, src: &Source<'_>) -> Result<Config, ConfigEr
     if let Some(first) = problems.first() {
         return Err(first);
     }
-    Ok(Config { file: src.file.to_owned(), server, defaults, llms: raw.llm, agents, auth: raw.auth })
+    Ok(Config { file: src.file.to_owned(), server, defaults, llms: raw.llm, agents, auth: raw.auth, limits })
+}
+
+/// Every limit lets something through: zero would refuse all.
+fn check_limits(limits: &LimitsConfig, problems: &mut Problems<'_>) {
+    let LimitsConfig {
+        messages_per_input,
+        message_bytes,
+        state_bytes,
+        queued_turns,
+        sub_agent_depth,
+        sub_agent_fanout,
+        sessions_per_owner,
+    } = *limits;
+    for (name, value) in [
+        ("messages_per_input", Some(messages_per_input)),
+        ("message_bytes", Some(message_bytes)),
+        ("state_bytes", Some(state_bytes)),
+        ("queued_turns", Some(queued_turns)),
+        ("sub_agent_depth", Some(sub_agent_depth)),
+        ("sub_agent_fanout", Some(sub_agent_fanout)),
+        ("sessions_per_owner", sessions_per_owner),
+    ] {
+        if value == Some(0) {
+            problems.add(path(&["limits", name]), "must be at least 1");
+        }
+    }
 }
 
 pub(super) fn build_defaults(raw: Option<RawDefaults>, problems: &mut Problems<'_>) -> Defaults {

@@ -26,6 +26,15 @@
 //! max_cost = "0.50"             # optional: a turn's model calls may cost at most $0.50
 //! max_llm_calls = 20            # optional: and make at most 20 model calls
 //!
+//! [limits]                      # optional; each refused with an error naming it
+//! messages_per_input = 1000     # messages in one client.messages input
+//! message_bytes = 262144        # one message's content, one tool result (client or worker)
+//! state_bytes = 262144          # the agent state a worker writes
+//! queued_turns = 32             # turns waiting behind the active one
+//! sub_agent_depth = 8           # how deep sub-agents nest
+//! sub_agent_fanout = 32         # delegations of one session open at once
+//! sessions_per_owner = 1000     # optional: sessions one owner may create (none: no limit)
+//!
 //! [auth]                        # optional; absent: no auth (loopback development)
 //! api_keys_env = "TURNSTONE_API_KEYS"           # clients: `name:key,name:key`
 //! machine_keys_env = "TURNSTONE_MACHINE_KEYS"   # workers: settle calls of their agents
@@ -67,7 +76,7 @@ use toml::de::{DeTable, DeValue};
 use turnstone_engine::protocol::{
     AgentConfig, AgentTool, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler,
 };
-use turnstone_engine::session::{Budget, Defaults, parse_picodollars};
+use turnstone_engine::session::{Budget, Defaults, Limits, parse_picodollars};
 
 /// The bundled demo configuration, the one a new user reads first.
 pub const DEMO_TOML: &str = include_str!("../demo.toml");
@@ -87,6 +96,60 @@ pub struct Config {
     pub agents: BTreeMap<String, AgentDef>,
     /// API-key auth (`[auth]`); `None`: no auth.
     pub auth: Option<AuthConfig>,
+    /// What sessions may be sent and hold (`[limits]`).
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`: the engine's [`Limits`] (each field's default is the engine's), and how many
+/// sessions one owner may create. The request body limit is `[server] max_body_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    pub messages_per_input: usize,
+    pub message_bytes: usize,
+    pub state_bytes: usize,
+    pub queued_turns: usize,
+    pub sub_agent_depth: usize,
+    pub sub_agent_fanout: usize,
+    /// Sessions one owner may create; `None`: no limit. Checked when a session is created
+    /// (two creations at the same moment may both pass at the limit).
+    pub sessions_per_owner: Option<usize>,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let Limits {
+            messages_per_input,
+            message_bytes,
+            state_bytes,
+            queued_turns,
+            sub_agent_depth,
+            sub_agent_fanout,
+        } = Limits::default();
+        LimitsConfig {
+            messages_per_input,
+            message_bytes,
+            state_bytes,
+            queued_turns,
+            sub_agent_depth,
+            sub_agent_fanout,
+            sessions_per_owner: None,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// The engine's share.
+    pub fn engine(&self) -> Limits {
+        Limits {
+            messages_per_input: self.messages_per_input,
+            message_bytes: self.message_bytes,
+            state_bytes: self.state_bytes,
+            queued_turns: self.queued_turns,
+            sub_agent_depth: self.sub_agent_depth,
+            sub_agent_fanout: self.sub_agent_fanout,
+        }
+    }
 }
 
 /// The local host's settings (`[server]`); every field has a default.

@@ -765,3 +765,19 @@ fn budgets_are_dollars_and_calls_per_turn() {
         "turnstone.toml:6:1: agent.a.max_llm_calls: must be at least 1 (leave it out for no limit)"
     );
 }
+
+#[test]
+fn limits_default_to_the_engines_and_are_read_and_checked() {
+    let config = Config::parse(&with_llm("[agent.demo]\nmodel = \"x\"\n"), "turnstone.toml").unwrap();
+    assert_eq!(config.limits.engine(), turnstone_engine::session::Limits::default());
+    assert_eq!(config.limits.sessions_per_owner, None);
+    let text =
+        with_llm("[limits]\nqueued_turns = 3\nsessions_per_owner = 10\n\n[agent.demo]\nmodel = \"x\"\n");
+    let config = Config::parse(&text, "turnstone.toml").unwrap();
+    assert_eq!((config.limits.queued_turns, config.limits.sessions_per_owner), (3, Some(10)));
+    assert_eq!(config.limits.engine().queued_turns, 3);
+    let zero = err(&with_llm("[limits]\nmessage_bytes = 0\n\n[agent.demo]\nmodel = \"x\"\n"));
+    assert!(zero.contains("limits.message_bytes: must be at least 1"), "{zero}");
+    let typo = err(&with_llm("[limits]\nqueued_turn = 3\n"));
+    assert!(typo.contains("limits.queued_turn: unknown key"), "{typo}");
+}

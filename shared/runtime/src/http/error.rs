@@ -33,6 +33,9 @@ impl From<Error> for ApiError {
                 ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "invalid cursor")
                     .with_param("cursor")
             }
+            Error::TooManySessions { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "too_many_sessions", e.to_string())
+            }
             Error::Contended(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "contended", e.to_string()),
             Error::Store(_) | Error::Queue(_) => {
                 tracing::error!(error = %e, "backend failure");
