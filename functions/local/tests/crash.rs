@@ -64,10 +64,34 @@ fn execute(name: &str, args: &Value) -> Value {
 }
 
 /// A worker that executes tools once per (call id, attempt); with `hold`, the first
-/// `tool.execute` it receives is executed at once but answered only when the gate opens.
-async fn worker(ledger: Arc<Mutex<Ledger>>, hold: Option<Gate>) -> FakeWorker {
+/// `tool.execute` it receives is executed at once but answered only when the gate opens; with
+/// `pause`, every answer waits up to a quarter second (derived from the decision), so that
+/// kills land in the middle of steps.
+async fn worker(ledger: Arc<Mutex<Ledger>>, hold: Option<Gate>, pause: bool) -> FakeWorker {
     let first = Arc::new(Mutex::new(true));
-    FakeWorker::start(None, move |request, _| match &request.trigger {
+    FakeWorker::start(None, move |request, _| {
+        let answer = answer(&ledger, &first, hold.as_ref(), request);
+        if !pause {
+            return answer;
+        }
+        let wait = request
+            .decision_id
+            .as_str()
+            .bytes()
+            .fold(7_u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+        FakeAnswer::delayed(Duration::from_millis(wait % 250), answer)
+    })
+    .await
+}
+
+/// The worker's answer to `request` (see [`worker`]).
+fn answer(
+    ledger: &Mutex<Ledger>,
+    first: &Mutex<bool>,
+    hold: Option<&Gate>,
+    request: &turnstone_engine::protocol::DecisionRequest,
+) -> FakeAnswer {
+    match &request.trigger {
         Trigger::ToolExecute(t) if request.proposed.is_empty() => {
             let key = (t.id.clone(), t.attempt);
             let result = {
@@ -95,7 +119,7 @@ async fn worker(ledger: Arc<Mutex<Ledger>>, hold: Option<Gate>) -> FakeWorker {
             };
             let answer = FakeAnswer::Respond(tool_answer(Ok(result)));
             let mut first = first.lock().unwrap();
-            match &hold {
+            match hold {
                 Some(gate) if *first => {
                     *first = false;
                     FakeAnswer::held(gate, answer)
@@ -104,8 +128,7 @@ async fn worker(ledger: Arc<Mutex<Ledger>>, hold: Option<Gate>) -> FakeWorker {
             }
         }
         _ => FakeAnswer::Accept,
-    })
-    .await
+    }
 }
 
 fn config(openai: &FakeOpenAi, worker: &FakeWorker) -> String {
@@ -298,7 +321,7 @@ async fn kill_9_during_a_tool_execution_then_restart() {
     openai.set_default(Reply::text("42 and DONE."));
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let gate = Gate::new();
-    let worker = worker(ledger.clone(), Some(gate.clone())).await;
+    let worker = worker(ledger.clone(), Some(gate.clone()), false).await;
     let config_file = dir.path().join("turnstone.toml");
     std::fs::write(&config_file, config(&openai, &worker)).unwrap();
     let data = dir.path().join("data");
@@ -354,7 +377,7 @@ async fn kill_9_during_a_model_call_then_restart() {
     openai.push(tool_calls());
     openai.set_default(Reply::text("42 and DONE."));
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let worker = worker(ledger.clone(), None).await;
+    let worker = worker(ledger.clone(), None, false).await;
     let config_file = dir.path().join("turnstone.toml");
     std::fs::write(&config_file, config(&openai, &worker)).unwrap();
     let data = dir.path().join("data");
@@ -395,4 +418,159 @@ async fn kill_9_during_a_model_call_then_restart() {
     assert_eq!(finished_with_calls, 1);
     second.kill();
     timings.print();
+}
+
+/// Sessions started before each kill.
+const SESSIONS_PER_ROUND: usize = 6;
+/// Kills (and restarts) per run.
+const KILLS: usize = 3;
+
+/// A small seeded generator, so a failing run can be replayed with its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+/// A worker agent on the scripted model: `/tool` lines are its tool calls, run by the worker.
+fn scripted_config(worker: &FakeWorker) -> String {
+    format!(
+        r#"
+[defaults]
+llm = {{ timeout_secs = 2, max_retries = 2, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+tool = {{ timeout_secs = 2, max_retries = 3, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+decision = {{ timeout_secs = 2, max_retries = 4, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+
+[llm.s]
+type = "scripted"
+
+[agent.calc]
+model = "scripted"
+llm = "s"
+worker = "{}"
+
+[[agent.calc.tools]]
+name = "add"
+input = {{ type = "object", properties = {{ a = {{ type = "number" }}, b = {{ type = "number" }} }}, required = ["a", "b"] }}
+
+[[agent.calc.tools]]
+name = "upper"
+input = {{ type = "object", properties = {{ text = {{ type = "string" }} }}, required = ["text"] }}
+"#,
+        worker.url()
+    )
+}
+
+/// Checks, from outside, what a run of concurrent turns killed at random points left: each
+/// accepted input's turn completed once with the right answer; every tool call on each path has
+/// exactly one result; each (call, attempt) ran at most once and a call's next attempt ran only
+/// after its earlier attempt's deadline; and each session's log replays to what it serves.
+async fn assert_survived(api: &ApiClient, sessions: &[(String, u64)], ledger: &Mutex<Ledger>) -> usize {
+    for (session, _) in sessions {
+        api.wait_turn(session, &format!("turn-{session}")).await;
+    }
+    // Every turn ended: the worker's ledger is complete (and no lock is held across an await,
+    // as the worker takes it to answer).
+    let ledger = ledger.lock().unwrap().clone();
+    for (session, n) in sessions {
+        let turn = api.wait_turn(session, &format!("turn-{session}")).await;
+        assert_eq!(turn.status, TurnStatus::Completed, "{session}: {turn:?}");
+        // One line per tool result, in the order the results came.
+        let mut lines: Vec<String> = turn
+            .data
+            .as_ref()
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines.sort();
+        assert_eq!(
+            lines,
+            [format!("add returned: {}.0", n + 1), format!("upper returned: S{n}")],
+            "{session}"
+        );
+        let messages = api.messages(session).await;
+        for message in &messages {
+            for call in message["tool_calls"].as_array().into_iter().flatten() {
+                let id = call["id"].as_str().unwrap();
+                let answers = messages.iter().filter(|m| m["tool_call_id"] == id).count();
+                assert_eq!(answers, 1, "{session}: tool call {id} has {answers} results: {messages:#?}");
+            }
+        }
+        let mut replayed = turnstone_engine::session::Session::new(session.as_str());
+        for logged in api.events(session, 0).await {
+            let event: turnstone_engine::session::Event = serde_json::from_value(logged.event).unwrap();
+            replayed.apply(&event);
+        }
+        let path: Vec<Value> =
+            replayed.tree().active_path().into_iter().map(|m| serde_json::to_value(m).unwrap()).collect();
+        assert_eq!(path, messages, "{session}: the log replays to the path it serves");
+    }
+    let mut by_call: BTreeMap<&CallId, Vec<&Execution>> = BTreeMap::new();
+    for execution in ledger.executed.values() {
+        by_call.entry(&execution.call_id).or_default().push(execution);
+    }
+    for (call_id, runs) in by_call {
+        for pair in runs.windows(2) {
+            let deadline = pair[0].deadline.expect("tool attempts have deadlines here");
+            assert!(
+                pair[1].at >= deadline,
+                "{call_id} ran attempt {} before attempt {}'s deadline",
+                pair[1].attempt,
+                pair[0].attempt
+            );
+        }
+    }
+    assert!(ledger.executed.len() >= 2 * sessions.len(), "every tool ran: {:?}", ledger.executed.keys());
+    ledger.executed.len()
+}
+
+/// `kill -9` at random points while many turns run at once (each model call asks for two
+/// worker tools), a restart after each, and the invariants checked from outside once every
+/// turn is done. `TURNSTONE_KILL_SEED` replays a run.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_random_points_across_concurrent_turns() {
+    let seed = std::env::var("TURNSTONE_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_u64);
+    println!(
+        "seed {seed} (replay: TURNSTONE_KILL_SEED={seed} cargo test -p turnstone --test crash kill_9_at_random)"
+    );
+    let mut rng = Rng(seed | 1);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let worker = worker(ledger.clone(), None, true).await;
+    let config_file = dir.path().join("turnstone.toml");
+    std::fs::write(&config_file, scripted_config(&worker)).unwrap();
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+
+    let mut sessions: Vec<(String, u64)> = Vec::new();
+    let mut server = Server::start(&config_file, &data, log.clone()).await;
+    for round in 0..KILLS {
+        for i in 0..SESSIONS_PER_ROUND {
+            let n = (round * SESSIONS_PER_ROUND + i) as u64;
+            let session = format!("s-{n}");
+            let text = format!("/tool add {{\"a\": {n}, \"b\": 1}}\n/tool upper {{\"text\": \"s{n}\"}}");
+            let input = json!({"type": "client.message", "agent_id": "calc", "turn_id": format!("turn-{session}"),
+                "message": {"role": "user", "content": text}});
+            server.api.submit_ok(&session, &input).await;
+            sessions.push((session, n));
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
+        server.kill();
+        server = Server::start(&config_file, &data, log.clone()).await;
+    }
+    let executions = assert_survived(&server.api, &sessions, &ledger).await;
+    let redelivered = ledger.lock().unwrap().redelivered.len();
+    println!(
+        "{} turns, {KILLS} kills, {executions} tool executions, {redelivered} redeliveries answered from the ledger",
+        sessions.len()
+    );
+    server.kill();
 }
