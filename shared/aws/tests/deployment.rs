@@ -116,6 +116,7 @@ async fn a_function_that_cannot_start_says_why() {
         aws: support::config(store.table(), &queue_url),
         config_parameter: Some("/turnstone/none-such".to_owned()),
         secrets_arn: None,
+        ahp_endpoint: None,
     };
     let error = Deployment::open(&base, &sdk).await.err().unwrap().to_string();
     assert!(error.contains("SSM parameter /turnstone/none-such"), "{error}");

@@ -113,7 +113,8 @@ pub(crate) async fn handle(
 ) -> bool {
     match rpc::parse(text) {
         Incoming::Request { id, method, params } => {
-            let answer = match request(host, caller, transport, &method, params).await {
+            // Boxed: the methods' futures are large, and a Lambda handler runs on a small stack.
+            let answer = match Box::pin(request(host, caller, transport, &method, params)).await {
                 Ok(answer) => answer,
                 Err(error) => return transport.send(rpc::failure(id, error)).await,
             };
@@ -131,7 +132,7 @@ pub(crate) async fn handle(
             sent
         }
         Incoming::Notification { method, params } => {
-            notification(host, caller, transport, &method, params).await;
+            Box::pin(notification(host, caller, transport, &method, params)).await;
             true
         }
         Incoming::Invalid { id: Some(id), error } => transport.send(rpc::failure(id, error)).await,

@@ -87,6 +87,11 @@ impl Pushes {
         Arc::clone(self.host.get_or_init(|| AhpHost::new(Arc::clone(app))))
     }
 
+    /// Where connections and subscriptions are recorded.
+    pub fn registry(&self) -> &Arc<dyn Registry> {
+        &self.registry
+    }
+
     pub(crate) fn host(&self) -> Option<&Arc<AhpHost>> {
         self.host.get()
     }

@@ -77,7 +77,7 @@ impl Gateway {
         let caller = record.caller.clone();
         let mut connection =
             Stored { pushes: Arc::clone(&self.pushes), id: connection_id.to_owned(), record };
-        methods::handle(host, &caller, &mut connection, body).await;
+        Box::pin(methods::handle(host, &caller, &mut connection, body)).await;
         Ok(())
     }
 
@@ -175,7 +175,7 @@ impl Transport for Stored {
             self.pushes.offer(&feed).await;
             // A commit between the snapshot's read and the record missed this subscriber:
             // push what the log holds past the snapshot now.
-            if let Err(e) = self.pushes.push(&session).await {
+            if let Err(e) = Box::pin(self.pushes.push(&session)).await {
                 tracing::warn!(connection_id = %self.id, error = %e, "catching up a new AHP subscription failed");
             }
         }
