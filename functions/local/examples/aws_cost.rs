@@ -48,7 +48,9 @@ use aws_sdk_dynamodb::config::Credentials;
 use aws_sdk_dynamodb::types::ProjectionType;
 use clap::{Parser, ValueEnum};
 use serde_json::{Value, json};
-use turnstone_aws::{AwsClients, DynamoStore, QueueSettings, SqsQueue, moto};
+use turnstone_aws::{
+    AwsClients, DynamoRegistry, DynamoStore, ManagementFrames, QueueSettings, SqsQueue, moto,
+};
 use turnstone_engine::ids::CallId;
 use turnstone_engine::protocol::{
     Action, ClientInput, ClientMessageInput, ClientMessagesInput, DecisionRequest, DraftMessage, Message,
@@ -56,6 +58,7 @@ use turnstone_engine::protocol::{
 };
 use turnstone_engine::session::{TurnStatus, UsedId};
 use turnstone_engine::time::Timestamp;
+use turnstone_runtime::ahp::{Pusher, Pushes};
 use turnstone_runtime::api::Placement;
 use turnstone_runtime::app::AgentRuntime;
 use turnstone_runtime::assemble::{self, Engine, Topology};
@@ -129,6 +132,10 @@ struct Args {
     /// TURNSTONE_MOTO_ENDPOINT naming a server that outlives the run); by default it is dropped.
     #[arg(long)]
     keep_tables: bool,
+    /// Build the functions without AHP pushes (as before the `ahp` function): by default each
+    /// commit reads its session's AHP subscribers, as the deployed `api` and `dispatch` do.
+    #[arg(long)]
+    no_ahp: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
@@ -667,6 +674,9 @@ struct Functions {
 
 /// What every cell shares.
 struct Shared {
+    /// The Management API the functions would push through (no session has a subscriber).
+    frames: ManagementFrames,
+    no_ahp: bool,
     config: Config,
     agents: BTreeMap<String, AgentRuntime>,
     /// The functions' DynamoDB client, metered.
@@ -696,6 +706,8 @@ impl Shared {
             Topology::Split,
         )?;
         Ok(Bench {
+            frames: self.frames.clone(),
+            no_ahp: self.no_ahp,
             config: self.config.clone(),
             agents: self.agents.clone(),
             table,
@@ -717,6 +729,8 @@ impl Shared {
 
 /// One cell of the matrix: a table, and the functions' store and queue on it.
 struct Bench {
+    frames: ManagementFrames,
+    no_ahp: bool,
     config: Config,
     agents: BTreeMap<String, AgentRuntime>,
     table: String,
@@ -748,13 +762,28 @@ impl Bench {
     }
 
     fn engine_on(&self, store: Arc<dyn Store>) -> anyhow::Result<Engine> {
-        Ok(assemble::engine(
+        // As `Deployment::open` with an AHP endpoint: commits read the session's subscribers
+        // (on the metered client); nothing is posted, since no session has one.
+        let pushes = (!self.no_ahp).then(|| {
+            let registry = DynamoRegistry::new(self.dynamodb.clone(), self.table.clone());
+            Pushes::new(Arc::new(registry), Arc::new(self.frames.clone()))
+        });
+        let wrap = pushes.clone();
+        let engine = assemble::engine_notifying(
             &self.config,
             self.agents.clone(),
             store,
             Arc::clone(&self.queue),
             Topology::Split,
-        )?)
+            move |notifier| match wrap {
+                Some(pushes) => Arc::new(Pusher::new(notifier, pushes)),
+                None => notifier,
+            },
+        )?;
+        if let Some(pushes) = pushes {
+            pushes.attach(&engine.app);
+        }
+        Ok(engine)
     }
 
     /// The two functions, each a container of its own: a store each, warm from then on.
@@ -783,6 +812,7 @@ impl Bench {
         let started = Instant::now();
         let submitted =
             functions.api.app.submit(session_id, input, Placement::Start, &Caller::Anyone).await?;
+        functions.api.app.notifier().flush().await;
         invocations.api.push(started.elapsed());
         let turn_id = submitted.turn_id.context("the input started no turn")?;
         let deadline = Instant::now() + TURN_DEADLINE;
@@ -813,6 +843,7 @@ impl Bench {
                         .await
                         .with_context(|| format!("dispatch of {}", wake_up.session_id))?;
                 }
+                functions.dispatch.app.notifier().flush().await;
                 invocations.dispatch.push(started.elapsed());
                 for delivery in &batch {
                     self.source.ack(delivery).await?;
@@ -1391,6 +1422,8 @@ async fn main() -> anyhow::Result<()> {
     let secrets = config.resolve_secrets(|_| None)?;
     let agents = assemble::agents(&config, &secrets)?;
     let shared = Shared {
+        frames: ManagementFrames::new(&sdk, "http://127.0.0.1:9/unused"),
+        no_ahp: args.no_ahp,
         config,
         agents,
         dynamodb,

@@ -12,14 +12,21 @@ use turnstone_runtime::assemble::{self, Engine, SetupError, Topology};
 use turnstone_runtime::config::{Config, ConfigError};
 use turnstone_runtime::http::HttpConfig;
 
+use turnstone_runtime::ahp::{Pusher, Pushes};
+
 use crate::config::{AwsClients, AwsConfig};
+use crate::connections::DynamoRegistry;
 use crate::error::AwsError;
+use crate::management::ManagementFrames;
 
 /// The variables the template sets (DESIGN.md section 9).
 pub const TABLE_VAR: &str = "TURNSTONE_TABLE";
 pub const QUEUE_URL_VAR: &str = "TURNSTONE_QUEUE_URL";
 pub const CONFIG_PARAMETER_VAR: &str = "TURNSTONE_CONFIG_PARAMETER";
 pub const SECRETS_ARN_VAR: &str = "TURNSTONE_SECRETS_ARN";
+/// The AHP WebSocket API's Management endpoint (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`):
+/// set, the function pushes its commits to AHP subscribers.
+pub const AHP_ENDPOINT_VAR: &str = "TURNSTONE_AHP_ENDPOINT";
 
 /// Where a deployment's parts are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +39,8 @@ pub struct Settings {
     /// configuration's `*_env` settings are looked up in first; `None`: the process
     /// environment only.
     pub secrets_arn: Option<String>,
+    /// The AHP WebSocket API's Management endpoint; `None`: no AHP on this deployment.
+    pub ahp_endpoint: Option<String>,
 }
 
 impl Settings {
@@ -48,6 +57,7 @@ impl Settings {
             },
             config_parameter: set(CONFIG_PARAMETER_VAR),
             secrets_arn: set(SECRETS_ARN_VAR),
+            ahp_endpoint: set(AHP_ENDPOINT_VAR),
         })
     }
 }
@@ -56,6 +66,8 @@ impl Settings {
 pub struct Deployment {
     pub engine: Engine,
     pub http: HttpConfig,
+    /// With an AHP endpoint: the recorded AHP connections, which the engine's commits push to.
+    pub ahp: Option<Arc<Pushes>>,
 }
 
 impl Deployment {
@@ -82,11 +94,30 @@ impl Deployment {
         };
         let secrets =
             config.resolve_secrets(|name| stored.get(name).cloned().or_else(|| std::env::var(name).ok()))?;
-        let (store, queue) = settings.aws.connect_with(&AwsClients::new(sdk)).await?;
+        let clients = AwsClients::new(sdk);
+        let (store, queue) = settings.aws.connect_with(&clients).await?;
         let agents = assemble::agents(&config, &secrets)?;
-        let engine = assemble::engine(&config, agents, Arc::new(store), Arc::new(queue), Topology::Split)
-            .map_err(|e| DeploymentError::HttpClient(e.to_string()))?;
-        Ok(Deployment { engine, http: assemble::http(&config, &secrets) })
+        let ahp = settings.ahp_endpoint.as_deref().map(|endpoint| {
+            let registry = DynamoRegistry::new(clients.dynamodb.clone(), settings.aws.table.clone());
+            Pushes::new(Arc::new(registry), Arc::new(ManagementFrames::new(sdk, endpoint)))
+        });
+        let pushes = ahp.clone();
+        let engine = assemble::engine_notifying(
+            &config,
+            agents,
+            Arc::new(store),
+            Arc::new(queue),
+            Topology::Split,
+            move |notifier| match pushes {
+                Some(pushes) => Arc::new(Pusher::new(notifier, pushes)),
+                None => notifier,
+            },
+        )
+        .map_err(|e| DeploymentError::HttpClient(e.to_string()))?;
+        if let Some(pushes) = &ahp {
+            pushes.attach(&engine.app);
+        }
+        Ok(Deployment { engine, http: assemble::http(&config, &secrets), ahp })
     }
 }
 

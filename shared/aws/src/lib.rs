@@ -7,6 +7,8 @@
 //!   `chunks`: payloads too large for one item; `table`: the indexes, creating the table;
 //!   `batch`: reads by key; `store`: the port itself.
 //! - `queue`: the SQS queue.
+//! - `connections`: AHP WebSocket connections and their chat subscriptions in the table;
+//!   `management`: frames to them through API Gateway's Management API.
 //! - `deployment`: what a Lambda function builds at init (settings, configuration from SSM,
 //!   secrets from Secrets Manager, the engine on the table and the queue).
 
@@ -14,9 +16,11 @@ mod batch;
 mod chunks;
 mod commit;
 pub mod config;
+pub mod connections;
 pub mod deployment;
 mod error;
 mod items;
+pub mod management;
 #[cfg(feature = "moto")]
 pub mod moto;
 pub mod queue;
@@ -24,7 +28,9 @@ pub mod store;
 pub mod table;
 
 pub use config::{AwsClients, AwsConfig, DEFAULT_QUEUE, DEFAULT_TABLE};
+pub use connections::DynamoRegistry;
 pub use deployment::{Deployment, DeploymentError, Settings};
 pub use error::AwsError;
+pub use management::ManagementFrames;
 pub use queue::{QueueSettings, SqsQueue};
 pub use store::DynamoStore;

@@ -116,6 +116,7 @@ async fn a_function_that_cannot_start_says_why() {
         aws: support::config(store.table(), &queue_url),
         config_parameter: Some("/turnstone/none-such".to_owned()),
         secrets_arn: None,
+        ahp_endpoint: None,
     };
     let error = Deployment::open(&base, &sdk).await.err().unwrap().to_string();
     assert!(error.contains("SSM parameter /turnstone/none-such"), "{error}");
@@ -139,6 +140,7 @@ async fn a_function_that_cannot_start_says_why() {
         aws: support::config("no-such-table", &queue_url),
         config_parameter: None,
         secrets_arn: None,
+        ahp_endpoint: None,
     };
     let deployment = Deployment::open(&settings, &sdk).await.unwrap();
     assert!(deployment.engine.app.agent_ids().any(|a| a == "demo"));

@@ -2,14 +2,28 @@
 
 use std::sync::Arc;
 
+use axum::middleware::Next;
+
 use turnstone_runtime::app::App;
 use turnstone_runtime::http::{HttpConfig, MAX_WAIT_BEHIND_API_GATEWAY, router};
 
 /// The router of the `api` function: long-polls end before API Gateway's 30 s limit would
 /// answer 504 for them.
+/// A request's commits push to AHP subscribers before its answer goes out: the process may
+/// freeze once the invocation ends.
 pub fn api_router(app: Arc<App>, http: HttpConfig) -> axum::Router {
     let max_wait = http.max_wait.min(MAX_WAIT_BEHIND_API_GATEWAY);
-    router(app, HttpConfig { max_wait, ..http })
+    let notifier = Arc::clone(app.notifier());
+    router(app, HttpConfig { max_wait, ..http }).layer(axum::middleware::from_fn(
+        move |request, next: Next| {
+            let notifier = Arc::clone(&notifier);
+            async move {
+                let response = next.run(request).await;
+                notifier.flush().await;
+                response
+            }
+        },
+    ))
 }
 
 /// Runs the `api` function: each API Gateway HTTP API (payload 2.0) request through the

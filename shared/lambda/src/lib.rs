@@ -8,10 +8,12 @@
 //! - [`sqs`]: the `dispatch` function: a batch of wake-ups, each session run once, failures
 //!   reported per message (`ReportBatchItemFailures`).
 //! - [`schedule`]: the `sweep` function: enqueue the sessions whose wake time passed.
+//! - [`websocket`]: the `ahp` function: AHP behind API Gateway's WebSocket API.
 
 pub mod http;
 pub mod schedule;
 pub mod sqs;
+pub mod websocket;
 
 /// What a function's `main` returns when it fails.
 pub type Error = lambda_runtime::Error;

@@ -56,6 +56,8 @@ pub async fn handle_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchR
         .collect::<Vec<_>>()
         .await;
     failed.extend(runs.into_iter().flatten());
+    // Pushes to AHP subscribers finish before the invocation ends (the process may freeze).
+    dispatcher.app().notifier().flush().await;
     // Both types are non-exhaustive: built from their defaults.
     let mut response = SqsBatchResponse::default();
     response.batch_item_failures = failed

@@ -105,10 +105,24 @@ pub fn engine(
     queue: Arc<dyn Queue>,
     topology: Topology,
 ) -> Result<Engine, reqwest::Error> {
+    engine_notifying(config, agents, store, queue, topology, |notifier| notifier)
+}
+
+/// [`engine`], with the topology's notifier wrapped by `wrap` (on AWS, to push commits to
+/// AHP subscribers).
+pub fn engine_notifying(
+    config: &Config,
+    agents: BTreeMap<String, AgentRuntime>,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    topology: Topology,
+    wrap: impl FnOnce(Arc<dyn Notifier>) -> Arc<dyn Notifier>,
+) -> Result<Engine, reqwest::Error> {
     let notifier: Arc<dyn Notifier> = match topology {
         Topology::OneProcess => Arc::new(Hub::default()),
         Topology::Split => Arc::new(FollowStore::new(Arc::clone(&store))),
     };
+    let notifier = wrap(notifier);
     let app = App::new(Parts {
         store,
         queue,

@@ -96,6 +96,7 @@ pub(crate) fn root_snapshot(app: &App) -> Snapshot {
 }
 
 /// One session's chat as a channel sees it: the projection, and where its numbering stands.
+#[derive(Clone)]
 pub(crate) struct ChatFeed {
     pub session_id: SessionId,
     pub projection: ChatProjection,

@@ -37,11 +37,15 @@
 mod channels;
 mod connection;
 mod dispatch;
+mod methods;
 mod origins;
 mod position;
+mod push;
 mod reconnect;
+pub mod registry;
 mod rpc;
 mod sessions;
+mod stored;
 pub(crate) mod turns;
 
 use std::sync::Arc;
@@ -53,6 +57,8 @@ use crate::app::App;
 
 pub use channels::{ProjectError, project_log};
 pub use connection::serve;
+pub use push::{Pusher, Pushes};
+pub use stored::{ConnectError, Gateway};
 
 /// Root notifications buffered per connection before a slow one skips some.
 const ROOT_NEWS: usize = 256;

@@ -11,7 +11,7 @@ use turnstone_engine::session::{CallSpec, Session};
 
 use super::AhpHost;
 use super::channels::{ChatFeed, Live, ProjectError};
-use super::connection::{Channel, Subscribed, open, resolve};
+use super::methods::{Channel, Subscribed, open, resolve};
 use super::position::Position;
 use super::rpc::RpcError;
 use super::sessions::internal;
@@ -20,11 +20,13 @@ use crate::auth::Caller;
 /// Events read from the store at a time.
 const PAGE: usize = 1000;
 
-/// The result of `params`, and the subscriptions the connection then holds.
+/// The result of `params`, and the subscriptions the connection then holds (their chats
+/// followed in this process when `follow`).
 pub(crate) async fn reconnect(
     host: &AhpHost,
     caller: &Caller,
     params: &ReconnectParams,
+    follow: bool,
 ) -> Result<(ReconnectResult, Vec<(Uri, Subscribed)>), RpcError> {
     let mut missing = Vec::new();
     let mut channels = Vec::new();
@@ -45,7 +47,7 @@ pub(crate) async fn reconnect(
     let last_seen = u64::try_from(params.last_seen_server_seq).ok();
     if let ([id], Some(last_seen)) = (chats.as_slice(), last_seen) {
         let id = (*id).clone();
-        if let Some((feed, live, replayed)) = replay(host, &id, last_seen).await.map_err(internal)? {
+        if let Some((feed, live, replayed)) = replay(host, &id, last_seen, follow).await.map_err(internal)? {
             let channel = chat_uri(&id);
             let actions = replayed
                 .into_iter()
@@ -77,7 +79,7 @@ pub(crate) async fn reconnect(
     let mut snapshots = Vec::new();
     let mut subscribed = Vec::new();
     for (uri, channel) in channels {
-        let (snapshot, held) = open(host, caller, channel, None).await?;
+        let (snapshot, held) = open(host, caller, channel, follow).await?;
         snapshots.push(snapshot);
         subscribed.push((uri, held));
     }
@@ -90,9 +92,13 @@ async fn replay(
     host: &AhpHost,
     id: &SessionId,
     last_seen: u64,
-) -> Result<Option<(ChatFeed, Live, Vec<(u64, StateAction)>)>, ProjectError> {
+    follow: bool,
+) -> Result<Option<(ChatFeed, Option<Live>, Vec<(u64, StateAction)>)>, ProjectError> {
     let target = Position::decode(last_seen);
-    let live = Live::follow(&host.app, id).await?;
+    let live = match follow {
+        true => Some(Live::follow(&host.app, id).await?),
+        false => None,
+    };
     let mut feed = ChatFeed::open(&host.app, id.clone()).await?;
     // The engine's own fold beside the projection, to tell whether a model call was running.
     let mut session = Session::new(id.clone());

@@ -74,6 +74,11 @@ impl RpcError {
         RpcError::new(json_rpc_error_codes::INVALID_PARAMS, message)
     }
 
+    /// -32602 for a request on a channel that needs the client's chat subscription.
+    pub fn needs_subscription(method: &str) -> Self {
+        RpcError::invalid_params(format!("params.channel: {method} needs a subscribed chat channel"))
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         RpcError::new(json_rpc_error_codes::INTERNAL_ERROR, message)
     }

@@ -44,6 +44,11 @@ pub trait Notifier: Send + Sync + 'static {
 
     /// Follows a session's live deltas (for an event stream), besides its commits.
     fn deltas(&self, session_id: &str) -> broadcast::Receiver<Delta>;
+
+    /// Waits until what this process's commits set in motion is done (pushes to AHP
+    /// subscribers on AWS): a Lambda function calls it before its invocation ends, since the
+    /// process may be frozen after it. Nothing to wait for by default.
+    async fn flush(&self) {}
 }
 
 /// How far a session's log has been committed, and which turns ended lately.

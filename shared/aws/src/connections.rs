@@ -1,0 +1,279 @@
+//! The AHP connection registry on the sessions table (ARCHITECTURE.md, "The DynamoDB layout"):
+//!
+//! | `PK`                | `SK`                | item                                                |
+//! |---------------------|---------------------|-----------------------------------------------------|
+//! | `W#<connection id>` | `W`                 | a WebSocket connection: `caller` (JSON), `client_id`, `chats` (the sessions it subscribed to), `ttl` |
+//! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `ttl` |
+//!
+//! A subscription lives in its session's partition, so whichever function commits the session
+//! finds its subscribers with one strongly consistent query (`SK` beginning with `W#`, after
+//! every other item of a session). Both items carry `ttl` (epoch seconds, the table's TTL
+//! attribute): API Gateway closes a connection after 2 hours at most, and a `$disconnect`
+//! that never came leaves nothing behind for long.
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::types::AttributeValue;
+use turnstone_engine::ids::SessionId;
+use turnstone_runtime::ahp::registry::{
+    CONNECTION_LIFETIME_SECS, ConnectionRecord, Registry, RegistryError, Subscriber, caller_from_json,
+    caller_to_json,
+};
+use turnstone_runtime::auth::Caller;
+use turnstone_runtime::clock::{Clock, SystemClock};
+
+use crate::items::{self, PK, SK};
+
+/// The connection item's sort key, and the prefix of a subscription's.
+const CONNECTION: &str = "W";
+const SUBSCRIPTION_PREFIX: &str = "W#";
+/// The TTL attribute (N, epoch seconds).
+pub const TTL: &str = "ttl";
+const CALLER: &str = "caller";
+const CLIENT_ID: &str = "client_id";
+/// The sessions a connection subscribed to (SS).
+const CHATS: &str = "chats";
+/// A subscription's position (N).
+const SERVER_SEQ: &str = "server_seq";
+
+/// The registry on a DynamoDB table.
+#[derive(Debug, Clone)]
+pub struct DynamoRegistry {
+    client: Client,
+    table: String,
+}
+
+impl DynamoRegistry {
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        DynamoRegistry { client, table: table.into() }
+    }
+
+    fn connection_key(id: &str) -> items::Item {
+        [(PK.to_owned(), items::s(format!("W#{id}"))), (SK.to_owned(), items::s(CONNECTION))].into()
+    }
+
+    fn subscription_key(id: &str, session: &SessionId) -> items::Item {
+        items::key(session, format!("{SUBSCRIPTION_PREFIX}{id}"))
+    }
+
+    /// When records written now expire.
+    fn expiry() -> AttributeValue {
+        let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
+        items::n(now + CONNECTION_LIFETIME_SECS)
+    }
+}
+
+fn failed(operation: &str) -> impl Fn(String) -> RegistryError + '_ {
+    move |message| RegistryError(format!("DynamoDB {operation} failed: {message}"))
+}
+
+fn sdk_message<E: std::error::Error + 'static>(e: E) -> String {
+    aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()
+}
+
+#[async_trait]
+impl Registry for DynamoRegistry {
+    async fn connect(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
+        let mut item = Self::connection_key(id);
+        item.insert(CALLER.to_owned(), items::s(caller_to_json(caller)));
+        item.insert(TTL.to_owned(), Self::expiry());
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| failed("PutItem")(sdk_message(e)))?;
+        Ok(())
+    }
+
+    async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::connection_key(id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| failed("GetItem")(sdk_message(e)))?;
+        let Some(item) = out.item else { return Ok(None) };
+        let caller = caller_from_json(items::get_s(&item, CALLER).unwrap_or_default())?;
+        let client_id = items::get_s(&item, CLIENT_ID).unwrap_or_default().to_owned();
+        Ok(Some(ConnectionRecord { caller, client_id }))
+    }
+
+    async fn set_client_id(&self, id: &str, client_id: &str) -> Result<(), RegistryError> {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::connection_key(id)))
+            .update_expression("SET #c = :c")
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#c", CLIENT_ID)
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":c", items::s(client_id))
+            .send()
+            .await
+            .map_err(|e| failed("UpdateItem")(sdk_message(e)))?;
+        Ok(())
+    }
+
+    async fn disconnect(&self, id: &str) -> Result<(), RegistryError> {
+        self.unsubscribe_all(id).await?;
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::connection_key(id)))
+            .send()
+            .await
+            .map_err(|e| failed("DeleteItem")(sdk_message(e)))?;
+        Ok(())
+    }
+
+    async fn subscribe(&self, id: &str, session: &SessionId, server_seq: u64) -> Result<(), RegistryError> {
+        // The connection names the session first, so a disconnect always finds the
+        // subscription; a connection that is gone is not subscribed.
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::connection_key(id)))
+            .update_expression("ADD #chats :chat")
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#chats", CHATS)
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":chat", AttributeValue::Ss(vec![session.to_string()]))
+            .send()
+            .await
+            .map_err(|e| failed("UpdateItem")(sdk_message(e)))?;
+        let mut item = Self::subscription_key(id, session);
+        item.insert(SERVER_SEQ.to_owned(), items::n(server_seq));
+        item.insert(TTL.to_owned(), Self::expiry());
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| failed("PutItem")(sdk_message(e)))?;
+        Ok(())
+    }
+
+    async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::subscription_key(id, session)))
+            .send()
+            .await
+            .map_err(|e| failed("DeleteItem")(sdk_message(e)))?;
+        // A connection already gone has nothing to forget.
+        let forgotten = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::connection_key(id)))
+            .update_expression("DELETE #chats :chat")
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#chats", CHATS)
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":chat", AttributeValue::Ss(vec![session.to_string()]))
+            .send()
+            .await;
+        match forgotten {
+            Ok(_) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                Ok(())
+            }
+            Err(e) => Err(failed("UpdateItem")(sdk_message(e))),
+        }
+    }
+
+    async fn unsubscribe_all(&self, id: &str) -> Result<(), RegistryError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::connection_key(id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| failed("GetItem")(sdk_message(e)))?;
+        let chats = match out.item.as_ref().and_then(|item| item.get(CHATS)) {
+            Some(AttributeValue::Ss(chats)) => chats.clone(),
+            _ => Vec::new(),
+        };
+        for chat in chats {
+            self.unsubscribe(id, &SessionId::from(chat.as_str())).await?;
+        }
+        Ok(())
+    }
+
+    async fn subscribers(&self, session: &SessionId) -> Result<Vec<Subscriber>, RegistryError> {
+        let mut subscribers = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("#pk = :pk AND begins_with(#sk, :w)")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_values(":pk", items::s(items::partition(session)))
+                .expression_attribute_values(":w", items::s(SUBSCRIPTION_PREFIX))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| failed("Query")(sdk_message(e)))?;
+            for item in out.items.unwrap_or_default() {
+                let connection = items::get_s(&item, SK).and_then(|sk| sk.strip_prefix(SUBSCRIPTION_PREFIX));
+                if let (Some(connection), Some(server_seq)) = (connection, items::get_u64(&item, SERVER_SEQ))
+                {
+                    subscribers.push(Subscriber { connection_id: connection.to_owned(), server_seq });
+                }
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(subscribers);
+            }
+        }
+    }
+
+    async fn advance(&self, id: &str, session: &SessionId, to: u64) -> Result<Option<u64>, RegistryError> {
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::subscription_key(id, session)))
+            .update_expression("SET #seq = :to")
+            .condition_expression("attribute_exists(#pk) AND #seq < :to")
+            .expression_attribute_names("#seq", SERVER_SEQ)
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":to", items::n(to))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedOld)
+            .send()
+            .await;
+        match out {
+            Ok(out) => Ok(out.attributes.as_ref().and_then(|old| items::get_u64(old, SERVER_SEQ))),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                Ok(None)
+            }
+            Err(e) => Err(failed("UpdateItem")(sdk_message(e))),
+        }
+    }
+
+    async fn position(&self, id: &str, session: &SessionId) -> Result<Option<u64>, RegistryError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::subscription_key(id, session)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| failed("GetItem")(sdk_message(e)))?;
+        Ok(out.item.as_ref().and_then(|item| items::get_u64(item, SERVER_SEQ)))
+    }
+}

@@ -1,0 +1,433 @@
+//! The `ahp` function on moto: real API Gateway WebSocket events (`$connect`, `$default`,
+//! `$disconnect`) through `turnstone_lambda::websocket::handle`, connections and subscriptions
+//! in the table, and the Management API played by a fake HTTP server that speaks its wire format
+//! (`POST /{stage}/@connections/{id}` with the frame as the body, 410 for a gone connection).
+//! A turn run by a separate `dispatch` deployment (its own process state) pushes the chat's
+//! actions to the subscriber, and what the subscriber reduces with the official reducers equals
+//! `GET /v1/sessions/{id}/chat`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: fail loudly
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
+use ahp_types::actions::{ActionEnvelope, ChatTurnStartedAction, StateAction};
+use ahp_types::common::ROOT_RESOURCE_URI;
+use ahp_types::state::{ChatState, Message, MessageKind, MessageOrigin, SnapshotState};
+use aws_lambda_events::apigw::ApiGatewayWebsocketProxyRequest;
+use aws_lambda_events::sqs::SqsEvent;
+use aws_sdk_dynamodb::config::Credentials;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use turnstone_aws::management::MAX_MESSAGE;
+use turnstone_aws::moto as support;
+use turnstone_aws::{Deployment, QueueSettings, Settings, SqsQueue};
+use turnstone_runtime::ahp::Gateway;
+use turnstone_runtime::queue::Consumer;
+
+const CONFIG: &str = r#"
+[llm.s]
+type = "scripted"
+
+[agent.helper]
+model = "scripted"
+llm = "s"
+
+[auth]
+api_keys_env = "TURNSTONE_API_KEYS"
+"#;
+const KEY: &str = "k3y-alice";
+
+/// The fake Management API: every frame posted, by connection, and the connections that are gone.
+#[derive(Default)]
+struct Management {
+    frames: Mutex<Vec<(String, String)>>,
+    gone: Mutex<HashSet<String>>,
+}
+
+impl Management {
+    fn frames_of(&self, connection: &str) -> Vec<Value> {
+        let frames = self.frames.lock().unwrap();
+        frames
+            .iter()
+            .filter(|(c, _)| c == connection)
+            .map(|(_, f)| serde_json::from_str(f).unwrap())
+            .collect()
+    }
+
+    fn raw_of(&self, connection: &str) -> Vec<String> {
+        let frames = self.frames.lock().unwrap();
+        frames.iter().filter(|(c, _)| c == connection).map(|(_, f)| f.clone()).collect()
+    }
+}
+
+async fn post_to_connection(
+    State(management): State<Arc<Management>>,
+    Path((_stage, id)): Path<(String, String)>,
+    body: Bytes,
+) -> (StatusCode, HeaderMap, String) {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    if management.gone.lock().unwrap().contains(&id) {
+        headers.insert("x-amzn-errortype", "GoneException".parse().unwrap());
+        return (StatusCode::GONE, headers, r#"{"message":null}"#.to_owned());
+    }
+    assert!(body.len() <= MAX_MESSAGE, "a frame of {} bytes is over API Gateway's limit", body.len());
+    management.frames.lock().unwrap().push((id, String::from_utf8(body.to_vec()).unwrap()));
+    (StatusCode::OK, headers, String::new())
+}
+
+/// Serves the fake Management API; its endpoint as the functions are given it (with the stage).
+async fn management() -> (Arc<Management>, String) {
+    let management = Arc::new(Management::default());
+    let router = axum::Router::new()
+        .route("/{stage}/@connections/{id}", axum::routing::post(post_to_connection))
+        .with_state(Arc::clone(&management));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (management, format!("http://{addr}/dev"))
+}
+
+fn context(route: &str, event_type: &str, connection: &str) -> Value {
+    json!({
+        "routeKey": route,
+        "eventType": event_type,
+        "extendedRequestId": "Ab1CdEfGhIjKlMn=",
+        "requestTime": "09/Feb/2025:10:00:00 +0000",
+        "messageDirection": "IN",
+        "stage": "dev",
+        "connectedAt": 1739095200000_i64,
+        "requestTimeEpoch": 1739095200123_i64,
+        "identity": {"sourceIp": "203.0.113.7", "userAgent": "ahp-test"},
+        "requestId": "Ab1CdEfGhIjKlMn=",
+        "domainName": "abc123.execute-api.us-east-1.amazonaws.com",
+        "connectionId": connection,
+        "apiId": "abc123"
+    })
+}
+
+/// A `$connect` event as API Gateway sends it, with `authorization` on the upgrade.
+fn connect_event(connection: &str, authorization: Option<&str>) -> ApiGatewayWebsocketProxyRequest {
+    let mut headers = json!({
+        "Host": "abc123.execute-api.us-east-1.amazonaws.com",
+        "Sec-WebSocket-Extensions": "permessage-deflate; client_max_window_bits",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version": "13",
+        "X-Forwarded-For": "203.0.113.7",
+        "X-Forwarded-Port": "443",
+        "X-Forwarded-Proto": "https"
+    });
+    if let Some(authorization) = authorization {
+        headers["Authorization"] = json!(authorization);
+    }
+    let multi: serde_json::Map<String, Value> =
+        headers.as_object().unwrap().iter().map(|(k, v)| (k.clone(), json!([v]))).collect();
+    serde_json::from_value(json!({
+        "headers": headers,
+        "multiValueHeaders": multi,
+        "requestContext": context("$connect", "CONNECT", connection),
+        "isBase64Encoded": false
+    }))
+    .unwrap()
+}
+
+/// A `$default` event carrying one JSON-RPC message.
+fn message_event(connection: &str, body: &Value) -> ApiGatewayWebsocketProxyRequest {
+    let mut context = context("$default", "MESSAGE", connection);
+    context["messageId"] = json!("Ab1CdMsgId=");
+    serde_json::from_value(json!({
+        "requestContext": context,
+        "body": body.to_string(),
+        "isBase64Encoded": false
+    }))
+    .unwrap()
+}
+
+fn disconnect_event(connection: &str) -> ApiGatewayWebsocketProxyRequest {
+    let mut context = context("$disconnect", "DISCONNECT", connection);
+    context["disconnectStatusCode"] = json!(1005);
+    context["disconnectReason"] = json!("Client-side close frame status not set");
+    serde_json::from_value(json!({
+        "headers": {"Host": "abc123.execute-api.us-east-1.amazonaws.com", "x-api-key": "", "X-Forwarded-For": "", "x-restapi": ""},
+        "multiValueHeaders": {"Host": ["abc123.execute-api.us-east-1.amazonaws.com"], "x-api-key": [""], "X-Forwarded-For": [""], "x-restapi": [""]},
+        "requestContext": context,
+        "isBase64Encoded": false
+    }))
+    .unwrap()
+}
+
+/// The deployments of two functions (`ahp` and `dispatch`: each its own process state) on one
+/// fresh table and queue, pushing through the fake Management API.
+struct World {
+    ahp: Deployment,
+    gateway: Gateway,
+    dispatch: Deployment,
+    queue: SqsQueue,
+    management: Arc<Management>,
+    next_id: u64,
+}
+
+impl World {
+    async fn new() -> World {
+        let sdk = support::config("unused", "unused")
+            .loader()
+            .credentials_provider(Credentials::new("test", "test", None, None, "moto"))
+            .load()
+            .await;
+        let (store, clients) = support::store_and_clients().await;
+        let queue_url =
+            SqsQueue::create_queue(&clients.sqs, &support::unique("tq"), &QueueSettings::default())
+                .await
+                .unwrap();
+        let parameter = format!("/{}/config", support::unique("turnstone"));
+        aws_sdk_ssm::Client::new(&sdk)
+            .put_parameter()
+            .name(&parameter)
+            .value(CONFIG)
+            .r#type(aws_sdk_ssm::types::ParameterType::String)
+            .send()
+            .await
+            .unwrap();
+        let secret = aws_sdk_secretsmanager::Client::new(&sdk)
+            .create_secret()
+            .name(support::unique("turnstone-secrets"))
+            .secret_string(format!(r#"{{"TURNSTONE_API_KEYS": "alice:{KEY}"}}"#))
+            .send()
+            .await
+            .unwrap();
+        let (management, endpoint) = management().await;
+        let settings = Settings {
+            aws: support::config(store.table(), &queue_url),
+            config_parameter: Some(parameter),
+            secrets_arn: secret.arn().map(str::to_owned),
+            ahp_endpoint: Some(endpoint),
+        };
+        let ahp = Deployment::open(&settings, &sdk).await.unwrap();
+        let dispatch = Deployment::open(&settings, &sdk).await.unwrap();
+        let gateway = Gateway::new(Arc::clone(ahp.ahp.as_ref().unwrap()), ahp.http.auth.clone());
+        let (_, queue) = support::config(store.table(), &queue_url).connect_with(&clients).await.unwrap();
+        World { ahp, gateway, dispatch, queue, management, next_id: 1 }
+    }
+
+    async fn event(&self, event: ApiGatewayWebsocketProxyRequest) -> i64 {
+        turnstone_lambda::websocket::handle(&self.ahp.engine.app, &self.gateway, event).await.status_code
+    }
+
+    /// Sends a request on `connection`; its response.
+    async fn request(&mut self, connection: &str, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let before = self.management.frames_of(connection).len();
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        assert_eq!(self.event(message_event(connection, &body)).await, 200);
+        let frames = self.management.frames_of(connection);
+        frames[before..]
+            .iter()
+            .find(|f| f["id"] == json!(id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no response to {method}: {frames:?}"))
+    }
+
+    /// Runs the wake-ups in the queue as the `dispatch` function does, from real SQS records.
+    async fn dispatch(&self) {
+        let deliveries = self.queue.receive(10, Duration::from_secs(5)).await.unwrap();
+        assert!(!deliveries.is_empty(), "a wake-up for the turn");
+        let records: Vec<Value> = deliveries
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                json!({
+                    "messageId": format!("m{i}"),
+                    "receiptHandle": "rh",
+                    "body": d.wake_up.to_body(),
+                    "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1739095200000", "SenderId": "A", "ApproximateFirstReceiveTimestamp": "1739095200000"},
+                    "messageAttributes": {},
+                    "md5OfBody": "",
+                    "eventSource": "aws:sqs",
+                    "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:tq",
+                    "awsRegion": "us-east-1"
+                })
+            })
+            .collect();
+        let event: SqsEvent = serde_json::from_value(json!({ "Records": records })).unwrap();
+        let response = turnstone_lambda::sqs::handle_batch(&self.dispatch.engine.dispatcher, event).await;
+        assert!(response.batch_item_failures.is_empty(), "the runs succeed");
+        for delivery in &deliveries {
+            self.queue.ack(delivery).await.unwrap();
+        }
+    }
+
+    /// `GET /v1/sessions/{id}/chat` through the `api` function's router.
+    async fn chat(&self, session: &str) -> ChatState {
+        let router =
+            turnstone_lambda::http::api_router(Arc::clone(&self.ahp.engine.app), self.ahp.http.clone());
+        let request = axum::http::Request::get(format!("/v1/sessions/{session}/chat"))
+            .header("authorization", format!("Bearer {KEY}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// Starts a turn with `text` through `dispatchAction`, and runs it in the `dispatch` function.
+    async fn turn(&mut self, connection: &str, session: &str, turn_id: &str, text: &str) {
+        let action = StateAction::ChatTurnStarted(ChatTurnStartedAction {
+            turn_id: turn_id.into(),
+            started_at: "2026-01-01T00:00:00Z".into(),
+            message: Message {
+                text: text.into(),
+                origin: MessageOrigin { kind: MessageKind::User },
+                attachments: None,
+                model: None,
+                agent: None,
+                meta: None,
+            },
+            queued_message_id: None,
+            meta: None,
+        });
+        let params = json!({"channel": format!("ahp-chat:/{session}"), "clientSeq": 1, "action": action});
+        self.request(connection, "dispatchAction", params).await;
+        self.dispatch().await;
+    }
+}
+
+/// A subscriber's copy of a chat: its snapshot, then every `action` reduced in order.
+struct Copy {
+    chat: ChatState,
+    last_seq: u64,
+}
+
+impl Copy {
+    fn from_snapshot(snapshot: &Value) -> Copy {
+        let state: SnapshotState = serde_json::from_value(snapshot["state"].clone()).unwrap();
+        let SnapshotState::Chat(chat) = state else { panic!("not a chat snapshot: {snapshot}") };
+        Copy { chat: *chat, last_seq: snapshot["fromSeq"].as_u64().unwrap() }
+    }
+
+    fn apply(&mut self, envelope: ActionEnvelope) {
+        assert!(envelope.server_seq > self.last_seq, "actions come numbered, in order, once each");
+        self.last_seq = envelope.server_seq;
+        let outcome = apply_action_to_chat(&mut self.chat, &envelope.action);
+        assert!(matches!(outcome, ReduceOutcome::Applied), "{outcome:?} for {:?}", envelope.action);
+    }
+
+    /// Reduces every `action` notification among `frames`.
+    fn apply_frames(&mut self, frames: &[Value]) -> usize {
+        let mut applied = 0;
+        for frame in frames.iter().filter(|f| f["method"] == "action") {
+            self.apply(serde_json::from_value(frame["params"].clone()).unwrap());
+            applied += 1;
+        }
+        applied
+    }
+}
+
+fn initialize() -> Value {
+    json!({
+        "channel": ROOT_RESOURCE_URI,
+        "protocolVersions": ahp_types::version::SUPPORTED_PROTOCOL_VERSIONS,
+        "clientId": "test-client"
+    })
+}
+
+#[tokio::test]
+async fn a_chat_over_api_gateway_websockets() {
+    let mut world = World::new().await;
+
+    // $connect: refused without a key and with a bad one, recorded with a good one.
+    assert_eq!(world.event(connect_event("c-none", None)).await, 401);
+    assert_eq!(world.event(connect_event("c-bad", Some("Bearer nope"))).await, 401);
+    let registry = Arc::clone(world.ahp.ahp.as_ref().unwrap().registry());
+    assert!(registry.connection("c-bad").await.unwrap().is_none(), "a refused connection is not recorded");
+    assert_eq!(world.event(connect_event("c1", Some(&format!("Bearer {KEY}")))).await, 200);
+    assert!(registry.connection("c1").await.unwrap().is_some());
+
+    // initialize, createSession, subscribe.
+    let initialized = world.request("c1", "initialize", initialize()).await;
+    assert!(initialized["result"]["protocolVersion"].is_string(), "{initialized}");
+    let created = world
+        .request("c1", "createSession", json!({"channel": "ahp-session:/s1", "provider": "helper"}))
+        .await;
+    assert_eq!(created["result"], Value::Null, "{created}");
+    let subscribed = world.request("c1", "subscribe", json!({"channel": "ahp-chat:/s1"})).await;
+    let mut copy = Copy::from_snapshot(&subscribed["result"]["snapshot"]);
+    let seen = world.management.frames_of("c1").len();
+
+    // A turn: started through the ahp function, run by the dispatch function; the actions of
+    // both reach the subscriber, numbered, and its copy equals the HTTP API's chat.
+    world.turn("c1", "s1", "t1", "hello over websockets").await;
+    let frames = world.management.frames_of("c1");
+    let applied = copy.apply_frames(&frames[seen..]);
+    assert!(applied >= 3, "the turn's actions were pushed: {:?}", &frames[seen..]);
+    let chat = world.chat("s1").await;
+    assert_eq!(copy.chat, chat, "the subscriber's reduced chat equals GET /v1/sessions/s1/chat");
+    let reply = serde_json::to_string(&chat.turns).unwrap();
+    assert!(reply.contains("You said: hello over websockets"), "{reply}");
+
+    // A second subscriber whose connection is gone: the push meets 410 and removes it.
+    assert_eq!(world.event(connect_event("c2", Some(&format!("Bearer {KEY}")))).await, 200);
+    world.request("c2", "subscribe", json!({"channel": "ahp-chat:/s1"})).await;
+    world.management.gone.lock().unwrap().insert("c2".to_owned());
+    let seen = world.management.frames_of("c1").len();
+    world.turn("c1", "s1", "t2", "again").await;
+    copy.apply_frames(&world.management.frames_of("c1")[seen..]);
+    assert_eq!(copy.chat, world.chat("s1").await);
+    assert!(registry.connection("c2").await.unwrap().is_none(), "a 410 connection is removed");
+    let subscribers = registry.subscribers(&"s1".into()).await.unwrap();
+    assert_eq!(subscribers.iter().map(|s| s.connection_id.as_str()).collect::<Vec<_>>(), ["c1"]);
+
+    // $disconnect removes the connection and its subscriptions.
+    assert_eq!(world.event(disconnect_event("c1")).await, 200);
+    assert!(registry.connection("c1").await.unwrap().is_none());
+    assert!(registry.subscribers(&"s1".into()).await.unwrap().is_empty(), "no subscribers left");
+}
+
+#[tokio::test]
+async fn an_oversized_replay_is_split_under_the_frame_limit() {
+    let mut world = World::new().await;
+    let key = format!("Bearer {KEY}");
+    assert_eq!(world.event(connect_event("c1", Some(&key))).await, 200);
+    world.request("c1", "initialize", initialize()).await;
+    world.request("c1", "createSession", json!({"channel": "ahp-session:/big", "provider": "helper"})).await;
+    let subscribed = world.request("c1", "subscribe", json!({"channel": "ahp-chat:/big"})).await;
+    let mut copy = Copy::from_snapshot(&subscribed["result"]["snapshot"]);
+    assert_eq!(world.event(disconnect_event("c1")).await, 200);
+
+    // Turns of 40 KB messages while the client is away: about 400 KB of actions to replay.
+    let driver = "c-driver";
+    assert_eq!(world.event(connect_event(driver, Some(&key))).await, 200);
+    world.request(driver, "initialize", initialize()).await;
+    for n in 0..5 {
+        let text = format!("{n}").repeat(40 * 1024);
+        world.turn(driver, "big", &format!("t{n}"), &text).await;
+    }
+
+    // Back on a new connection: the replay answers with what fits, the rest follows as actions.
+    assert_eq!(world.event(connect_event("c3", Some(&key))).await, 200);
+    let params = json!({
+        "channel": ROOT_RESOURCE_URI,
+        "clientId": "test-client",
+        "lastSeenServerSeq": copy.last_seq,
+        "subscriptions": ["ahp-chat:/big"]
+    });
+    let reconnected = world.request("c3", "reconnect", params).await;
+    let replayed: Vec<ActionEnvelope> = serde_json::from_value(reconnected["result"]["actions"].clone())
+        .unwrap_or_else(|_| panic!("{reconnected}"));
+    assert!(!replayed.is_empty(), "a replay: {reconnected}");
+    for envelope in replayed {
+        copy.apply(envelope);
+    }
+    let frames = world.management.frames_of("c3");
+    let followed = copy.apply_frames(&frames);
+    assert!(followed > 0, "the replay did not fit in one frame, so actions followed it");
+    assert!(world.management.raw_of("c3").iter().all(|f| f.len() <= MAX_MESSAGE));
+    assert_eq!(copy.chat, world.chat("big").await, "the replayed copy equals GET .../chat");
+}

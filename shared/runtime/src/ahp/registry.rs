@@ -1,0 +1,169 @@
+//! The ports of an AHP host whose connections outlive its processes (API Gateway's WebSocket
+//! API in front of Lambda functions): where connections and their chat subscriptions are
+//! recorded ([`Registry`]), and how a frame reaches a connection ([`Frames`]).
+//!
+//! A chat subscription is recorded with its position, the `serverSeq` of the last action the
+//! connection got on that chat (or of its snapshot): whoever pushes actions first moves the
+//! position past them ([`Registry::advance`]), so no action goes to a connection twice.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use turnstone_engine::ids::SessionId;
+use turnstone_engine::protocol::WorkerIdentity;
+
+use crate::auth::{AgentScope, Caller};
+
+/// How long a connection lives at most (API Gateway closes a WebSocket after 2 hours), and so
+/// how long its records are kept (the table's TTL removes them later).
+pub const CONNECTION_LIFETIME_SECS: u64 = 2 * 60 * 60;
+
+/// A recorded connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionRecord {
+    /// Who authenticated on `$connect`.
+    pub caller: Caller,
+    /// From `initialize` or `reconnect` (empty before).
+    pub client_id: String,
+}
+
+/// A connection subscribed to a chat, and where it stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscriber {
+    pub connection_id: String,
+    /// The `serverSeq` of the last action the connection got on the chat (or of its snapshot).
+    pub server_seq: u64,
+}
+
+/// A registry could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[error("connection registry: {0}")]
+pub struct RegistryError(pub String);
+
+/// Where connections and their chat subscriptions are recorded.
+#[async_trait]
+pub trait Registry: Send + Sync + 'static {
+    /// Records connection `id` of `caller`.
+    async fn connect(&self, id: &str, caller: &Caller) -> Result<(), RegistryError>;
+
+    /// Connection `id`, if recorded.
+    async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError>;
+
+    async fn set_client_id(&self, id: &str, client_id: &str) -> Result<(), RegistryError>;
+
+    /// Removes connection `id` and all its subscriptions.
+    async fn disconnect(&self, id: &str) -> Result<(), RegistryError>;
+
+    /// Records connection `id`'s subscription to session `session`'s chat at `server_seq`
+    /// (replacing one it held).
+    async fn subscribe(&self, id: &str, session: &SessionId, server_seq: u64) -> Result<(), RegistryError>;
+
+    async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
+
+    /// Removes every subscription of connection `id` (it stays connected).
+    async fn unsubscribe_all(&self, id: &str) -> Result<(), RegistryError>;
+
+    /// Connection `id`'s position on session `session`'s chat, if subscribed (strongly
+    /// consistent).
+    async fn position(&self, id: &str, session: &SessionId) -> Result<Option<u64>, RegistryError>;
+
+    /// The subscribers of session `session`'s chat: one strongly consistent read, so a
+    /// subscription recorded before it is seen.
+    async fn subscribers(&self, session: &SessionId) -> Result<Vec<Subscriber>, RegistryError>;
+
+    /// Moves connection `id`'s position on `session`'s chat to `to` if it stands before it:
+    /// the position it stood at (the actions after it, through `to`, are the caller's to send),
+    /// or `None` when it stands at or past `to` already, or the subscription is gone.
+    async fn advance(&self, id: &str, session: &SessionId, to: u64) -> Result<Option<u64>, RegistryError>;
+}
+
+/// What became of a frame posted to a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Posted {
+    Sent,
+    /// The connection is closed (API Gateway's 410): its records are removed.
+    Gone,
+}
+
+/// How frames reach connections (API Gateway's Management API, `PostToConnection`).
+#[async_trait]
+pub trait Frames: Send + Sync + 'static {
+    /// Posts one text frame (a JSON-RPC message) to connection `id`.
+    async fn post(&self, id: &str, frame: &str) -> Result<Posted, RegistryError>;
+
+    /// The largest frame a connection takes.
+    fn max_frame(&self) -> usize;
+}
+
+/// A caller as a registry records it (JSON): who it is, never its credentials.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Recorded {
+    Anyone,
+    Client {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metadata: Option<BTreeMap<String, String>>,
+    },
+    Machine {
+        name: String,
+        /// `None`: every agent.
+        agents: Option<Vec<String>>,
+    },
+    Admin {
+        name: String,
+    },
+}
+
+/// `caller` as JSON, for a connection's record.
+pub fn caller_to_json(caller: &Caller) -> String {
+    let recorded = match caller {
+        Caller::Anyone => Recorded::Anyone,
+        Caller::Client(who) => Recorded::Client { id: who.id.clone(), metadata: who.metadata.clone() },
+        Caller::Machine { name, agents } => Recorded::Machine {
+            name: name.clone(),
+            agents: match agents {
+                AgentScope::All => None,
+                AgentScope::Only(agents) => Some(agents.clone()),
+            },
+        },
+        Caller::Admin { name } => Recorded::Admin { name: name.clone() },
+    };
+    // Plain strings and maps serialize infallibly.
+    serde_json::to_string(&recorded).unwrap_or_default()
+}
+
+/// The caller a connection's record holds.
+pub fn caller_from_json(json: &str) -> Result<Caller, RegistryError> {
+    let recorded: Recorded = serde_json::from_str(json)
+        .map_err(|e| RegistryError(format!("a recorded caller is not readable: {e}")))?;
+    Ok(match recorded {
+        Recorded::Anyone => Caller::Anyone,
+        Recorded::Client { id, metadata } => Caller::Client(WorkerIdentity { id, metadata }),
+        Recorded::Machine { name, agents } => {
+            Caller::Machine { name, agents: agents.map_or(AgentScope::All, AgentScope::Only) }
+        }
+        Recorded::Admin { name } => Caller::Admin { name },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callers_round_trip() {
+        let callers = [
+            Caller::Anyone,
+            Caller::Client(WorkerIdentity { id: Some("alice".to_owned()), metadata: None }),
+            Caller::Machine { name: "w".to_owned(), agents: AgentScope::Only(vec!["a".to_owned()]) },
+            Caller::Machine { name: "w".to_owned(), agents: AgentScope::All },
+            Caller::Admin { name: "root".to_owned() },
+        ];
+        for caller in callers {
+            assert_eq!(caller_from_json(&caller_to_json(&caller)).unwrap(), caller);
+        }
+    }
+}

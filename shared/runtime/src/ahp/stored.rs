@@ -1,0 +1,235 @@
+//! AHP over API Gateway's WebSocket API: a connection whose state is recorded in a
+//! [`Registry`] and whose frames leave through [`Frames`], one client message per invocation
+//! (`$connect`, `$default`, `$disconnect` routes). The methods are those of the local host
+//! ([`super::methods`]); chat subscriptions are recorded with their position, and commits reach
+//! them as pushes ([`super::push`]).
+
+use std::sync::Arc;
+
+use ahp_types::actions::{ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, StateAction};
+use ahp_types::common::Uri;
+use async_trait::async_trait;
+use turnstone_engine::ids::SessionId;
+
+use super::methods::{self, Refused, Subscribed, Transport};
+use super::position::Position;
+use super::push::Pushes;
+use super::registry::{ConnectionRecord, Posted, RegistryError};
+use super::rpc::{self, RpcError};
+use super::sessions::{internal, session_id};
+use super::turns;
+use crate::auth::{AuthError, Authenticator, Caller};
+
+/// Turns a `fetchTurns` loads at most (fewer when they do not fit in a frame).
+const TURNS_PER_FETCH: usize = 50;
+/// Tries to number an action around pushes that move the chat meanwhile.
+const CLAIMS: usize = 4;
+
+/// Why `$connect` is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// No valid `Authorization`: API Gateway answers the upgrade with 401.
+    #[error(transparent)]
+    Unauthorized(#[from] AuthError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// The AHP host of connections recorded in a registry.
+pub struct Gateway {
+    pushes: Arc<Pushes>,
+    auth: Option<Arc<Authenticator>>,
+}
+
+impl Gateway {
+    /// The host over `pushes` (attached to the app), authenticating with `auth` (`None`: no
+    /// `[auth]`, everyone may connect).
+    pub fn new(pushes: Arc<Pushes>, auth: Option<Arc<Authenticator>>) -> Self {
+        Gateway { pushes, auth }
+    }
+
+    /// `$connect`: authenticates the upgrade's `Authorization` header, as the HTTP API does, and
+    /// records the connection and its caller.
+    pub async fn connect(
+        &self,
+        connection_id: &str,
+        authorization: Option<&str>,
+    ) -> Result<(), ConnectError> {
+        let caller = match &self.auth {
+            Some(auth) => auth.authenticate(authorization)?,
+            None => Caller::Anyone,
+        };
+        self.pushes.registry.connect(connection_id, &caller).await?;
+        Ok(())
+    }
+
+    /// `$default`: one JSON-RPC message of connection `connection_id`, answered through the
+    /// frames' way out.
+    pub async fn message(&self, connection_id: &str, body: &str) -> Result<(), RegistryError> {
+        let Some(host) = self.pushes.host() else {
+            return Err(RegistryError("the AHP host is not attached to an app".to_owned()));
+        };
+        let Some(record) = self.pushes.registry.connection(connection_id).await? else {
+            // Its record expired or was removed: API Gateway closes such connections soon.
+            tracing::debug!(connection_id, "a message of an unknown connection was dropped");
+            return Ok(());
+        };
+        let caller = record.caller.clone();
+        let mut connection =
+            Stored { pushes: Arc::clone(&self.pushes), id: connection_id.to_owned(), record };
+        Box::pin(methods::handle(host, &caller, &mut connection, body)).await;
+        Ok(())
+    }
+
+    /// `$disconnect`: removes the connection and its subscriptions.
+    pub async fn disconnect(&self, connection_id: &str) -> Result<(), RegistryError> {
+        self.pushes.registry.disconnect(connection_id).await
+    }
+}
+
+/// One recorded connection, for the message being handled.
+struct Stored {
+    pushes: Arc<Pushes>,
+    id: String,
+    record: ConnectionRecord,
+}
+
+impl Stored {
+    /// The session of a chat channel this connection subscribed to, and its position there.
+    async fn subscription(&self, channel: &str) -> Result<Option<(SessionId, u64)>, RegistryError> {
+        let Some(session) = session_id(channel, "ahp-chat") else { return Ok(None) };
+        let position = self.pushes.registry.position(&self.id, &session).await?;
+        Ok(position.map(|p| (session, p)))
+    }
+
+    /// Numbers one non-durable action after the subscription's position, claims that number
+    /// and posts the action (a push that moved the position meanwhile is numbered around).
+    async fn send_next(
+        &self,
+        session: &SessionId,
+        mut position: u64,
+        action: StateAction,
+        origin: Option<ActionOrigin>,
+        rejection_reason: Option<String>,
+    ) -> Result<(), RegistryError> {
+        for _ in 0..CLAIMS {
+            let Some(server_seq) = Position::decode(position).next() else { return Ok(()) };
+            if self.pushes.registry.advance(&self.id, session, server_seq).await? == Some(position) {
+                let channel = turnstone_ahp::chat_uri(session);
+                let envelope = ActionEnvelope { channel, action, server_seq, origin, rejection_reason };
+                let frame = rpc::notification("action", &envelope);
+                self.pushes.post(&self.id, &frame).await.map_err(|e| RegistryError(e.to_string()))?;
+                return Ok(());
+            }
+            match self.pushes.registry.position(&self.id, session).await? {
+                Some(now) => position = now,
+                None => return Ok(()),
+            }
+        }
+        Err(RegistryError(format!("the chat of {session} kept moving; the action was not sent")))
+    }
+}
+
+#[async_trait]
+impl Transport for Stored {
+    fn follows(&self) -> bool {
+        false
+    }
+
+    fn max_frame(&self) -> Option<usize> {
+        Some(self.pushes.frames.max_frame())
+    }
+
+    fn client_id(&self) -> &str {
+        &self.record.client_id
+    }
+
+    async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
+        self.pushes.registry.set_client_id(&self.id, &client_id).await.map_err(internal)?;
+        self.record.client_id = client_id;
+        Ok(())
+    }
+
+    async fn send(&mut self, frame: String) -> bool {
+        match self.pushes.post(&self.id, &frame).await {
+            Ok(Posted::Sent) => true,
+            Ok(Posted::Gone) => false,
+            Err(e) => {
+                tracing::warn!(connection_id = %self.id, error = %e, "an AHP frame could not be posted");
+                false
+            }
+        }
+    }
+
+    async fn hold(&mut self, subscribed: Vec<(Uri, Subscribed)>) {
+        for (_, subscribed) in subscribed {
+            // Root and session channels carry no actions here; only chats are recorded.
+            let Subscribed::Chat { feed, .. } = subscribed else { continue };
+            let session = feed.session_id.clone();
+            let recorded =
+                self.pushes.registry.subscribe(&self.id, &session, feed.position.server_seq()).await;
+            if let Err(e) = recorded {
+                tracing::warn!(connection_id = %self.id, error = %e, "an AHP subscription could not be recorded");
+                continue;
+            }
+            self.pushes.offer(&feed).await;
+            // A commit between the snapshot's read and the record missed this subscriber:
+            // push what the log holds past the snapshot now.
+            if let Err(e) = Box::pin(self.pushes.push(&session)).await {
+                tracing::warn!(connection_id = %self.id, error = %e, "catching up a new AHP subscription failed");
+            }
+        }
+    }
+
+    async fn drop_subscription(&mut self, channel: Option<&str>) {
+        let dropped = match channel {
+            Some(channel) => match session_id(channel, "ahp-chat") {
+                Some(session) => self.pushes.registry.unsubscribe(&self.id, &session).await,
+                None => Ok(()),
+            },
+            None => self.pushes.registry.unsubscribe_all(&self.id).await,
+        };
+        if let Err(e) = dropped {
+            tracing::warn!(connection_id = %self.id, error = %e, "an AHP subscription could not be removed");
+        }
+    }
+
+    async fn fetch_turns(&mut self, channel: &str, cursor: Option<String>) -> Result<(), RpcError> {
+        let Some((session, position)) = self.subscription(channel).await.map_err(internal)? else {
+            return Err(RpcError::needs_subscription("fetchTurns"));
+        };
+        let chat = self.pushes.chat(&session).await.map_err(internal)?;
+        let max = self.pushes.frames.max_frame();
+        let mut limit = TURNS_PER_FETCH;
+        // As many turns as fit in a frame; the cursor names the rest.
+        let action = loop {
+            let (turns, next) = turns::page(&chat.turns, cursor.as_deref(), limit)
+                .map_err(|_| RpcError::invalid_params("params.cursor: not a cursor of this chat"))?;
+            let action =
+                StateAction::ChatTurnsLoaded(ChatTurnsLoadedAction { turns, turns_next_cursor: next });
+            let size = serde_json::to_string(&action).map_or(usize::MAX, |s| s.len()) + channel.len() + 128;
+            if size <= max || limit == 1 {
+                break action;
+            }
+            limit /= 2;
+        };
+        self.send_next(&session, position, action, None, None).await.map_err(internal)
+    }
+
+    async fn reject(&mut self, channel: &str, refused: Refused) -> Option<Refused> {
+        let subscription = match self.subscription(channel).await {
+            Ok(Some(subscription)) => subscription,
+            Ok(None) => return Some(refused),
+            Err(e) => {
+                tracing::warn!(connection_id = %self.id, error = %e, "an AHP subscription could not be read");
+                return Some(refused);
+            }
+        };
+        let (session, position) = subscription;
+        let Refused { action, origin, reason } = refused;
+        if let Err(e) = self.send_next(&session, position, action, Some(origin), Some(reason)).await {
+            tracing::warn!(connection_id = %self.id, error = %e, "an AHP rejection could not be sent");
+        }
+        None
+    }
+}
