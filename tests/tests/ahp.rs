@@ -269,6 +269,16 @@ async fn a_client_drives_a_chat_over_ahp() {
         listed["items"].as_array().unwrap().iter().map(|s| s["resource"].as_str().unwrap()).collect();
     assert_eq!(resources, ["ahp-session:/s-a"]);
 
+    // A session created over HTTP is announced to root subscribers too.
+    openai.push(Reply::text("Hello over HTTP."));
+    let input = json!({"type": "client.message", "agent_id": "chat", "turn_id": "h-1",
+        "message": {"role": "user", "content": "Hi"}});
+    host.submit_ok("s-http", &input).await;
+    let added = tokio::time::timeout(PATIENCE, root_sub.recv()).await.unwrap();
+    let Some(SubscriptionEvent::SessionAdded(added)) = added else { panic!("{added:?}") };
+    assert_eq!(added.summary.resource, "ahp-session:/s-http");
+    wait_status(&host, "s-http", "h-1", TurnStatus::Completed).await;
+
     let mut chat = Mirror::subscribe(&client, "s-a").await;
     assert!(chat.chat.turns.is_empty() && chat.chat.active_turn.is_none());
 

@@ -468,6 +468,8 @@ pub async fn store_due(store: &dyn Store) {
 /// Hundreds of messages and a 300 KB message round-trip, through load and the log.
 pub async fn store_large_session(store: &dyn Store) {
     let mut d = Driver::create("conf-large", "conf-large-agent", Some("conf-large-owner"), false, T0);
+    // A host may allow messages this large (`[limits] message_bytes`); stores must keep them.
+    d.limits.message_bytes = 1024 * 1024;
     d.commit_ok(store).await;
     let big: String = (0..300 * 1024).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
     for i in 0..150 {

@@ -187,10 +187,10 @@ impl Transport for Connection {
     }
 }
 
-/// The root channel's notifications: `root/sessionAdded` for every session created through
-/// this host that the caller may see.
+/// The root channel's notifications: `root/sessionAdded` for every session this process
+/// creates (over AHP, over HTTP, or as a sub-agent) that the caller may see.
 async fn root_news(host: Arc<AhpHost>, caller: Caller, out: mpsc::Sender<String>) {
-    let mut added = host.added.subscribe();
+    let mut added = host.app.sessions_created();
     loop {
         let id = match added.recv().await {
             Ok(id) => id,

@@ -50,9 +50,6 @@ pub(crate) mod turns;
 
 use std::sync::Arc;
 
-use tokio::sync::broadcast;
-use turnstone_engine::ids::SessionId;
-
 use crate::app::App;
 
 pub use channels::{ProjectError, project_log};
@@ -60,26 +57,17 @@ pub use connection::serve;
 pub use push::{Pusher, Pushes};
 pub use stored::{ConnectError, Gateway};
 
-/// Root notifications buffered per connection before a slow one skips some.
-const ROOT_NEWS: usize = 256;
-
 /// What every AHP connection of one host shares.
 pub struct AhpHost {
     app: Arc<App>,
     /// Origins of accepted client actions, for their echoes.
     origins: origins::Origins,
-    /// Sessions created through this host, for `root/sessionAdded`.
-    added: broadcast::Sender<SessionId>,
 }
 
 impl AhpHost {
     /// The AHP host of `app`.
     pub fn new(app: Arc<App>) -> Arc<Self> {
-        Arc::new(AhpHost {
-            app,
-            origins: origins::Origins::default(),
-            added: broadcast::channel(ROOT_NEWS).0,
-        })
+        Arc::new(AhpHost { app, origins: origins::Origins::default() })
     }
 
     /// The app behind it.

@@ -159,8 +159,6 @@ pub(crate) async fn create(
         }
         Err(e) => return Err(internal(e)),
     }
-    // No root subscriber is no error.
-    let _ = host.added.send(id);
     Ok(())
 }
 
