@@ -719,3 +719,76 @@ async fn approval_steering_and_forks_over_ahp() {
     client.shutdown().await;
     host.stop().await;
 }
+
+/// Queued messages over AHP: set, reordered and one removed while a turn runs; the others then
+/// start in the new order.
+#[tokio::test(flavor = "multi_thread")]
+async fn queued_messages_are_reordered_and_withdrawn_over_ahp() {
+    let openai = FakeOpenAi::start().await;
+    let (host, _dir) = host(&config(&openai, "")).await;
+    let client = initialized(&host, None, "client-q").await;
+    let _: Value = client
+        .request("createSession", json!({"channel": "ahp-session:/s-q", "provider": "chat"}))
+        .await
+        .unwrap();
+    let mut chat = Mirror::subscribe(&client, "s-q").await;
+    openai.push(Reply::text("First, slowly.").pause_after(1));
+    openai.push(Reply::text("Third."));
+    openai.push(Reply::text("Second."));
+    client.dispatch(chat.channel(), turn_started("q-0", "Go")).await.unwrap();
+    wait_status(&host, "s-q", "q-0", TurnStatus::Active).await;
+    for id in ["q-1", "q-2", "q-3"] {
+        let queued = StateAction::ChatPendingMessageSet(ChatPendingMessageSetAction {
+            kind: PendingMessageKind::Queued,
+            id: id.into(),
+            message: user(id),
+        });
+        client.dispatch(chat.channel(), queued).await.unwrap();
+        chat.until(|e| matches!(&e.action, StateAction::ChatPendingMessageSet(s) if s.id == id)).await;
+    }
+    let reorder =
+        StateAction::ChatQueuedMessagesReordered(ahp_types::actions::ChatQueuedMessagesReorderedAction {
+            order: vec!["q-3".into(), "q-1".into()],
+        });
+    client.dispatch(chat.channel(), reorder).await.unwrap();
+    chat.until(|e| kind(e) == "chat/queuedMessagesReordered").await;
+    let remove =
+        StateAction::ChatPendingMessageRemoved(ahp_types::actions::ChatPendingMessageRemovedAction {
+            kind: PendingMessageKind::Queued,
+            id: "q-1".into(),
+        });
+    client.dispatch(chat.channel(), remove).await.unwrap();
+    chat.until(|e| kind(e) == "chat/pendingMessageRemoved").await;
+    let ids: Vec<&str> = chat.chat.queued_messages.iter().flatten().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["q-3", "q-2"]);
+    openai.release();
+    wait_status(&host, "s-q", "q-2", TurnStatus::Completed).await;
+    chat.settle(&host).await;
+    let turns: Vec<&str> = chat.chat.turns.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(turns, ["q-0", "q-3", "q-2"]);
+    assert!(chat.chat.queued_messages.is_none());
+
+    // A second client takes the newest turn only, then fetches the older ones.
+    let other = initialized(&host, None, "client-q2").await;
+    let subscribed: SubscribeResult =
+        other.request("subscribe", json!({"channel": "ahp-chat:/s-q", "view": {"turns": 1}})).await.unwrap();
+    let mut sub = other.attach_subscription("ahp-chat:/s-q").await;
+    let SnapshotState::Chat(tail) = subscribed.snapshot.unwrap().state else { panic!() };
+    assert_eq!(tail.turns.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["q-2"]);
+    let cursor = tail.turns_next_cursor.clone().expect("older turns to fetch");
+    let _: Value =
+        other.request("fetchTurns", json!({"channel": "ahp-chat:/s-q", "cursor": cursor})).await.unwrap();
+    let loaded = tokio::time::timeout(PATIENCE, sub.recv()).await.unwrap();
+    let Some(SubscriptionEvent::Action(envelope)) = loaded else { panic!("{loaded:?}") };
+    let StateAction::ChatTurnsLoaded(older) = envelope.action else { panic!("{envelope:?}") };
+    assert_eq!(older.turns.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["q-0", "q-3"]);
+    assert_eq!(older.turns_next_cursor, None);
+    let bad = other
+        .request::<_, Value>("fetchTurns", json!({"channel": "ahp-chat:/s-q", "cursor": "nope"}))
+        .await
+        .unwrap_err();
+    assert_eq!(rpc_code(&bad), -32602);
+    other.shutdown().await;
+    client.shutdown().await;
+    host.stop().await;
+}

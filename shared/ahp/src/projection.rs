@@ -3,8 +3,9 @@
 use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
 use ahp_types::StateAction;
 use ahp_types::actions::{
-    ChatErrorAction, ChatPendingMessageRemovedAction, ChatPendingMessageSetAction, ChatResponsePartAction,
-    ChatTurnCancelledAction, ChatTurnCompleteAction, ChatTurnStartedAction, ChatUsageAction,
+    ChatErrorAction, ChatPendingMessageRemovedAction, ChatPendingMessageSetAction,
+    ChatQueuedMessagesReorderedAction, ChatResponsePartAction, ChatTurnCancelledAction,
+    ChatTurnCompleteAction, ChatTurnStartedAction, ChatUsageAction,
 };
 use ahp_types::state::{
     ChatOrigin, ChatState, ErrorInfo, ErrorResponsePart, MarkdownResponsePart, Message as AhpMessage,
@@ -176,6 +177,7 @@ impl ChatProjection {
             Event::TurnQueued { turn } => self.queue(turn),
             Event::TurnActivated { turn_id, at } => self.activate(turn_id, *at),
             Event::TurnSteered { turn_id, .. } => self.steered(turn_id),
+            Event::QueueReordered { order } => self.reorder(order),
             Event::Forked { session_id, turn_id } => {
                 self.forks.push((session_id.clone(), turn_id.clone()));
                 Ok(())
@@ -253,6 +255,17 @@ impl ChatProjection {
             self.queued.push(turn.id.clone());
         }
         Ok(())
+    }
+
+    /// The queued messages take the engine's new order (the whole of it, so the reducer's
+    /// order is the engine's).
+    fn reorder(&mut self, order: &[TurnId]) -> Result<(), ProjectionError> {
+        if self.queued.as_slice() == order {
+            return Ok(());
+        }
+        self.queued = order.to_vec();
+        let order = order.iter().map(TurnId::to_string).collect();
+        self.emit(StateAction::ChatQueuedMessagesReordered(ChatQueuedMessagesReorderedAction { order }))
     }
 
     /// A steering message entered the active turn: it is no longer pending. AHP shows the

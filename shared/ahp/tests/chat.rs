@@ -557,3 +557,24 @@ fn a_forks_chat_starts_with_its_sources_turns_and_names_its_origin() {
     let texts: Vec<_> = chat.turns.iter().map(|t| t.message.text.as_str()).collect();
     assert_eq!(texts, ["first", "instead"], "the copied turn, then the fork's own; the seed shows no turn");
 }
+
+#[test]
+fn withdrawn_and_reordered_queued_messages_follow_the_engine() {
+    let mut h = harness("s16", init("demo", Some(AgentConfig::new("m")), false));
+    h.submit("first");
+    for id in ["q1", "q2", "q3"] {
+        let Command::Submit { input: ClientInput::Message(mut m), origin, .. } = message("demo", id) else {
+            panic!()
+        };
+        m.turn_id = Some(id.into());
+        h.exec(Command::Submit { input: ClientInput::Message(m), queue: true, origin });
+    }
+    h.exec(Command::Reorder { order: vec!["q3".into()] });
+    h.exec(Command::Withdraw { turn_id: "q1".into() });
+    let p = project(&h);
+    let ids: Vec<&str> = p.chat().queued_messages.iter().flatten().map(|m| m.id.as_str()).collect();
+    assert_eq!(ids, ["q3", "q2"]);
+    h.run_llm(reply("one"));
+    let p = project(&h);
+    assert_eq!(p.chat().active_turn.as_ref().map(|t| t.id.as_str()), Some("q3"));
+}

@@ -1639,3 +1639,43 @@ fn delegations_past_the_fanout_or_the_depth_are_refused_naming_the_limit() {
     let turn = h.last_turn();
     assert!(turn.error.as_deref().is_some_and(|e| e.contains("limits.sub_agent_depth")), "{turn:?}");
 }
+
+// ----- the queue ---------------------------------------------------------------------------
+
+fn queued(id: &str) -> Command {
+    let mut c = msg_with_turn("demo", id, id);
+    if let Command::Submit { queue, .. } = &mut c {
+        *queue = true;
+    }
+    c
+}
+
+#[test]
+fn a_waiting_turn_can_be_withdrawn_and_the_queue_reordered() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(msg_with_turn("demo", "active", "t0"));
+    for id in ["q1", "q2", "q3"] {
+        h.exec(queued(id));
+    }
+    h.exec(steer("demo", "and this", "st"));
+    assert_eq!(
+        names(&h.exec(Command::Reorder { order: vec!["q3".into(), "q1".into()] })),
+        ["turn.queue_reordered"]
+    );
+    assert_eq!(h.session.queued_turn_ids(), ["q3", "q1", "q2", "st"], "listed first, the rest after");
+    assert!(
+        h.exec(Command::Reorder { order: vec!["q3".into()] }).is_empty(),
+        "the same order writes nothing"
+    );
+    let err = h.try_exec(Command::Reorder { order: vec!["t0".into()] }).unwrap_err();
+    assert_eq!(invalid_at(err).0, "order[0]");
+    assert_eq!(names(&h.exec(Command::Withdraw { turn_id: "q1".into() })), ["turn.ended"]);
+    assert_eq!(h.session.turn(&"q1".into()).map(|t| t.status), Some(TurnStatus::Cancelled));
+    assert_eq!(h.try_exec(Command::Withdraw { turn_id: "t0".into() }).unwrap_err().code(), "turn_not_queued");
+    h.exec(Command::Withdraw { turn_id: "st".into() });
+    h.run_llm(reply("done"));
+    assert_eq!(h.session.active_turn_id().map(|t| t.as_str()), Some("q3"), "the new order holds");
+    h.run_llm(reply("three"));
+    h.run_llm(reply("two"));
+    assert_eq!(h.path_texts().iter().filter(|t| t.starts_with("User:")).count(), 3, "q1 and st never ran");
+}

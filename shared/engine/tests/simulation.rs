@@ -15,7 +15,7 @@
 mod common;
 use common::*;
 use serde_json::json;
-use turnstone_engine::ids::{CallId, IdMinter, InterruptId, SessionId};
+use turnstone_engine::ids::{CallId, IdMinter, InterruptId, SessionId, TurnId};
 use turnstone_engine::protocol::*;
 use turnstone_engine::session::*;
 
@@ -251,6 +251,18 @@ fn run(seed: u64, steps: usize) {
         let h = world.sessions.get_mut(&id).unwrap();
         let agent_id = h.session.agent_id().to_owned();
         match rng.below(12) {
+            0 | 1 if id == "root" && rng.chance(10) => {
+                // Take back a waiting turn, or turn the queue around.
+                let waiting: Vec<TurnId> = h.session.queued_turn_ids().to_vec();
+                let cmd = if rng.chance(50) {
+                    Command::Withdraw {
+                        turn_id: rng.pick(&waiting).cloned().unwrap_or_else(|| "t-none".into()),
+                    }
+                } else {
+                    Command::Reorder { order: waiting.into_iter().rev().collect() }
+                };
+                let _ = h.try_exec(cmd);
+            }
             0 | 1 if id == "root" && rng.chance(20) => {
                 // Steer the running turn (or start one).
                 let input = ClientMessageInput {

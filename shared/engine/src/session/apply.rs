@@ -37,6 +37,19 @@ impl Session {
             Event::TurnAliased { alias, turn_id } => {
                 self.turn_aliases.insert(alias.clone(), turn_id.clone());
             }
+            Event::QueueReordered { order } => {
+                // The queued turns take the slots queued turns held, in the new order; steering
+                // turns keep theirs.
+                let mut next = order.iter();
+                let turns = &self.turns;
+                for slot in self.queued_turns.iter_mut() {
+                    if !turns.get(slot).is_some_and(|t| t.steering)
+                        && let Some(id) = next.next()
+                    {
+                        *slot = id.clone();
+                    }
+                }
+            }
             // A fork is the catalog's business: the session itself does not change.
             Event::Forked { .. } => {}
             Event::TurnSteered { turn_id, into } => {

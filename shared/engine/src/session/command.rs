@@ -28,6 +28,11 @@ pub enum Command {
         #[serde(default)]
         origin: TurnOrigin,
     },
+    /// A client takes back a turn that waits (queued or steering) before it starts.
+    Withdraw { turn_id: TurnId },
+    /// A client reorders the queued turns: those of `order` first, in that order, the others
+    /// after them as they were (steering turns keep their places).
+    Reorder { order: Vec<TurnId> },
     /// A new session's history, a fork's copy of its source's path: recorded, in order, as
     /// the active path of a session that has no messages yet. Starts no turn.
     Seed { messages: Vec<Message> },
@@ -173,6 +178,9 @@ pub enum Rejection {
     /// An approval for a call that is not waiting for one.
     #[error("call {0:?} is not waiting for approval")]
     NotAwaitingApproval(CallId),
+    /// The turn does not wait in the queue (it started, ended, or never was).
+    #[error("turn {0:?} is not waiting in the queue")]
+    NotQueued(TurnId),
     /// The session's queue of waiting turns is full.
     #[error("{queued} turns already wait behind the active one (limits.queued_turns): wait for one to start")]
     QueueFull {
@@ -211,6 +219,7 @@ impl Rejection {
             Rejection::NotAClientCall(_) => "not_a_client_call",
             Rejection::NotAwaitingApproval(_) => "not_awaiting_approval",
             Rejection::QueueFull { .. } => "queue_full",
+            Rejection::NotQueued(_) => "turn_not_queued",
             Rejection::NoActiveTurn => "no_active_turn",
             Rejection::InvalidInput(_) => "invalid_input",
             Rejection::StaleClaim(_) => "stale_claim",

@@ -41,6 +41,8 @@ pub enum Event {
         /// The turn it names.
         turn_id: TurnId,
     },
+    /// The queued (not steering) turns now wait in this order.
+    QueueReordered { order: Vec<TurnId> },
     /// A fork of this session was made (`Command::Forked`): only the log keeps it.
     Forked {
         /// The fork.
@@ -244,6 +246,7 @@ impl Event {
             Event::TurnAliased { .. } => "turn.aliased",
             Event::TurnSteered { .. } => "turn.steered",
             Event::Forked { .. } => "session.forked",
+            Event::QueueReordered { .. } => "turn.queue_reordered",
             Event::TurnEnded { .. } => "turn.ended",
             Event::TurnDone { .. } => "turn.done",
             Event::TriggerQueued { .. } => "trigger.queued",

@@ -59,6 +59,8 @@ impl Tx {
             Command::Submit { input, queue, origin } => self.submit(input, queue, origin)?,
             Command::Steer { input } => self.steer(input)?,
             Command::Seed { messages } => self.seed(messages)?,
+            Command::Withdraw { turn_id } => self.withdraw(&turn_id)?,
+            Command::Reorder { order } => self.reorder(order)?,
             Command::Forked { into, turn_id } => {
                 self.emit(Event::Forked { session_id: into, turn_id });
             }
@@ -345,6 +347,51 @@ impl Tx {
             done_pending: false,
             steering: false,
         }
+    }
+
+    /// `Command::Withdraw`: a waiting turn ends, cancelled, before it started.
+    fn withdraw(&mut self, turn_id: &TurnId) -> Result<(), Rejection> {
+        if !self.session.queued_turns.contains(turn_id) {
+            return Err(Rejection::NotQueued(turn_id.clone()));
+        }
+        self.emit(Event::TurnEnded {
+            turn_id: turn_id.clone(),
+            status: TurnStatus::Cancelled,
+            data: None,
+            error: Some("withdrawn by the client before it started".to_owned()),
+            code: None,
+            at: self.now,
+        });
+        Ok(())
+    }
+
+    /// `Command::Reorder`: the queued turns of `order` first, the others after as they were.
+    fn reorder(&mut self, order: Vec<TurnId>) -> Result<(), Rejection> {
+        let queued: Vec<TurnId> = self
+            .session
+            .queued_turns
+            .iter()
+            .filter(|t| !self.session.turns.get(*t).is_some_and(|t| t.steering))
+            .cloned()
+            .collect();
+        let mut next: Vec<TurnId> = Vec::with_capacity(queued.len());
+        for (i, id) in order.into_iter().enumerate() {
+            if !queued.contains(&id) {
+                return Err(Rejection::invalid(
+                    format!("order[{i}]"),
+                    format!("{id:?} is not a queued turn"),
+                ));
+            }
+            if !next.contains(&id) {
+                next.push(id);
+            }
+        }
+        let rest: Vec<TurnId> = queued.iter().filter(|t| !next.contains(t)).cloned().collect();
+        next.extend(rest);
+        if next != queued {
+            self.emit(Event::QueueReordered { order: next });
+        }
+        Ok(())
     }
 
     /// `Command::Seed`: a new session's history becomes its path.

@@ -54,13 +54,13 @@ pub(crate) async fn dispatch(
             StateAction::ChatToolCallComplete(a) => complete_tool(host, caller, &session, a).await,
             StateAction::ChatPendingMessageSet(a) => pend(host, caller, &session, a).await,
             StateAction::ChatToolCallConfirmed(a) => confirm(host, caller, &session, a).await,
-            StateAction::ChatPendingMessageRemoved(a) => Err(format!(
-                "pending message {} cannot be removed: the engine cannot withdraw a queued or steering turn yet",
-                a.id
-            )),
-            StateAction::ChatQueuedMessagesReordered(_) => {
-                Err("queued messages cannot be reordered: the engine starts queued turns in arrival order"
-                    .to_owned())
+            StateAction::ChatPendingMessageRemoved(a) => {
+                let withdraw = Command::Withdraw { turn_id: a.id.as_str().into() };
+                host.app.command_as(&id, caller, Access::Drive, withdraw).await.map(|_| ()).map_err(refusal)
+            }
+            StateAction::ChatQueuedMessagesReordered(a) => {
+                let reorder = Command::Reorder { order: a.order.iter().map(|t| t.as_str().into()).collect() };
+                host.app.command_as(&id, caller, Access::Drive, reorder).await.map(|_| ()).map_err(refusal)
             }
             other => {
                 Err(format!("{} is not an action a client may dispatch to this host", action_type(other)))
