@@ -132,20 +132,26 @@ fn answer(
 }
 
 fn config(openai: &FakeOpenAi, worker: &FakeWorker) -> String {
+    let llm = format!("type = \"openai\"\nbase_url = \"{}\"", openai.base_url());
+    calc_config(&llm, "gpt-fake", worker)
+}
+
+/// The `calc` agent (tools `add` and `upper`, run by `worker`) on a model of `[llm.m]` (`llm`,
+/// its settings), with short policies: 2 s timeouts, 0.2-0.5 s backoffs.
+fn calc_config(llm: &str, model: &str, worker: &FakeWorker) -> String {
     format!(
         r#"
 [defaults]
 llm = {{ timeout_secs = 2, max_retries = 2, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
-tool = {{ timeout_secs = 2, max_retries = 2, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
-decision = {{ timeout_secs = 2, max_retries = 3, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+tool = {{ timeout_secs = 2, max_retries = 3, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+decision = {{ timeout_secs = 2, max_retries = 4, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
 
-[llm.fake]
-type = "openai"
-base_url = "{}"
+[llm.m]
+{llm}
 
 [agent.calc]
-model = "gpt-fake"
-llm = "fake"
+model = "{model}"
+llm = "m"
 worker = "{}"
 
 [[agent.calc.tools]]
@@ -156,7 +162,6 @@ input = {{ type = "object", properties = {{ a = {{ type = "number" }}, b = {{ ty
 name = "upper"
 input = {{ type = "object", properties = {{ text = {{ type = "string" }} }}, required = ["text"] }}
 "#,
-        openai.base_url(),
         worker.url()
     )
 }
@@ -440,31 +445,7 @@ impl Rng {
 
 /// A worker agent on the scripted model: `/tool` lines are its tool calls, run by the worker.
 fn scripted_config(worker: &FakeWorker) -> String {
-    format!(
-        r#"
-[defaults]
-llm = {{ timeout_secs = 2, max_retries = 2, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
-tool = {{ timeout_secs = 2, max_retries = 3, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
-decision = {{ timeout_secs = 2, max_retries = 4, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
-
-[llm.s]
-type = "scripted"
-
-[agent.calc]
-model = "scripted"
-llm = "s"
-worker = "{}"
-
-[[agent.calc.tools]]
-name = "add"
-input = {{ type = "object", properties = {{ a = {{ type = "number" }}, b = {{ type = "number" }} }}, required = ["a", "b"] }}
-
-[[agent.calc.tools]]
-name = "upper"
-input = {{ type = "object", properties = {{ text = {{ type = "string" }} }}, required = ["text"] }}
-"#,
-        worker.url()
-    )
+    calc_config("type = \"scripted\"", "scripted", worker)
 }
 
 /// Checks, from outside, what a run of concurrent turns killed at random points left: each
