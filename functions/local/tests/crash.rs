@@ -181,20 +181,54 @@ struct Server {
     log: PathBuf,
 }
 
+/// Where a test's `turnstone serve` keeps sessions and wake-ups.
+#[derive(Debug, Clone)]
+enum Backing {
+    /// The embedded store and queue, in the data directory.
+    Local,
+    /// A DynamoDB table and an SQS queue on moto (`--backend aws`), created on first start.
+    Aws { table: String, queue: String },
+}
+
+impl Backing {
+    /// A fresh table and queue on moto. A wake-up a killed host had received comes back when
+    /// its visibility times out: 5 s here (the template deploys 960 s, six times the longest
+    /// run), so the test waits seconds, not minutes.
+    async fn aws() -> Self {
+        use turnstone_aws::moto;
+        let (table, queue) = (moto::unique("crash"), moto::unique("crash"));
+        let settings = turnstone_aws::QueueSettings {
+            visibility_timeout: Duration::from_secs(5),
+            max_receive_count: None,
+            ..turnstone_aws::QueueSettings::default()
+        };
+        moto::config(&table, &queue).open(&moto::clients().await, true, &settings).await.expect("moto");
+        Backing::Aws { table, queue }
+    }
+}
+
 impl Server {
     /// Starts `turnstone serve` on a free port and waits until it answers.
     async fn start(config: &Path, data: &Path, log: PathBuf) -> Server {
+        Self::start_on(config, data, log, &Backing::Local).await
+    }
+
+    /// [`Server::start`] on `backing`.
+    async fn start_on(config: &Path, data: &Path, log: PathBuf, backing: &Backing) -> Server {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let addr = format!("127.0.0.1:{port}");
         let stderr = std::fs::OpenOptions::new().create(true).append(true).open(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_turnstone"))
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            .arg("--addr")
-            .arg(&addr)
-            .arg("--data-dir")
-            .arg(data)
+        let mut command = Command::new(env!("CARGO_BIN_EXE_turnstone"));
+        command.arg("serve").arg("--config").arg(config).arg("--addr").arg(&addr).arg("--data-dir").arg(data);
+        if let Backing::Aws { table, queue } = backing {
+            command
+                .args(["--backend", "aws", "--endpoint-url", turnstone_aws::moto::endpoint()])
+                .args(["--table", table.as_str(), "--queue", queue.as_str()])
+                .env("AWS_ACCESS_KEY_ID", "testing")
+                .env("AWS_SECRET_ACCESS_KEY", "testing")
+                .env("AWS_REGION", "us-east-1");
+        }
+        let child = command
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -518,6 +552,16 @@ async fn assert_survived(api: &ApiClient, sessions: &[(String, u64)], ledger: &M
 /// turn is done. `TURNSTONE_KILL_SEED` replays a run.
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_at_random_points_across_concurrent_turns() {
+    kill_9_at_random_points(Backing::Local).await;
+}
+
+/// The same on the AWS backend: DynamoDB and SQS on moto.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_at_random_points_on_the_aws_backend() {
+    kill_9_at_random_points(Backing::aws().await).await;
+}
+
+async fn kill_9_at_random_points(backing: Backing) {
     let seed = std::env::var("TURNSTONE_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_u64);
     println!(
         "seed {seed} (replay: TURNSTONE_KILL_SEED={seed} cargo test -p turnstone --test crash kill_9_at_random)"
@@ -532,7 +576,7 @@ async fn kill_9_at_random_points_across_concurrent_turns() {
     let log = dir.path().join("serve.log");
 
     let mut sessions: Vec<(String, u64)> = Vec::new();
-    let mut server = Server::start(&config_file, &data, log.clone()).await;
+    let mut server = Server::start_on(&config_file, &data, log.clone(), &backing).await;
     for round in 0..KILLS {
         for i in 0..SESSIONS_PER_ROUND {
             let n = (round * SESSIONS_PER_ROUND + i) as u64;
@@ -545,7 +589,7 @@ async fn kill_9_at_random_points_across_concurrent_turns() {
         }
         tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
         server.kill();
-        server = Server::start(&config_file, &data, log.clone()).await;
+        server = Server::start_on(&config_file, &data, log.clone(), &backing).await;
     }
     let executions = assert_survived(&server.api, &sessions, &ledger).await;
     let redelivered = ledger.lock().unwrap().redelivered.len();

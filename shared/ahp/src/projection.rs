@@ -733,6 +733,38 @@ impl ChatProjection {
     }
 }
 
+/// Whether `event` may show in a chat: `false` for the engine's bookkeeping, which the
+/// projection maps to no action whatever the chat holds (so a commit of nothing else has
+/// nothing to push to a chat's subscribers).
+pub fn shows_in_chat(event: &Event) -> bool {
+    !matches!(
+        event,
+        Event::CallDispatched { .. }
+            | Event::Forked { .. }
+            | Event::TurnAliased { .. }
+            | Event::TurnDone { .. }
+            | Event::TriggerDropped { .. }
+            | Event::DecisionOpened { .. }
+            | Event::DecisionDispatched { .. }
+            | Event::DecisionRetryScheduled { .. }
+            | Event::DecisionResolved { .. }
+            | Event::DecisionAccepted { .. }
+            | Event::DecisionFailed { .. }
+            | Event::DecisionVoided { .. }
+            | Event::ActionIgnored { .. }
+            | Event::HeadMoved { .. }
+            | Event::StateWritten { .. }
+            | Event::AgentWritten { .. }
+            | Event::CallRetryScheduled { .. }
+            | Event::CallRequeued { .. }
+            | Event::CallReported { .. }
+            | Event::InterruptClosed { .. }
+            | Event::OutboxQueued { .. }
+            | Event::OutboxDelivered { .. }
+            | Event::OutboxWithdrawn { .. }
+    )
+}
+
 /// A failed turn's error: its code (`budget_exceeded`, ...) is the type.
 fn error_info(error: Option<&str>, code: Option<&ErrorCode>) -> ErrorInfo {
     let error_type = code

@@ -370,7 +370,8 @@ impl App {
                 _ => None,
             })
             .collect();
-        self.notifier.committed(session_id, session.events_applied(), &ended_turns);
+        let shows = events.iter().any(turnstone_ahp::shows_in_chat);
+        self.notifier.committed(session_id, session.events_applied(), &ended_turns, shows);
         if events.iter().any(|e| matches!(e, Event::SessionCreated { .. })) {
             // No listener is no error.
             let _ = self.created.send(session.id().clone());

@@ -48,6 +48,12 @@ impl Projected {
         let mut out = Vec::new();
         for event in &log[self.fed..] {
             let actions = self.projection.apply(event).unwrap_or_else(|e| panic!("{}: {e}", event.name()));
+            // What is said not to show in a chat never does (pushes skip such commits).
+            assert!(
+                turnstone_ahp::shows_in_chat(event) || actions.is_empty(),
+                "{} showed {actions:?}",
+                event.name()
+            );
             if self.start.is_none() {
                 assert!(actions.is_empty(), "session.created shows no action");
                 self.start = Some(self.projection.chat().clone());

@@ -1,7 +1,8 @@
 //! Pushes of chat actions to connections recorded in a [`Registry`] (API Gateway's WebSocket
-//! API): after a commit of session X by any function (`api`, `dispatch`, `ahp`), that
-//! function reads X's subscribers (one strongly consistent query; a session without
-//! subscribers costs nothing more), projects the new events through a per-process cache of
+//! API): after a commit of session X by any function (`api`, `dispatch`, `ahp`) that may show
+//! in its chat (a claim alone does not: [`turnstone_ahp::shows_in_chat`]), that function reads
+//! X's subscribers (one strongly consistent query; a session without subscribers costs nothing
+//! more), projects the new events through a per-process cache of
 //! chat feeds (re-projecting the log on a miss), and posts each subscriber the numbered actions
 //! past its position, after moving the position past them ([`Registry::advance`]).
 //!
@@ -291,9 +292,13 @@ impl Pusher {
 
 #[async_trait]
 impl Notifier for Pusher {
-    fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId]) {
-        self.inner.committed(session_id, last_seq, ended_turns);
-        self.schedule(SessionId::from(session_id));
+    fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId], shows_in_chat: bool) {
+        self.inner.committed(session_id, last_seq, ended_turns, shows_in_chat);
+        // A commit of bookkeeping alone (a claim) has nothing for a chat: no subscriber query.
+        // The next commit that shows pushes everything since.
+        if shows_in_chat {
+            self.schedule(SessionId::from(session_id));
+        }
     }
 
     fn delta(&self, session_id: &str, call_id: &CallId, delta: StreamDelta) {

@@ -89,7 +89,7 @@ impl Inner {
 
 #[async_trait]
 impl Notifier for FollowStore {
-    fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId]) {
+    fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId], _shows_in_chat: bool) {
         self.inner.hub.publish(session_id, last_seq, ended_turns);
     }
 

@@ -116,7 +116,7 @@ impl Hub {
 
 #[async_trait]
 impl Notifier for Hub {
-    fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId]) {
+    fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId], _shows_in_chat: bool) {
         self.publish(session_id, last_seq, ended_turns);
     }
 

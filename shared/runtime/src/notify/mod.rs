@@ -31,8 +31,9 @@ const RECENT_ENDED: usize = 32;
 #[async_trait]
 pub trait Notifier: Send + Sync + 'static {
     /// Tells the session's listeners that events up to `last_seq` are committed and
-    /// `ended_turns` ended (called after every commit of this process).
-    fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId]);
+    /// `ended_turns` ended (called after every commit of this process); `shows_in_chat`: some
+    /// event of the commit may show in the session's AHP chat (else a chat has nothing new).
+    fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId], shows_in_chat: bool);
 
     /// Passes a model's live output on to the session's streams, if any.
     fn delta(&self, session_id: &str, call_id: &CallId, delta: StreamDelta);
