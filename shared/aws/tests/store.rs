@@ -268,6 +268,8 @@ async fn load_since_reads_only_the_messages_from_a_position() {
 async fn a_message_over_a_megabyte_round_trips_in_chunks() {
     let (store, clients) = support::store_and_clients().await;
     let mut d = Driver::create("chunked", "agent", Some("owner"), false, T0);
+    // Past the engine's default message limit: a host may raise it, and the store must cope.
+    d.limits.message_bytes = usize::MAX;
     d.commit_ok(&store).await;
     d.turn("small", "reply");
     d.commit_ok(&store).await;
@@ -348,6 +350,8 @@ async fn a_large_head_is_chunked_and_read_at_its_version() {
 async fn a_commit_beyond_a_transaction_is_refused_whole() {
     let store = support::store().await;
     let mut d = Driver::create("too-large", "agent", None, false, T0);
+    // Past the engine's default message limit: a host may raise it, and the store must cope.
+    d.limits.message_bytes = usize::MAX;
     d.commit_ok(&store).await;
     let committed = d.clone();
 
