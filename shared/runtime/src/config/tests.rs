@@ -282,7 +282,7 @@ fn unknown_keys_are_named_where_they_are() {
     assert_eq!(
         err("[agents.demo]\nmodel = \"x\"\n"),
         "turnstone.toml:1:2: agents: unknown key \"agents\" (did you mean \"agent\"?); \
-         expected one of: server, defaults, llm, agent, auth"
+         expected one of: server, defaults, llm, agent, auth, limits"
     );
     assert_eq!(
         err(&with_llm("[agent.demo]\nmodel = \"x\"\nmodle = \"y\"\n")),
