@@ -16,8 +16,8 @@ use ahp_types::actions::{
 use ahp_types::commands::{ReconnectResult, SubscribeResult};
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
-    ChatInputResponseKind, ChatState, Message, MessageKind, MessageOrigin, PendingMessageKind, SnapshotState,
-    ToolCallResult, ToolResultContent, ToolResultTextContent,
+    ChatInputResponseKind, ChatState, Message, MessageKind, MessageOrigin, PendingMessageKind, SessionStatus,
+    SnapshotState, ToolCallResult, ToolResultContent, ToolResultTextContent,
 };
 use ahp_ws::WebSocketTransport;
 use serde_json::{Value, json};
@@ -761,12 +761,17 @@ async fn queued_messages_are_reordered_and_withdrawn_over_ahp() {
     chat.until(|e| kind(e) == "chat/pendingMessageRemoved").await;
     let ids: Vec<&str> = chat.chat.queued_messages.iter().flatten().map(|m| m.id.as_str()).collect();
     assert_eq!(ids, ["q-3", "q-2"]);
+    let status = |listed: &Value| listed["items"][0]["status"].as_u64();
+    let listed: Value = client.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
+    assert_eq!(status(&listed), Some(u64::from(SessionStatus::InProgress.bits())), "{listed}");
     openai.release();
     wait_status(&host, "s-q", "q-2", TurnStatus::Completed).await;
     chat.settle(&host).await;
     let turns: Vec<&str> = chat.chat.turns.iter().map(|t| t.id.as_str()).collect();
     assert_eq!(turns, ["q-0", "q-3", "q-2"]);
     assert!(chat.chat.queued_messages.is_none());
+    let listed: Value = client.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
+    assert_eq!(status(&listed), Some(u64::from(SessionStatus::Idle.bits())), "{listed}");
 
     // A second client takes the newest turn only, then fetches the older ones.
     let other = initialized(&host, None, "client-q2").await;

@@ -85,15 +85,36 @@ pub(crate) async fn list(
             e => internal(e),
         },
     )?;
-    Ok(ListSessionsResult { next_cursor: page.next_cursor, items: page.items.iter().map(listed).collect() })
+    // The listing has no status: each session's comes from its head, read concurrently (a
+    // host's cache usually has it).
+    let statuses =
+        futures_util::future::join_all(page.items.iter().map(|l| status(host, &l.session_id))).await;
+    let items = page.items.iter().zip(statuses).map(|(listing, status)| listed(listing, status)).collect();
+    Ok(ListSessionsResult { next_cursor: page.next_cursor, items })
 }
 
-/// The summary of a listed session (its status is not in the listing: shown idle).
-fn listed(listing: &SessionListing) -> SessionSummary {
+/// Session `id`'s AHP status: idle, in progress, or waiting for input (an interrupt, a client
+/// tool, an approval); idle when it cannot be read.
+async fn status(host: &AhpHost, id: &str) -> u32 {
+    match host.app.session(id).await {
+        Ok(session) => match crate::api::SessionSummary::of(&session).status {
+            crate::api::SessionStatus::Idle => SessionStatus::Idle.bits(),
+            crate::api::SessionStatus::Running => SessionStatus::InProgress.bits(),
+            crate::api::SessionStatus::Waiting => SessionStatus::InputNeeded.bits(),
+        },
+        Err(e) => {
+            tracing::warn!(session_id = id, error = %e, "a listed session could not be read; shown idle");
+            SessionStatus::Idle.bits()
+        }
+    }
+}
+
+/// The summary of a listed session with its `status`.
+fn listed(listing: &SessionListing, status: u32) -> SessionSummary {
     summary(
         &SessionId::from(listing.session_id.as_str()),
         &listing.agent_id,
-        SessionStatus::Idle.bits(),
+        status,
         listing.created_at.to_rfc3339(),
         listing.updated_at.to_rfc3339(),
     )
