@@ -57,18 +57,27 @@ impl DynamoRegistry {
     }
 
     /// When records written now expire.
+    /// Writes `item` whole.
+    async fn put(&self, item: items::Item) -> Result<(), RegistryError> {
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| failed("PutItem", e))?;
+        Ok(())
+    }
+
     fn expiry() -> AttributeValue {
         let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
         items::n(now + CONNECTION_LIFETIME_SECS)
     }
 }
 
-fn failed(operation: &str) -> impl Fn(String) -> RegistryError + '_ {
-    move |message| RegistryError(format!("DynamoDB {operation} failed: {message}"))
-}
-
-fn sdk_message<E: std::error::Error + 'static>(e: E) -> String {
-    aws_sdk_dynamodb::error::DisplayErrorContext(e).to_string()
+/// A failed DynamoDB request as a registry error.
+fn failed<E: std::error::Error + 'static>(operation: &str, e: E) -> RegistryError {
+    RegistryError(format!("DynamoDB {operation} failed: {}", crate::error::describe(&e)))
 }
 
 #[async_trait]
@@ -77,14 +86,7 @@ impl Registry for DynamoRegistry {
         let mut item = Self::connection_key(id);
         item.insert(CALLER.to_owned(), items::s(caller_to_json(caller)));
         item.insert(TTL.to_owned(), Self::expiry());
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| failed("PutItem")(sdk_message(e)))?;
-        Ok(())
+        self.put(item).await
     }
 
     async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError> {
@@ -96,7 +98,7 @@ impl Registry for DynamoRegistry {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| failed("GetItem")(sdk_message(e)))?;
+            .map_err(|e| failed("GetItem", e))?;
         let Some(item) = out.item else { return Ok(None) };
         let caller = caller_from_json(items::get_s(&item, CALLER).unwrap_or_default())?;
         let client_id = items::get_s(&item, CLIENT_ID).unwrap_or_default().to_owned();
@@ -115,7 +117,7 @@ impl Registry for DynamoRegistry {
             .expression_attribute_values(":c", items::s(client_id))
             .send()
             .await
-            .map_err(|e| failed("UpdateItem")(sdk_message(e)))?;
+            .map_err(|e| failed("UpdateItem", e))?;
         Ok(())
     }
 
@@ -127,7 +129,7 @@ impl Registry for DynamoRegistry {
             .set_key(Some(Self::connection_key(id)))
             .send()
             .await
-            .map_err(|e| failed("DeleteItem")(sdk_message(e)))?;
+            .map_err(|e| failed("DeleteItem", e))?;
         Ok(())
     }
 
@@ -145,18 +147,11 @@ impl Registry for DynamoRegistry {
             .expression_attribute_values(":chat", AttributeValue::Ss(vec![session.to_string()]))
             .send()
             .await
-            .map_err(|e| failed("UpdateItem")(sdk_message(e)))?;
+            .map_err(|e| failed("UpdateItem", e))?;
         let mut item = Self::subscription_key(id, session);
         item.insert(SERVER_SEQ.to_owned(), items::n(server_seq));
         item.insert(TTL.to_owned(), Self::expiry());
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| failed("PutItem")(sdk_message(e)))?;
-        Ok(())
+        self.put(item).await
     }
 
     async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError> {
@@ -166,7 +161,7 @@ impl Registry for DynamoRegistry {
             .set_key(Some(Self::subscription_key(id, session)))
             .send()
             .await
-            .map_err(|e| failed("DeleteItem")(sdk_message(e)))?;
+            .map_err(|e| failed("DeleteItem", e))?;
         // A connection already gone has nothing to forget.
         let forgotten = self
             .client
@@ -185,7 +180,7 @@ impl Registry for DynamoRegistry {
             Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
                 Ok(())
             }
-            Err(e) => Err(failed("UpdateItem")(sdk_message(e))),
+            Err(e) => Err(failed("UpdateItem", e)),
         }
     }
 
@@ -198,7 +193,7 @@ impl Registry for DynamoRegistry {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| failed("GetItem")(sdk_message(e)))?;
+            .map_err(|e| failed("GetItem", e))?;
         let chats = match out.item.as_ref().and_then(|item| item.get(CHATS)) {
             Some(AttributeValue::Ss(chats)) => chats.clone(),
             _ => Vec::new(),
@@ -226,7 +221,7 @@ impl Registry for DynamoRegistry {
                 .set_exclusive_start_key(start)
                 .send()
                 .await
-                .map_err(|e| failed("Query")(sdk_message(e)))?;
+                .map_err(|e| failed("Query", e))?;
             for item in out.items.unwrap_or_default() {
                 let connection = items::get_s(&item, SK).and_then(|sk| sk.strip_prefix(SUBSCRIPTION_PREFIX));
                 if let (Some(connection), Some(server_seq)) = (connection, items::get_u64(&item, SERVER_SEQ))
@@ -260,7 +255,7 @@ impl Registry for DynamoRegistry {
             Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
                 Ok(None)
             }
-            Err(e) => Err(failed("UpdateItem")(sdk_message(e))),
+            Err(e) => Err(failed("UpdateItem", e)),
         }
     }
 
@@ -273,7 +268,7 @@ impl Registry for DynamoRegistry {
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| failed("GetItem")(sdk_message(e)))?;
+            .map_err(|e| failed("GetItem", e))?;
         Ok(out.item.as_ref().and_then(|item| items::get_u64(item, SERVER_SEQ)))
     }
 }

@@ -148,6 +148,22 @@ pub struct UsageSummary {
     pub cost: String,
 }
 
+impl SessionStatus {
+    /// What `s` is doing: waiting for a client (an open interrupt, a client tool call, a call
+    /// awaiting approval), running, or idle.
+    pub fn of(s: &Session) -> Self {
+        let waits_for_client = !s.interrupts().is_empty()
+            || s.calls().iter().any(|c| (c.is_client_tool() && c.is_pending()) || c.awaiting_approval);
+        if waits_for_client {
+            SessionStatus::Waiting
+        } else if s.active_turn_id().is_some() || s.decision().is_some() || !s.calls().is_empty() {
+            SessionStatus::Running
+        } else {
+            SessionStatus::Idle
+        }
+    }
+}
+
 impl SessionSummary {
     /// The summary of `s`.
     pub fn of(s: &Session) -> Self {
@@ -173,15 +189,7 @@ impl SessionSummary {
             .iter()
             .map(|i| OpenInterrupt { id: i.id.clone(), reason: i.reason.clone(), payload: i.payload.clone() })
             .collect();
-        let waits_for_client =
-            !open_interrupts.is_empty() || !pending_client_calls.is_empty() || !awaiting_approval.is_empty();
-        let status = if waits_for_client {
-            SessionStatus::Waiting
-        } else if s.active_turn_id().is_some() || s.decision().is_some() || !s.calls().is_empty() {
-            SessionStatus::Running
-        } else {
-            SessionStatus::Idle
-        };
+        let status = SessionStatus::of(s);
         SessionSummary {
             session_id: s.id().clone(),
             agent_id: s.agent_id().to_owned(),

@@ -175,12 +175,16 @@ impl App {
         Ctx { now: self.clock.now(), seed: command_seed(n), used: used.clone(), limits: self.limits.engine() }
     }
 
-    /// Whether `owner` may create one more session (`[limits] sessions_per_owner`). Anonymous
-    /// callers (no auth) have no quota.
-    pub(crate) async fn admit(&self, owner: &WorkerIdentity) -> Result<()> {
+    /// Whether `owner` may have session `session_id` created for it: one that exists already
+    /// is no new session; a new one must fit `[limits] sessions_per_owner`. Anonymous callers
+    /// (no auth) have no quota. Reads nothing without a quota.
+    pub(crate) async fn admit(&self, session_id: &str, owner: &WorkerIdentity) -> Result<()> {
         let (Some(limit), Some(owner_id)) = (self.limits.sessions_per_owner, owner.id.as_ref()) else {
             return Ok(());
         };
+        if self.load(session_id).await?.0.is_created() {
+            return Ok(());
+        }
         let filter = SessionFilter { agent_id: None, owner: Some(owner_id.clone()) };
         let (mut count, mut cursor) = (0, None);
         loop {
@@ -432,11 +436,8 @@ impl App {
         };
         let not_found = || Error::SessionNotFound(session_id.to_owned());
         // A quota is checked before a first input creates the session.
-        if self.limits.sessions_per_owner.is_some()
-            && let Some(owner) = caller.owner()
-            && !self.load(session_id).await?.0.is_created()
-        {
-            self.admit(&owner).await?;
+        if let Some(owner) = caller.owner() {
+            self.admit(session_id, &owner).await?;
         }
         let build = |session: &Session| {
             let mut commands = Vec::new();
@@ -495,7 +496,7 @@ impl App {
         caller: &Caller,
     ) -> Result<Executed> {
         let owner = caller.owner().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
-        self.admit(&owner).await?;
+        self.admit(session_id, &owner).await?;
         let init = self.session_init(agent_id, owner)?;
         self.execute(session_id, |_| Ok(vec![Command::Create { init: Box::new(init.clone()) }])).await
     }

@@ -39,14 +39,15 @@ struct Source {
 
 impl App {
     /// Forks `source` at its completed turn `turn_id` into a new session `fork_id` owned by
-    /// `caller`, who must be able to drive the source.
+    /// `caller`, who must be able to drive the source; `true` when this call created it (`false`:
+    /// that very fork existed already).
     pub async fn fork(
         &self,
         source_id: &str,
         turn_id: &TurnId,
         fork_id: &str,
         caller: &Caller,
-    ) -> Result<Forked> {
+    ) -> Result<(Forked, bool)> {
         let not_found = || Error::SessionNotFound(source_id.to_owned());
         let (current, _) = self.load(source_id).await?;
         if !current.is_created() || !caller.may(Access::Drive, &current) {
@@ -56,31 +57,31 @@ impl App {
         let source = self.replay_through(source_id, &turn_id, fork_id).await?;
         let origin = ForkOrigin { session_id: source_id.into(), turn_id: turn_id.clone() };
         let owner = caller.owner().ok_or_else(not_found)?;
-        if !self.load(fork_id).await?.0.is_created() {
-            self.admit(&owner).await?;
-        }
+        self.admit(fork_id, &owner).await?;
         let mut init = self.session_init(&source.agent_id, owner)?;
         init.fork = Some(origin.clone());
         let history = source.history;
-        self.execute(fork_id, |fork: &Session| {
-            if fork.is_created() {
-                // Made before (a retry): the same fork writes nothing; anything else is taken.
-                return match fork.init().and_then(|i| i.fork.as_ref()) {
-                    Some(made) if *made == origin => Ok(Vec::new()),
-                    _ => Err(Rejection::AlreadyExists(fork_id.into()).into()),
-                };
-            }
-            Ok(vec![
-                Command::Create { init: Box::new(init.clone()) },
-                Command::Seed { messages: history.clone() },
-            ])
-        })
-        .await?;
+        let made = self
+            .execute(fork_id, |fork: &Session| {
+                if fork.is_created() {
+                    // Made before (a retry): the same fork writes nothing; anything else is taken.
+                    return match fork.init().and_then(|i| i.fork.as_ref()) {
+                        Some(made) if *made == origin => Ok(Vec::new()),
+                        _ => Err(Rejection::AlreadyExists(fork_id.into()).into()),
+                    };
+                }
+                Ok(vec![
+                    Command::Create { init: Box::new(init.clone()) },
+                    Command::Seed { messages: history.clone() },
+                ])
+            })
+            .await?;
         if !source.recorded {
             let forked = Command::Forked { into: fork_id.into(), turn_id: turn_id.clone() };
             self.command_as(source_id, caller, Access::Drive, forked).await?;
         }
-        Ok(Forked { session_id: fork_id.into(), forked_from: origin })
+        let created = !made.events.is_empty();
+        Ok((Forked { session_id: fork_id.into(), forked_from: origin }, created))
     }
 
     /// Replays `source_id`'s log through the end of turn `turn_id`, which must have completed

@@ -52,25 +52,26 @@ impl Limits {
     /// One message's content within `message_bytes` (its size as JSON: text and parts alike).
     pub(crate) fn check_message(&self, message: &DraftMessage) -> Result<(), String> {
         let size = message.content.as_ref().map_or(0, json_size);
-        self.check_size("the message's content", size, self.message_bytes, "message_bytes")
+        check_size("the message's content", size, self.message_bytes, "message_bytes")
     }
 
     /// A tool result, an error text, a payload or action arguments within `message_bytes`.
     pub(crate) fn check_value(&self, what: &str, value: &(impl Serialize + ?Sized)) -> Result<(), String> {
-        self.check_size(what, json_size(value), self.message_bytes, "message_bytes")
+        check_size(what, json_size(value), self.message_bytes, "message_bytes")
     }
 
     /// A worker's agent state within `state_bytes`.
     pub(crate) fn check_state(&self, state: &Value) -> Result<(), String> {
-        self.check_size("the state", json_size(state), self.state_bytes, "state_bytes")
+        check_size("the state", json_size(state), self.state_bytes, "state_bytes")
     }
+}
 
-    fn check_size(&self, what: &str, size: usize, limit: usize, name: &str) -> Result<(), String> {
-        if size <= limit {
-            return Ok(());
-        }
-        Err(format!("{what} is {size} bytes, over the limit of {limit} (limits.{name})"))
+/// `what`, `size` bytes, within `limit` (`limits.<name>`), or the problem saying so.
+fn check_size(what: &str, size: usize, limit: usize, name: &str) -> Result<(), String> {
+    if size <= limit {
+        return Ok(());
     }
+    Err(format!("{what} is {size} bytes, over the limit of {limit} (limits.{name})"))
 }
 
 /// The size of `value` as JSON, in bytes (a string: its text and quotes).

@@ -97,7 +97,7 @@ pub(crate) async fn list(
 /// tool, an approval); idle when it cannot be read.
 async fn status(host: &AhpHost, id: &str) -> u32 {
     match host.app.session(id).await {
-        Ok(session) => match crate::api::SessionSummary::of(&session).status {
+        Ok(session) => match crate::api::SessionStatus::of(&session) {
             crate::api::SessionStatus::Idle => SessionStatus::Idle.bits(),
             crate::api::SessionStatus::Running => SessionStatus::InProgress.bits(),
             crate::api::SessionStatus::Waiting => SessionStatus::InputNeeded.bits(),

@@ -225,9 +225,8 @@ async fn fork(
             format!("fork-{:016x}", std::hash::RandomState::new().hash_one(&id)).into()
         }
     };
-    let existed = state.app.session(&fork_id).await.is_ok();
-    let forked = state.app.fork(&id, &request.turn_id, &fork_id, &caller).await?;
-    let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
+    let (forked, created) = state.app.fork(&id, &request.turn_id, &fork_id, &caller).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(forked)).into_response())
 }
 
