@@ -203,6 +203,12 @@ impl ApiClient {
         status_and_json(response).await
     }
 
+    /// `DELETE <path>`: the status and the body as JSON.
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        let response = self.request(reqwest::Method::DELETE, path).send().await.expect("DELETE");
+        status_and_json(response).await
+    }
+
     /// `POST <path>` with a raw body (sent as `application/json`).
     pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
         let response = self

@@ -548,6 +548,32 @@ async fn ahp_is_authenticated_and_scoped_to_the_callers_sessions() {
     assert_eq!(summary["items"].as_array().unwrap().len(), 1);
     let (status, _) = host.with_token("key-alice").get("/v1/sessions/s-alice/turns/b-1").await;
     assert_eq!(status, 404, "bob's turn never started");
+
+    // Only its owner disposes of a session; root subscribers that may see it hear it is gone.
+    alice.subscribe("ahp-root://".into()).await.unwrap();
+    let mut alice_root = alice.attach_subscription("ahp-root://").await;
+    bob.subscribe("ahp-root://".into()).await.unwrap();
+    let mut bob_root = bob.attach_subscription("ahp-root://").await;
+    let error =
+        bob.request::<_, Value>("disposeSession", json!({"channel": "ahp-session:/s-alice"})).await.unwrap_err();
+    assert_eq!(rpc_code(&error), -32001);
+    let disposed: Value =
+        alice.request("disposeSession", json!({"channel": "ahp-session:/s-alice"})).await.unwrap();
+    assert_eq!(disposed, Value::Null);
+    let removed = tokio::time::timeout(PATIENCE, alice_root.recv()).await.unwrap();
+    let Some(SubscriptionEvent::SessionRemoved(removed)) = removed else { panic!("{removed:?}") };
+    assert_eq!(removed.session, "ahp-session:/s-alice");
+    let mine: Value = alice.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
+    assert_eq!(mine["items"], json!([]));
+    let again =
+        alice.request::<_, Value>("disposeSession", json!({"channel": "ahp-session:/s-alice"})).await.unwrap_err();
+    assert_eq!(rpc_code(&again), -32001);
+    // Bob heard nothing of alice's session: the next root notification he gets is his own.
+    let _: Value =
+        bob.request("createSession", json!({"channel": "ahp-session:/s-bob", "provider": "demo"})).await.unwrap();
+    let next = tokio::time::timeout(PATIENCE, bob_root.recv()).await.unwrap();
+    let Some(SubscriptionEvent::SessionAdded(added)) = next else { panic!("{next:?}") };
+    assert_eq!(added.summary.resource, "ahp-session:/s-bob");
     alice.shutdown().await;
     bob.shutdown().await;
     host.stop().await;

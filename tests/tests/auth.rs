@@ -203,6 +203,22 @@ async fn every_session_route_answers_only_its_owner() {
     let summary: SessionSummary = alice.summary("as1").await;
     assert_eq!(summary.owner.as_deref(), Some("alice"));
     assert!(summary.active_turn.is_none(), "nobody else started a turn: {summary:?}");
+
+    // Only the owner disposes of it: to everyone else it does not exist (an admin reads only).
+    for (who, client) in callers.iter().filter(|(who, _)| !who.starts_with("owner")) {
+        let (status, body) = client.delete("/v1/sessions/as1").await;
+        assert!(matches!(status, 401 | 404), "DELETE as {who}: {status} {body}");
+    }
+    assert_eq!(alice.summary("as1").await.last_seq, summary.last_seq, "nothing was disposed");
+    let (status, body) = alice.delete("/v1/sessions/as1").await;
+    assert_eq!((status, &body), (200, &json!({"session_id": "as1", "disposed": ["as1"]})));
+    let (status, body) = alice.get("/v1/sessions/as1").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("session_not_found")), "{body}");
+    // Its id is not used again, by anyone.
+    let (status, body) = alice.submit("as1", &message("demo", "again")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("session_disposed")), "{body}");
+    let (status, body) = alice.delete("/v1/sessions/as1").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (404, Some("session_not_found")), "{body}");
     host.stop().await;
 }
 

@@ -848,6 +848,18 @@ worker = "{}"
     assert_eq!(created["type"], "session_created");
     assert_eq!(created["init"]["parent"], json!({"session_id": "s-boss", "tool_call_id": "call_h"}));
     assert_eq!(created["init"]["ancestry"], json!(["s-boss"]));
+
+    // Disposing the parent disposes the child it started.
+    let (status, body) = host.delete("/v1/sessions/s-boss").await;
+    assert_eq!((status, &body), (200, &json!({"session_id": "s-boss", "disposed": ["s-boss", child]})));
+    for gone in ["s-boss", child.as_str()] {
+        for path in [format!("/v1/sessions/{gone}"), format!("/v1/sessions/{gone}/events")] {
+            let (status, body) = host.get(&path).await;
+            assert_eq!(status, 404, "{path}: {body}");
+        }
+    }
+    let (status, list) = host.get("/v1/sessions").await;
+    assert_eq!((status, list["sessions"].as_array().map(Vec::len)), (200, Some(0)), "{list}");
     host.stop().await;
 }
 

@@ -405,6 +405,10 @@ impl Store for CountingStore {
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError> {
         self.inner.due(now, limit).await
     }
+
+    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
+        self.inner.dispose(session_id).await
+    }
 }
 
 /// A model provider, timed.

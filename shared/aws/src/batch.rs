@@ -1,17 +1,20 @@
-//! Reading items by key: `BatchGetItem`, 100 keys a request, retrying what DynamoDB leaves
-//! unprocessed (it may return part of a batch when throttled or past 16 MB).
+//! Items by key in batches: reading (`BatchGetItem`, 100 keys a request) and writing
+//! (`BatchWriteItem`, 25 puts or deletes a request), retrying what DynamoDB leaves unprocessed
+//! (it may return part of a batch when throttled or past its size limits).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::types::KeysAndAttributes;
+use aws_sdk_dynamodb::types::{KeysAndAttributes, WriteRequest};
 
 use crate::error::describe;
 use crate::items::{Item, PK, SK, get_s};
 
 /// The most keys one `BatchGetItem` takes.
 const MAX_KEYS: usize = 100;
+/// The most requests one `BatchWriteItem` takes.
+const MAX_WRITES: usize = 25;
 
 /// How many times unprocessed keys are asked for again before giving up.
 const ROUNDS: u32 = 10;
@@ -59,6 +62,35 @@ pub(crate) async fn get(
         }
     }
     Ok(found)
+}
+
+/// Performs `writes` (puts and deletes, each unconditional, no two on one key) in `table`.
+/// The error is the SDK's, described; the writes before it stand.
+pub(crate) async fn write(client: &Client, table: &str, writes: Vec<WriteRequest>) -> Result<(), String> {
+    for batch in writes.chunks(MAX_WRITES) {
+        let mut pending = batch.to_vec();
+        let mut round = 0;
+        while !pending.is_empty() {
+            if round > 0 {
+                tokio::time::sleep(backoff(round)).await;
+            }
+            if round == ROUNDS {
+                return Err(format!(
+                    "{} writes were still unprocessed after {ROUNDS} attempts (throttled)",
+                    pending.len()
+                ));
+            }
+            round += 1;
+            let out = client
+                .batch_write_item()
+                .request_items(table, std::mem::take(&mut pending))
+                .send()
+                .await
+                .map_err(|err| describe(&err))?;
+            pending = out.unprocessed_items.and_then(|mut u| u.remove(table)).unwrap_or_default();
+        }
+    }
+    Ok(())
 }
 
 fn request(keys: Vec<Item>, attributes: &[&str], consistent: bool) -> Result<KeysAndAttributes, String> {

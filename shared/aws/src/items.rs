@@ -12,6 +12,9 @@
 //! | `C#<call id>`        | a call id the session used (kept for good)                        |
 //! | `B#<item SK>#<n>`    | chunk `n` of a payload too large for its item (see `chunks`)      |
 //!
+//! A disposed session keeps only husks of its packs (their keys and `disposed`), one more husk
+//! after its last pack, and nothing else.
+//!
 //! The log is the packs; the head is a checkpoint of it (see `commit`). A session is its head
 //! and the packs after it, its messages the `M#` items and the packs after the head.
 //!
@@ -56,6 +59,11 @@ pub(crate) const CREATED_AT: &str = "created_at";
 pub(crate) const UPDATED_AT: &str = "updated_at";
 /// When the session next has timed work, ms since the epoch (N); absent when nothing is timed.
 pub(crate) const WAKE_AT: &str = "wake_at";
+
+/// On the packs of a disposed session, when it was disposed (N, ms since the epoch): a husk
+/// that holds only its key, so that a writer that loaded the session before still finds its
+/// pack's place taken (see `DynamoStore::dispose`).
+pub(crate) const DISPOSED: &str = "disposed";
 
 /// An item's payload (S: JSON) when it fits in the item...
 pub(crate) const BODY: &str = "body";

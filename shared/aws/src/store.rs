@@ -21,6 +21,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{DeleteRequest, PutRequest, WriteRequest};
 use serde::de::DeserializeOwned;
 use turnstone_engine::protocol::TreeNode;
 use turnstone_engine::session::{Event, Session, UsedId};
@@ -34,8 +35,8 @@ use crate::chunks::{self, Body, JoinError};
 use crate::commit::{self, Tail, Write};
 use crate::error::{AwsError, describe};
 use crate::items::{
-    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED,
-    MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
+    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DISPOSED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD,
+    LISTED, MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
 };
 use crate::table;
 
@@ -154,7 +155,11 @@ impl DynamoStore {
         }
     }
 
-    /// The session as it stands now, or None if it does not exist: what this store remembers
+    fn forget(&self, session_id: &str) {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner).remove(session_id);
+    }
+
+    /// The session as it stands now, or None if it does not exist (or was disposed): what this store remembers
     /// and the packs written since (one query), or else the head, the message items and the
     /// packs after the head.
     async fn current(&self, session_id: &str) -> Result<Option<Cached>, StoreError> {
@@ -173,6 +178,10 @@ impl DynamoStore {
             }
         };
         let packs = self.packs_after(session_id, known.session.events_applied()).await?;
+        if packs.iter().any(is_husk) {
+            self.forget(session_id);
+            return Ok(None);
+        }
         let current = self.replay(session_id, known, &packs).await?;
         self.remember(session_id, current.clone());
         Ok(Some(current))
@@ -602,6 +611,78 @@ fn parse<T: DeserializeOwned>(
     serde_json::from_slice(bytes).map_err(|e| corrupt(session_id, format!("{}: {e}", what())))
 }
 
+/// Whether `pack` is a husk left by `dispose`.
+fn is_husk(pack: &Item) -> bool {
+    pack.contains_key(DISPOSED)
+}
+
+/// The most times `dispose` fences the log after a commit took the place it chose.
+const FENCE_ATTEMPTS: u32 = 8;
+
+impl DynamoStore {
+    /// Takes the place of the session's next pack with a husk (on the condition that it is
+    /// free, as a commit's pack): every commit after it, of a writer that loaded the session
+    /// before, is refused. Returns false if there is no session (or it is disposed).
+    async fn fence(&self, session_id: &str, now: Timestamp) -> Result<bool, StoreError> {
+        for _ in 0..FENCE_ATTEMPTS {
+            let Some(current) = self.current(session_id).await? else { return Ok(false) };
+            let mut husk = items::key(session_id, items::event_key(current.session.events_applied() + 1));
+            husk.insert(DISPOSED.to_owned(), items::n(now.0));
+            let put = self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(husk))
+                .condition_expression("attribute_not_exists(#pk)")
+                .expression_attribute_names("#pk", PK)
+                .send()
+                .await;
+            match put {
+                Ok(_) => return Ok(true),
+                // A commit took the place: read what it wrote and fence after it.
+                Err(err)
+                    if matches!(
+                        err.as_service_error(),
+                        Some(PutItemError::ConditionalCheckFailedException(_))
+                    ) =>
+                {
+                    self.forget(session_id);
+                }
+                Err(err) => return Err(self.failed("PutItem", session_id, describe(&err))),
+            }
+        }
+        Err(StoreError::Conflict { session_id: session_id.to_owned(), expected: 0 })
+    }
+
+    /// Every item of the session's partition but the husks: packs become husks (their places
+    /// stay taken, for good), everything else is deleted. Returns whether anything was left.
+    async fn purge(&self, session_id: &str, now: Timestamp) -> Result<bool, StoreError> {
+        // Every sort key is printable ASCII, between these two.
+        let found = self.query_all(session_id, (" ", "~"), true).await?;
+        let mut writes = Vec::new();
+        for item in found.iter().filter(|i| !is_husk(i)) {
+            let Some(sk) = items::get_s(item, SK) else { continue };
+            let key = items::key(session_id, sk);
+            let request = if sk.starts_with("E#") {
+                let mut husk = key;
+                husk.insert(DISPOSED.to_owned(), items::n(now.0));
+                let put = PutRequest::builder().set_item(Some(husk)).build();
+                WriteRequest::builder().put_request(put.map_err(|e| self.failed("BatchWriteItem", session_id, e.to_string()))?)
+            } else {
+                let delete = DeleteRequest::builder().set_key(Some(key)).build();
+                WriteRequest::builder()
+                    .delete_request(delete.map_err(|e| self.failed("BatchWriteItem", session_id, e.to_string()))?)
+            };
+            writes.push(request.build());
+        }
+        let left = !writes.is_empty();
+        crate::batch::write(&self.client, &self.table, writes)
+            .await
+            .map_err(|message| self.failed("BatchWriteItem", session_id, message))?;
+        Ok(left)
+    }
+}
+
 /// About how many bytes a pack's events take (its body, or its chunks).
 fn pack_bytes(pack: &Item) -> usize {
     match chunks::body(pack) {
@@ -650,6 +731,9 @@ impl Store for DynamoStore {
             return Ok(Vec::new());
         }
         let packs = self.event_packs(session_id, after_seq, limit).await?;
+        if packs.iter().any(is_husk) {
+            return Ok(Vec::new());
+        }
         let bodies: Vec<Vec<Event>> = self.payloads(session_id, &packs).await?;
         let mut out = Vec::with_capacity(limit);
         let mut next: Option<u64> = None;
@@ -680,6 +764,18 @@ impl Store for DynamoStore {
             return Err(corrupt(session_id, format!("events {}..{} are missing", after_seq + 1, first.seq)));
         }
         Ok(out)
+    }
+
+    /// Fences the log (a husk in the next pack's place), then turns every pack into a husk
+    /// and deletes every other item (head, messages, used ids, chunks, AHP subscriptions) with
+    /// `BatchWriteItem`. A dispose that stopped half-way leaves a session that reads as
+    /// disposed already; disposing it again finishes the purge.
+    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
+        let now = self.clock.now();
+        let fenced = self.fence(session_id, now).await?;
+        let purged = self.purge(session_id, now).await?;
+        self.forget(session_id);
+        Ok(fenced || purged)
     }
 
     async fn list_sessions(

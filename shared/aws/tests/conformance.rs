@@ -32,6 +32,7 @@ store_cases!(
     store_list_sessions,
     store_due,
     store_large_session,
+    store_dispose,
 );
 
 /// `store_used_ids_are_kept_for_good` commits 65 turns in one commit; DynamoDB takes at most
@@ -43,6 +44,7 @@ store_cases!(
 async fn store_used_ids_are_kept_for_good() {
     let store = support::store().await;
     conformance::store_used_ids_are_kept_for_good_in_batches(&store, 16).await;
+    conformance::store_dispose(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,6 +58,7 @@ async fn whole_store_suite_on_one_table() {
     conformance::store_due(&store).await;
     conformance::store_large_session(&store).await;
     conformance::store_used_ids_are_kept_for_good_in_batches(&store, 16).await;
+    conformance::store_dispose(&store).await;
 }
 
 /// SQS does not coalesce; moto's long poll notices a message that became visible within a

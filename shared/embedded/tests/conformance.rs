@@ -83,6 +83,12 @@ macro_rules! store_cases {
                 conformance::store_large_session(&store).await;
             }
 
+            #[tokio::test]
+            async fn store_dispose() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_dispose(&store).await;
+            }
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn whole_store_suite_on_one_file() {
                 let (_dir, store) = store_at($durability);
@@ -105,6 +111,7 @@ async fn the_in_memory_store_conforms_too() {
     conformance::store_events_after_pages(&store).await;
     conformance::store_list_sessions(&store).await;
     conformance::store_due(&store).await;
+    conformance::store_dispose(&store).await;
 }
 
 const QUEUE: QueueSuite = QueueSuite {

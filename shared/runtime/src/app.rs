@@ -13,8 +13,8 @@ use tokio::sync::broadcast;
 use turnstone_engine::ids::{SessionId, TurnId};
 use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
-    Budget, Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree, TurnOrigin,
-    TurnRecord, UsedId, UsedIds, handle,
+    Budget, CallSpec, Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree,
+    TurnOrigin, TurnRecord, UsedId, UsedIds, handle,
 };
 use turnstone_engine::time::Timestamp;
 
@@ -96,6 +96,15 @@ pub struct App {
     /// Sessions this process created, as they are committed (for catalogs that announce them,
     /// such as AHP's `root/sessionAdded`).
     created: broadcast::Sender<SessionId>,
+    /// Sessions this process disposed (AHP's `root/sessionRemoved`).
+    removed: broadcast::Sender<Removed>,
+}
+
+/// A session this process disposed, and who owned it.
+#[derive(Debug, Clone)]
+pub struct Removed {
+    pub session_id: SessionId,
+    pub owner: Option<String>,
 }
 
 /// Sessions read at a time while an owner's are counted.
@@ -135,6 +144,7 @@ impl App {
             messages: Mutex::new(HashMap::new()),
             entropy: AtomicU64::new(seed),
             created: broadcast::channel(CREATED_BUFFER).0,
+            removed: broadcast::channel(CREATED_BUFFER).0,
         })
     }
 
@@ -142,6 +152,73 @@ impl App {
     /// sub-agents), each announced once its creation is committed.
     pub fn sessions_created(&self) -> broadcast::Receiver<SessionId> {
         self.created.subscribe()
+    }
+
+    /// Follows the sessions this process disposes from now on, each announced once it is
+    /// gone from the store.
+    pub fn sessions_removed(&self) -> broadcast::Receiver<Removed> {
+        self.removed.subscribe()
+    }
+
+    /// Disposes session `session_id` if `caller` may drive it (else [`Error::SessionNotFound`],
+    /// as for a session that does not exist), and with it every sub-agent session it started,
+    /// children before their parent: each is deleted from the store for good (see
+    /// [`Store::dispose`]). Work in flight stops at its next commit, which is refused; a
+    /// child's result for a disposed parent is dropped. Returns the sessions disposed.
+    pub async fn dispose(&self, session_id: &str, caller: &Caller) -> Result<Vec<SessionId>> {
+        let session = self.session(session_id).await?;
+        if !caller.may(Access::Drive, &session) {
+            return Err(Error::SessionNotFound(session_id.to_owned()));
+        }
+        // The tree of sessions, parents before children.
+        let mut tree = vec![session.id().clone()];
+        let mut next = 0;
+        while let Some(id) = tree.get(next).cloned() {
+            next += 1;
+            for child in self.children(&id).await? {
+                if !tree.contains(&child) {
+                    tree.push(child);
+                }
+            }
+        }
+        let mut disposed = Vec::with_capacity(tree.len());
+        for id in tree.into_iter().rev() {
+            // Its owner, for whoever announces the removal to the callers that may know.
+            let owner = match self.store.load(&id).await? {
+                Some(loaded) => loaded.session.init().and_then(|i| i.identity.id.clone()),
+                None => None,
+            };
+            if self.store.dispose(&id).await? {
+                self.messages_lock().remove(id.as_str());
+                self.handoff_lock().remove(id.as_str());
+                // Nobody listening is fine.
+                let _ = self.removed.send(Removed { session_id: id.clone(), owner });
+                disposed.push(id);
+            }
+        }
+        disposed.reverse();
+        Ok(disposed)
+    }
+
+    /// The sub-agent sessions session `session_id` started, from its log.
+    async fn children(&self, session_id: &str) -> Result<Vec<SessionId>> {
+        const PAGE: usize = 1000;
+        let mut children = Vec::new();
+        let mut after = 0;
+        loop {
+            let events = self.store.events_after(session_id, after, PAGE).await?;
+            for logged in &events {
+                if let Event::CallCreated { call } = &logged.event
+                    && let CallSpec::SubAgent { session_id, .. } = &call.spec
+                {
+                    children.push(session_id.clone());
+                }
+            }
+            match events.last() {
+                Some(last) if events.len() == PAGE => after = last.seq,
+                _ => return Ok(children),
+            }
+        }
     }
 
     /// Who hears of commits.
@@ -285,12 +362,18 @@ impl App {
     {
         // Ids the store says were used before, learnt from a refused commit (see `UsedIds`).
         let mut used = UsedIds::default();
+        // A commit creating the session was refused: if the session still does not exist, no
+        // racing create won, the store keeps the id of a disposed session.
+        let mut create_refused = false;
         for _ in 0..MAX_CONFLICT_RETRIES + usize::from(known.is_some()) {
             let hinted = known.is_some();
             let (session, version) = match known.take() {
                 Some(known) => known,
                 None => self.load(session_id).await?,
             };
+            if create_refused && !session.is_created() {
+                return Err(Error::SessionDisposed(session_id.to_owned()));
+            }
             let now = self.clock.now();
             // When the session was due to be looked at before this commit (a wake-up for it is
             // on its way, or a run is at it).
@@ -335,7 +418,7 @@ impl App {
                     self.notify(session_id, &session, &events);
                     return Ok(Executed { session, events, version, claimed });
                 }
-                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::Conflict { .. }) => create_refused = version == 0,
                 // The head forgot these ids, the store did not: handle again knowing them (an
                 // old turn id then names its turn, a reused call id is a no-op).
                 Err(StoreError::IdsUsed { ids, .. }) => used.extend(ids),

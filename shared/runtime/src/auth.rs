@@ -63,6 +63,17 @@ pub enum Listing {
     Nothing,
 }
 
+impl Listing {
+    /// Whether a session owned by `owner` is among these.
+    pub fn shows(&self, owner: Option<&str>) -> bool {
+        match self {
+            Listing::Any => true,
+            Listing::OwnedBy(me) => owner == Some(me.as_str()),
+            Listing::Nothing => false,
+        }
+    }
+}
+
 /// What a request does to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {

@@ -141,6 +141,57 @@ pub async fn store_suite(store: &dyn Store) {
     store_due(store).await;
     store_large_session(store).await;
     store_used_ids_are_kept_for_good(store).await;
+    store_dispose(store).await;
+}
+
+/// A disposed session is gone for good: not loaded, listed, due or logged, no id of it used,
+/// and no commit reaches it again, neither one of a writer that loaded it before nor one that
+/// would create it anew. Other sessions are untouched; disposing twice answers false.
+pub async fn store_dispose(store: &dyn Store) {
+    use turnstone_engine::session::UsedId;
+    let mut gone = Driver::create("conf-disp", "conf-disp-agent", Some("conf-disp-owner"), false, T0);
+    gone.turn("one", "reply one");
+    gone.commit_ok(store).await;
+    gone.submit("two");
+    let call = gone.claim_llm();
+    gone.commit_waking(store, Some(T_DUE)).await.unwrap();
+    let stale = gone.clone();
+    let mut kept = Driver::create("conf-disp-kept", "conf-disp-agent", Some("conf-disp-owner"), false, T0);
+    kept.turn("stay", "staying");
+    kept.commit_ok(store).await;
+    let turn = gone.session.turns().next().map(|t| t.id.clone());
+
+    assert!(store.dispose("conf-disp").await.unwrap(), "an existing session is disposed");
+    assert!(store.load("conf-disp").await.unwrap().is_none(), "a disposed session loads as None");
+    assert!(store.events_after("conf-disp", 0, 100).await.unwrap().is_empty(), "and has no log");
+    let mut probe = vec![UsedId::Call(call.0.clone())];
+    probe.extend(turn.map(UsedId::Turn));
+    assert!(store.used_ids("conf-disp", &probe).await.unwrap().is_empty(), "and no used ids");
+    let owner = SessionFilter { owner: Some("conf-disp-owner".into()), ..SessionFilter::default() };
+    let listed: Vec<String> = list_all(store, &owner, 10).await.into_iter().map(|l| l.session_id).collect();
+    assert_eq!(listed, ["conf-disp-kept"], "a disposed session is in no listing");
+    assert!(!store.due(T_DUE, 100).await.unwrap().contains(&"conf-disp".to_owned()), "nor due");
+    assert_stored(store, &kept).await;
+
+    // A writer that loaded the session before it was disposed commits its call's outcome.
+    let mut late = stale.clone();
+    late.finish_llm(call, "a reply nobody may store");
+    match late.commit(store).await {
+        Err(StoreError::Conflict { .. }) => {}
+        other => panic!("a commit to a disposed session must conflict, got {other:?}"),
+    }
+    // One that would create the session again.
+    let mut again = Driver::create("conf-disp", "conf-disp-agent", None, false, T0.plus_ms(9));
+    match again.commit(store).await {
+        Err(StoreError::Conflict { expected: 0, .. }) => {}
+        other => panic!("creating a disposed session again must conflict, got {other:?}"),
+    }
+    assert!(store.load("conf-disp").await.unwrap().is_none(), "refused commits write nothing");
+    assert!(store.events_after("conf-disp", 0, 100).await.unwrap().is_empty());
+
+    assert!(!store.dispose("conf-disp").await.unwrap(), "disposing again finds nothing");
+    assert!(!store.dispose("conf-disp-never").await.unwrap(), "nor does disposing a missing session");
+    assert!(store.load("conf-disp-never").await.unwrap().is_none());
 }
 
 /// Every turn id and call id a session used is kept, long after its head forgot it; a commit

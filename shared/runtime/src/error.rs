@@ -16,6 +16,9 @@ pub enum Error {
     /// No such session.
     #[error("session {0:?} does not exist")]
     SessionNotFound(String),
+    /// The session was disposed: its id is not used again.
+    #[error("session {0:?} was disposed; its id cannot be used again")]
+    SessionDisposed(String),
     /// No such turn in the session.
     #[error("session {session_id:?} has no turn {turn_id:?}")]
     TurnNotFound { session_id: SessionId, turn_id: TurnId },

@@ -252,6 +252,15 @@ pub trait Store: Send + Sync + 'static {
     /// Up to `limit` sessions whose wake time is at or before `now`: at least every one
     /// whose latest commit's wake time no queued wake-up covers ([`Commit::wake_queued`]).
     async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError>;
+
+    /// Disposes session `session_id` for good: its head, log, messages and used ids are
+    /// deleted. Afterwards it loads as None, is in no listing and not due, has no events and
+    /// no used ids, and every commit to it is refused with [`StoreError::Conflict`], a
+    /// commit that would create it again included: a disposed id is never used again (a
+    /// writer that loaded the session before could otherwise write into a new session of
+    /// the same name). Returns whether there was a session to dispose; disposing again does
+    /// nothing more.
+    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError>;
 }
 
 impl Commit<'_> {

@@ -633,7 +633,9 @@ impl PreparedCommit {
                 .prepare_cached(
                     "INSERT INTO heads \
                      (session_id, version, snapshot, declared, agent_id, owner, wake_at, created_at, updated_at) \
-                     VALUES (?1, 1, ?2, ?8, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (session_id) DO NOTHING",
+                     SELECT ?1, 1, ?2, ?8, ?3, ?4, ?5, ?6, ?7 \
+                     WHERE NOT EXISTS (SELECT 1 FROM disposed WHERE session_id = ?1) \
+                     ON CONFLICT (session_id) DO NOTHING",
                 )?
                 .execute(params![
                     self.session_id,
@@ -972,5 +974,26 @@ impl Store for SqliteStore {
         }
         let limit = to_i64(limit as u64);
         self.read(move |conn| due_sessions(conn, now.0, limit)).await
+    }
+
+    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
+        let (id, now) = (session_id.to_owned(), self.inner.clock.now().0);
+        // On the writer, between groups: a commit of the session lands wholly before or is
+        // refused after (its version check finds no head).
+        self.on_writer(move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
+            // The events, messages and used ids follow by `ON DELETE CASCADE`.
+            let deleted = tx.execute("DELETE FROM heads WHERE session_id = ?1", params![id]).map_err(backend)?;
+            if deleted > 0 {
+                tx.execute(
+                    "INSERT INTO disposed (session_id, disposed_at) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                    params![id, now],
+                )
+                .map_err(backend)?;
+            }
+            tx.commit().map_err(backend)?;
+            Ok(deleted > 0)
+        })
+        .await
     }
 }

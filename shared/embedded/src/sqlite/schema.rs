@@ -12,7 +12,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::error::SqliteError;
 
 /// The schema version this build reads and writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Version 1: heads (one row per session), the event log, and the message nodes.
 ///
@@ -86,6 +86,17 @@ const SCHEMA_V3: &str = "
 ALTER TABLE heads ADD COLUMN declared TEXT;
 ";
 
+/// Version 4: `disposed`, the ids of disposed sessions: their rows are deleted (the other
+/// tables follow the head by `ON DELETE CASCADE`), and a creating commit of one of these ids
+/// is refused, so a writer that loaded a session before it was disposed never writes into a
+/// new session of the same name.
+const SCHEMA_V4: &str = "
+CREATE TABLE IF NOT EXISTS disposed (
+    session_id  TEXT PRIMARY KEY NOT NULL,
+    disposed_at INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
 /// How many prepared statements each connection keeps (the store uses about a dozen).
 const STATEMENT_CACHE: usize = 32;
 
@@ -132,15 +143,19 @@ pub(crate) fn ensure(conn: &mut Connection, path: &Path) -> Result<(), SqliteErr
             tx.execute_batch(SCHEMA_V1)?;
             tx.execute_batch(SCHEMA_V2)?;
             tx.execute_batch(SCHEMA_V3)?;
+            tx.execute_batch(SCHEMA_V4)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
             tracing::info!(path = %path.display(), version = SCHEMA_VERSION, "created the store schema");
         }
-        older @ (1 | 2) => {
+        older @ (1..=3) => {
             if older == 1 {
                 tx.execute_batch(SCHEMA_V2)?;
                 tx.execute_batch(BACKFILL_V2)?;
             }
-            tx.execute_batch(SCHEMA_V3)?;
+            if older <= 2 {
+                tx.execute_batch(SCHEMA_V3)?;
+            }
+            tx.execute_batch(SCHEMA_V4)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
             tracing::info!(path = %path.display(), from = older, to = SCHEMA_VERSION, "migrated the store schema");
         }

@@ -188,17 +188,25 @@ impl Transport for Connection {
 }
 
 /// The root channel's notifications: `root/sessionAdded` for every session this process
-/// creates (over AHP, over HTTP, or as a sub-agent) that the caller may see.
+/// creates (over AHP, over HTTP, or as a sub-agent) and `root/sessionRemoved` for every one it
+/// disposes, that the caller may see.
 async fn root_news(host: Arc<AhpHost>, caller: Caller, out: mpsc::Sender<String>) {
-    let mut added = host.app.sessions_created();
+    let (mut added, mut removed) = (host.app.sessions_created(), host.app.sessions_removed());
     loop {
-        let id = match added.recv().await {
-            Ok(id) => id,
-            // Notifications are ephemeral: a lagging client misses some (AHP never replays them).
-            Err(broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(broadcast::error::RecvError::Closed) => return,
+        // Notifications are ephemeral: a lagging client misses some (AHP never replays them).
+        let frame = tokio::select! {
+            id = added.recv() => match id {
+                Ok(id) => sessions::added(&host, &caller, &id).await,
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            gone = removed.recv() => match gone {
+                Ok(gone) => sessions::removed(&caller, &gone),
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
         };
-        if let Some(frame) = sessions::added(&host, &caller, &id).await
+        if let Some(frame) = frame
             && out.send(frame).await.is_err()
         {
             return;

@@ -7,7 +7,7 @@ use ahp_types::commands::{
 };
 use ahp_types::common::ROOT_RESOURCE_URI;
 use ahp_types::errors::ahp_error_codes;
-use ahp_types::notifications::SessionAddedParams;
+use ahp_types::notifications::{SessionAddedParams, SessionRemovedParams};
 use ahp_types::state::{
     ChatState, ChatSummary, SessionLifecycle, SessionState, SessionStatus, SessionSummary, Snapshot,
     SnapshotState,
@@ -21,6 +21,7 @@ use super::AhpHost;
 use super::channels::project_log;
 use super::rpc::{self, RpcError};
 use crate::api::Placement;
+use crate::app::Removed;
 use crate::auth::{Access, Caller, Listing};
 use crate::error::Error;
 use crate::store::{SessionFilter, SessionListing};
@@ -247,13 +248,28 @@ pub(crate) async fn create_chat(
     Ok(())
 }
 
-/// `disposeSession`: the store keeps every session for good.
+/// `disposeSession`: the session and its sub-agent sessions are deleted for good; every root
+/// subscriber that may know hears `root/sessionRemoved` for each.
 pub(crate) async fn dispose(host: &AhpHost, caller: &Caller, channel: &str) -> Result<(), RpcError> {
     let id = session_id(channel, "ahp-session").ok_or_else(|| not_found(channel))?;
-    reachable(host, caller, &id, Access::Drive, channel).await?;
-    Err(RpcError::internal(
-        "disposeSession is not supported: Turnstone's stores keep every session and its log for good",
-    ))
+    match host.app.dispose(&id, caller).await {
+        Ok(_) => Ok(()),
+        Err(Error::SessionNotFound(_)) => Err(not_found(channel)),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// `root/sessionRemoved` for `removed`, if `caller` may see it.
+pub(crate) fn removed(caller: &Caller, removed: &Removed) -> Option<String> {
+    caller.listing().shows(removed.owner.as_deref()).then(|| {
+        rpc::notification(
+            "root/sessionRemoved",
+            &SessionRemovedParams {
+                channel: ROOT_RESOURCE_URI.to_owned(),
+                session: session_uri(&removed.session_id),
+            },
+        )
+    })
 }
 
 /// The session channel's snapshot: the session with its one chat.

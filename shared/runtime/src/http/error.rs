@@ -22,6 +22,9 @@ impl From<Error> for ApiError {
             Error::SessionNotFound(_) => {
                 ApiError::new(StatusCode::NOT_FOUND, "session_not_found", e.to_string())
             }
+            Error::SessionDisposed(_) => {
+                ApiError::new(StatusCode::CONFLICT, "session_disposed", e.to_string())
+            }
             Error::TurnNotFound { .. } => {
                 ApiError::new(StatusCode::NOT_FOUND, "turn_not_found", e.to_string())
             }

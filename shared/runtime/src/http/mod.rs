@@ -16,7 +16,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use turnstone_engine::ids::{SessionId, TurnId};
 use turnstone_engine::protocol::{Action, ClientInput, parse_slice};
 use turnstone_engine::session::{Command, Event, Session};
@@ -72,7 +72,7 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
     let state = AppState { app, config: Arc::new(config), ahp };
     axum::Router::new()
         .route("/v1/sessions", get(list_sessions))
-        .route("/v1/sessions/{id}", get(session_summary))
+        .route("/v1/sessions/{id}", get(session_summary).delete(dispose))
         .route("/v1/sessions/{id}/inputs", post(submit))
         .route("/v1/sessions/{id}/messages", get(messages))
         .route("/v1/sessions/{id}/turns/{turn_id}", get(turn))
@@ -228,6 +228,25 @@ async fn fork(
     let (forked, created) = state.app.fork(&id, &request.turn_id, &fork_id, &caller).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(forked)).into_response())
+}
+
+/// What `DELETE /v1/sessions/{id}` disposed.
+#[derive(Serialize)]
+struct Disposed {
+    session_id: SessionId,
+    /// The session and the sub-agent sessions it started, parents first.
+    disposed: Vec<SessionId>,
+}
+
+/// `DELETE /v1/sessions/{id}`: the session and its sub-agent sessions are deleted for good.
+async fn dispose(
+    State(state): State<AppState>,
+    Path(id): Path<SessionId>,
+    headers: HeaderMap,
+) -> Result<Json<Disposed>, ApiError> {
+    let caller = authenticate(&state, &headers)?;
+    let disposed = state.app.dispose(&id, &caller).await?;
+    Ok(Json(Disposed { session_id: id, disposed }))
 }
 
 async fn session_summary(
