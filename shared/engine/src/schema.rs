@@ -99,10 +99,15 @@ fn generate<T: JsonSchema>() -> Value {
     sorted(value)
 }
 
-/// Rustdoc's intra-doc links (``[`Message`]``) read as plain code spans (`` `Message` ``).
+/// Rustdoc's intra-doc links (``[`Message`]``) read as plain code spans (`` `Message` ``), and a
+/// `u32` says its upper bound (schemars gives only `format: uint32`, which validators do not
+/// assert; serde refuses a larger number).
 fn tidy(value: &mut Value) {
     match value {
         Value::Object(map) => {
+            if map.get("format").and_then(Value::as_str) == Some("uint32") && !map.contains_key("maximum") {
+                map.insert("maximum".into(), Value::from(u32::MAX));
+            }
             for (key, v) in map.iter_mut() {
                 match v {
                     Value::String(text) if key == "description" => {
