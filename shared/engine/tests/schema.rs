@@ -83,9 +83,9 @@ fn committed_schema_is_what_the_types_generate() {
 
 // ---- validators ----
 
-/// The schema of `type_name`: a file's root (its `title`) or one of its `$defs`. `strict`
-/// picks `decision-request.json`'s strict `DecisionResponse` over the lenient root of
-/// `decision-response.json`.
+/// The schema of `type_name`: a file's root (its `title`) or one of its `$defs`. For
+/// `DecisionResponse` that is the strict one of `decision-request.json` (what `parse` reads);
+/// the lenient root of `decision-response.json` is checked apart ([`worker_answer_checker`]).
 fn schema_of(type_name: &str) -> Value {
     let files = [
         "decision-request.json",
