@@ -25,6 +25,7 @@ macro_rules! ids {
     ($($(#[$doc:meta])* $name:ident;)+) => {$(
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+        #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
         #[serde(transparent)]
         pub struct $name(String);
 

@@ -6,6 +6,8 @@
 pub mod ids;
 pub mod llm_format;
 pub mod protocol;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod session;
 pub mod time;
 

@@ -11,6 +11,7 @@ use crate::ids::{CallId, InterruptId, SessionId};
 
 /// One thing a decision asks the engine to do.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type")]
 pub enum Action {
     /// Call the model.
@@ -80,6 +81,7 @@ super::parse::tagged_deserialize! {
 
 /// `llm.call`: every field optional; omitted ones fill from the agent config, then defaults.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmCallAction {
     /// Omitted: the engine mints one.
@@ -117,6 +119,7 @@ pub struct LlmCallAction {
 
 /// `tool.call`: call a tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolCallAction {
     /// Omitted: the engine mints one.
@@ -135,6 +138,7 @@ pub struct ToolCallAction {
 
 /// `tool.result`: a tool call's result.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolResultAction {
     /// Omitted: the answered `tool.execute`'s call.
@@ -148,6 +152,7 @@ pub struct ToolResultAction {
 
 /// `tool.error` / `llm.error`: a call attempt failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct CallErrorAction {
     /// Omitted: the answered execute trigger's call.
@@ -168,6 +173,7 @@ pub struct CallErrorAction {
 
 /// `llm.result`: a worker LLM call's response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmResultAction {
     /// Omitted: the answered `llm.execute`'s call.
@@ -182,6 +188,7 @@ pub struct LlmResultAction {
 
 /// `sub_agent.spawn`: start a child session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct SubAgentSpawnAction {
     /// The child session.
@@ -197,6 +204,7 @@ pub struct SubAgentSpawnAction {
 
 /// `message.send`: write a message into another session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct MessageSendAction {
     /// The receiving session: a child of this one.
@@ -206,6 +214,7 @@ pub struct MessageSendAction {
 
 /// `interrupt`: pause the branch at the head.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptAction {
     /// Omitted: the engine mints one.
@@ -220,6 +229,7 @@ pub struct InterruptAction {
 
 /// `done`: end the turn.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct DoneAction {
     /// The turn's result.

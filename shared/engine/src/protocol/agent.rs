@@ -5,6 +5,7 @@ use serde_json::Value;
 
 /// Where a call runs: the engine, the worker, or the client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Handler {
     /// The engine runs it (server LLM calls).
@@ -17,6 +18,7 @@ pub enum Handler {
 
 /// Where an LLM call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum LlmHandler {
     /// The engine calls the model with its provider (the default).
@@ -37,6 +39,7 @@ impl From<LlmHandler> for Handler {
 
 /// Where a tool call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum ToolHandler {
     /// The worker runs it, as a `tool.execute` decision (the default).
@@ -49,6 +52,7 @@ pub enum ToolHandler {
 /// Whether a person must approve a tool's calls before they run (an extension of the
 /// protocol: AHP's tool confirmation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Approval {
     /// Every call waits, `pending-confirmation`, until a client approves or denies it
@@ -70,6 +74,7 @@ impl From<ToolHandler> for Handler {
 
 /// A provider wire format for worker-run LLM calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum LlmFormat {
     /// OpenAI chat completions.
@@ -80,6 +85,7 @@ pub enum LlmFormat {
 
 /// An agent's configuration, versioned per branch of the session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct AgentConfig {
     /// The model to call; the only required field.
@@ -164,6 +170,7 @@ impl AgentConfig {
 
 /// A tool the model may call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct AgentTool {
     /// The tool's name, as the model sees it.
@@ -194,6 +201,7 @@ impl AgentTool {
 
 /// An agent the model may delegate to.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct SubAgent {
     /// The agent to spawn, and the tool name the model sees.
@@ -205,9 +213,11 @@ pub struct SubAgent {
 
 /// How a call is bounded and retried.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct RetryPolicy {
     /// The bound on one attempt; null: no limit. Required on the wire, may be `null`.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::schema::Nullable<f64>"))]
     #[serde(deserialize_with = "super::parse::nullable", serialize_with = "super::number::compact_opt_f64")]
     pub timeout_secs: Option<f64>,
     /// How many attempts may follow the first.

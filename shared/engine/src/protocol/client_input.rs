@@ -9,6 +9,7 @@ use crate::ids::{CallId, InterruptId, TurnId};
 
 /// One input from a client.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type")]
 pub enum ClientInput {
     /// One new message at the head.
@@ -83,6 +84,7 @@ super::parse::tagged_deserialize! {
 
 /// `client.message`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientMessageInput {
     /// The agent that runs the session.
@@ -98,6 +100,7 @@ pub struct ClientMessageInput {
 
 /// `client.messages`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientMessagesInput {
     /// The agent that runs the session.
@@ -117,6 +120,7 @@ pub struct ClientMessagesInput {
 
 /// `client.action`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientActionInput {
     /// The agent that runs the session.
@@ -131,6 +135,7 @@ pub struct ClientActionInput {
 
 /// `interrupt.resume`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptResumeInput {
     pub interrupt_id: InterruptId,
@@ -141,6 +146,7 @@ pub struct InterruptResumeInput {
 
 /// `tool.result` from the client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolResultInput {
     /// The client tool call.
@@ -154,6 +160,7 @@ pub struct ToolResultInput {
 
 /// `tool.error` from the client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolErrorInput {
     /// The client tool call.
@@ -167,6 +174,7 @@ pub struct ToolErrorInput {
 
 /// `tool.approval`: a person's verdict on a tool call waiting for approval.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolApprovalInput {
     /// The waiting call.

@@ -13,6 +13,7 @@ use crate::ids::{CallId, DecisionId, MessageId, SessionId, TurnId};
 
 /// One decision, POSTed to the worker (or accepted by the engine itself).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct DecisionRequest {
     pub session_id: SessionId,
@@ -28,6 +29,8 @@ pub struct DecisionRequest {
     /// The agent state, verbatim.
     pub state: Value,
     /// The agent config on this branch; `null` when nothing has set one. Required on the wire.
+    // `Nullable`: schemars would take an `Option` as optional; `nullable` requires it.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::schema::Nullable<AgentConfig>"))]
     #[serde(deserialize_with = "super::parse::nullable")]
     pub agent: Option<AgentConfig>,
     /// Calls not yet reported back.
@@ -43,15 +46,18 @@ pub struct DecisionRequest {
     /// Delivery attempts of this decision.
     pub attempts: u32,
     /// When this delivery times out. Required on the wire, may be `null`.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::schema::Nullable<String>"))]
     #[serde(deserialize_with = "super::parse::nullable")]
     pub deadline: Option<String>,
     /// The turn's idempotency id. Required on the wire, may be `null`.
+    #[cfg_attr(feature = "schema", schemars(with = "crate::schema::Nullable<TurnId>"))]
     #[serde(deserialize_with = "super::parse::nullable")]
     pub turn_id: Option<TurnId>,
 }
 
 /// The session owner, without the tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct WorkerIdentity {
     /// The owner's id.
@@ -64,6 +70,7 @@ pub struct WorkerIdentity {
 
 /// A call's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CallKind {
     ToolCall,
@@ -73,6 +80,7 @@ pub enum CallKind {
 
 /// Where a call is in its lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum CallStatus {
     /// An attempt is running.
@@ -89,6 +97,7 @@ pub enum CallStatus {
 
 /// A call as a decision sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct Call {
     pub id: CallId,
@@ -123,6 +132,7 @@ pub struct Call {
 
 /// What a decision answers: how the conversation now reads, and what to do next.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct DecisionResponse {
     /// Messages to record (reconciled into the tree).

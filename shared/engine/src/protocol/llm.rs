@@ -8,6 +8,7 @@ use crate::ids::CallId;
 
 /// A model call, provider-neutral.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmRequest {
     pub model: String,
@@ -32,6 +33,7 @@ pub struct LlmRequest {
 
 /// A tool as the model sees it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmTool {
     pub name: String,
@@ -46,6 +48,7 @@ pub struct LlmTool {
 
 /// How hard the model should think.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Effort {
     /// The most.
@@ -61,6 +64,7 @@ pub enum Effort {
 
 /// Reasoning settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ReasoningConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,6 +82,7 @@ pub struct ReasoningConfig {
 
 /// A model's answer, provider-neutral.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct LlmResponse {
     pub model: String,
@@ -118,6 +123,7 @@ impl LlmResponse {
 
 /// One chunk of a streaming model answer.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct StreamDelta {
     /// More text.
@@ -136,6 +142,7 @@ pub struct StreamDelta {
 
 /// A fragment of one tool call in a [`StreamDelta`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct ToolCallDelta {
     /// The tool call's id; every fragment of one call carries it.

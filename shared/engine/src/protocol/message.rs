@@ -7,6 +7,7 @@ use crate::ids::{CallId, MessageId};
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     /// Instructions; never stored in the transcript (the agent config holds the system prompt).
@@ -25,6 +26,11 @@ pub enum Role {
 /// array is [`Content::Parts`] read part by part (so an error names the part, e.g.
 /// `content[1].text`), and anything else is "expected a string or an array of content parts".
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(description = "A message body: plain text or a list of typed parts.")
+)]
 #[serde(untagged)]
 pub enum Content {
     /// Plain text.
@@ -99,6 +105,7 @@ impl From<String> for Content {
 
 /// One part of a multimodal message.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
     Text {
@@ -126,6 +133,7 @@ pub enum ContentPart {
 
 /// `{ url }`, as used by image and video parts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct UrlRef {
     pub url: String,
@@ -133,6 +141,7 @@ pub struct UrlRef {
 
 /// The `file` of a file part.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct FileData {
     /// The file's name.
@@ -143,6 +152,7 @@ pub struct FileData {
 
 /// The `input_audio` of an audio part.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct AudioData {
     /// The audio bytes, base64.
@@ -193,6 +203,7 @@ super::parse::tagged_deserialize! {
 
 /// A tool call requested by the model, in the OpenAI shape the protocol uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct ToolCall {
     /// The answering tool message carries it as `tool_call_id`; a `tool.call` or delegation
@@ -218,6 +229,7 @@ impl ToolCall {
 
 /// The function of a tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct FunctionCall {
     pub name: String,
@@ -227,6 +239,7 @@ pub struct FunctionCall {
 
 /// A message not yet recorded: the same shape as [`Message`] with an optional id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct DraftMessage {
     /// The recorded node this message is, if it is one; absent for news.
@@ -303,6 +316,7 @@ impl DraftMessage {
 
 /// A recorded message: a node of the session's message tree.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct Message {
     pub id: MessageId,
@@ -346,6 +360,7 @@ impl Message {
 
 /// Every recorded message of a session, with the branch structure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct MessageTree {
     /// Every node, parents before children.
@@ -357,6 +372,7 @@ pub struct MessageTree {
 
 /// One node of a [`MessageTree`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self")]
 pub struct TreeNode {
     pub message: Message,

@@ -9,6 +9,9 @@ use crate::ids::{CallId, InterruptId, SessionId};
 
 /// News not yet written into the conversation, delivered in a `DecisionRequest`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+// Every variant's body refuses unknown fields (`NoFields` and the structs); the schema says so.
+#[cfg_attr(feature = "schema", schemars(deny_unknown_fields))]
 #[serde(tag = "type")]
 pub enum Trigger {
     /// The session was created.
@@ -77,6 +80,7 @@ super::parse::tagged_deserialize! {
 
 /// `client.messages`: the client's full view of the conversation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientMessagesTrigger {
     /// The client's full conversation view.
@@ -89,6 +93,7 @@ pub struct ClientMessagesTrigger {
 
 /// `client.action`: a named action from the client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientActionTrigger {
     pub name: String,
@@ -98,6 +103,7 @@ pub struct ClientActionTrigger {
 
 /// `tool.execute`: run one attempt of a tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolExecuteTrigger {
     pub id: CallId,
@@ -115,6 +121,7 @@ pub struct ToolExecuteTrigger {
 
 /// `tool.finished`: a tool call settled for good.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ToolFinishedTrigger {
     pub id: CallId,
@@ -130,6 +137,7 @@ pub struct ToolFinishedTrigger {
 
 /// `llm.execute`: run one attempt of an LLM call on the worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmExecuteTrigger {
     pub id: CallId,
@@ -148,6 +156,7 @@ pub struct LlmExecuteTrigger {
 
 /// `llm.finished`: an LLM call settled for good.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct LlmFinishedTrigger {
     pub id: CallId,
@@ -175,6 +184,7 @@ pub struct LlmFinishedTrigger {
 
 /// `sub_agent.finished`: a delegated session's turn ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct SubAgentFinishedTrigger {
     /// The tool call the delegation answers.
@@ -195,6 +205,7 @@ pub struct SubAgentFinishedTrigger {
 
 /// `interrupt.resumed`: the client resumed an open interrupt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct InterruptResumedTrigger {
     pub interrupt_id: InterruptId,
@@ -205,6 +216,9 @@ pub struct InterruptResumedTrigger {
 
 /// The engine's validation of a tool call's arguments.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+// The variants' bodies (`ValidInput`, ...) refuse unknown fields; the schema says so.
+#[cfg_attr(feature = "schema", schemars(deny_unknown_fields))]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum ToolInput {
     /// Parsed, and conforms to the tool's input schema.
@@ -249,6 +263,7 @@ super::parse::tagged_deserialize! {
 
 /// The class of a call failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The provider failed.
@@ -265,6 +280,7 @@ pub enum ErrorCode {
 
 /// What the client brought with a `client.messages` input.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(remote = "Self", deny_unknown_fields)]
 pub struct ClientContext {
     /// Client-executed tools, layered onto the proposed config.
