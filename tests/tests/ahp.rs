@@ -554,8 +554,10 @@ async fn ahp_is_authenticated_and_scoped_to_the_callers_sessions() {
     let mut alice_root = alice.attach_subscription("ahp-root://").await;
     bob.subscribe("ahp-root://".into()).await.unwrap();
     let mut bob_root = bob.attach_subscription("ahp-root://").await;
-    let error =
-        bob.request::<_, Value>("disposeSession", json!({"channel": "ahp-session:/s-alice"})).await.unwrap_err();
+    let error = bob
+        .request::<_, Value>("disposeSession", json!({"channel": "ahp-session:/s-alice"}))
+        .await
+        .unwrap_err();
     assert_eq!(rpc_code(&error), -32001);
     let disposed: Value =
         alice.request("disposeSession", json!({"channel": "ahp-session:/s-alice"})).await.unwrap();
@@ -565,12 +567,16 @@ async fn ahp_is_authenticated_and_scoped_to_the_callers_sessions() {
     assert_eq!(removed.session, "ahp-session:/s-alice");
     let mine: Value = alice.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
     assert_eq!(mine["items"], json!([]));
-    let again =
-        alice.request::<_, Value>("disposeSession", json!({"channel": "ahp-session:/s-alice"})).await.unwrap_err();
+    let again = alice
+        .request::<_, Value>("disposeSession", json!({"channel": "ahp-session:/s-alice"}))
+        .await
+        .unwrap_err();
     assert_eq!(rpc_code(&again), -32001);
     // Bob heard nothing of alice's session: the next root notification he gets is his own.
-    let _: Value =
-        bob.request("createSession", json!({"channel": "ahp-session:/s-bob", "provider": "demo"})).await.unwrap();
+    let _: Value = bob
+        .request("createSession", json!({"channel": "ahp-session:/s-bob", "provider": "demo"}))
+        .await
+        .unwrap();
     let next = tokio::time::timeout(PATIENCE, bob_root.recv()).await.unwrap();
     let Some(SubscriptionEvent::SessionAdded(added)) = next else { panic!("{next:?}") };
     assert_eq!(added.summary.resource, "ahp-session:/s-bob");

@@ -35,8 +35,8 @@ use crate::chunks::{self, Body, JoinError};
 use crate::commit::{self, Tail, Write};
 use crate::error::{AwsError, describe};
 use crate::items::{
-    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DISPOSED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD,
-    LISTED, MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
+    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DISPOSED, DUE_SHARD, FIRST, HEAD, Item,
+    LIST_SHARD, LISTED, MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
 };
 use crate::table;
 
@@ -667,11 +667,13 @@ impl DynamoStore {
                 let mut husk = key;
                 husk.insert(DISPOSED.to_owned(), items::n(now.0));
                 let put = PutRequest::builder().set_item(Some(husk)).build();
-                WriteRequest::builder().put_request(put.map_err(|e| self.failed("BatchWriteItem", session_id, e.to_string()))?)
+                WriteRequest::builder()
+                    .put_request(put.map_err(|e| self.failed("BatchWriteItem", session_id, e.to_string()))?)
             } else {
                 let delete = DeleteRequest::builder().set_key(Some(key)).build();
-                WriteRequest::builder()
-                    .delete_request(delete.map_err(|e| self.failed("BatchWriteItem", session_id, e.to_string()))?)
+                WriteRequest::builder().delete_request(
+                    delete.map_err(|e| self.failed("BatchWriteItem", session_id, e.to_string()))?,
+                )
             };
             writes.push(request.build());
         }

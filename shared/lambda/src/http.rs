@@ -9,17 +9,18 @@ use turnstone_runtime::http::{HttpConfig, MAX_WAIT_BEHIND_API_GATEWAY, router};
 
 /// The router of the `api` function: long-polls end before API Gateway's 30 s limit would
 /// answer 504 for them.
-/// A request's commits push to AHP subscribers before its answer goes out: the process may
-/// freeze once the invocation ends.
+/// A request's commits push to AHP subscribers, and its metrics are written, before its answer
+/// goes out: the process may freeze once the invocation ends.
 pub fn api_router(app: Arc<App>, http: HttpConfig) -> axum::Router {
     let max_wait = http.max_wait.min(MAX_WAIT_BEHIND_API_GATEWAY);
-    let notifier = Arc::clone(app.notifier());
+    let invoked = Arc::clone(&app);
     router(app, HttpConfig { max_wait, ..http }).layer(axum::middleware::from_fn(
         move |request, next: Next| {
-            let notifier = Arc::clone(&notifier);
+            let app = Arc::clone(&invoked);
             async move {
                 let response = next.run(request).await;
-                notifier.flush().await;
+                app.notifier().flush().await;
+                crate::emit_metrics(&app);
                 response
             }
         },

@@ -27,6 +27,22 @@ pub fn init_logging() -> std::time::Instant {
     started
 }
 
+/// Writes what the invocation committed, counted, as CloudWatch Embedded Metric Format lines
+/// on standard output, where CloudWatch Logs turns them into metrics (namespace
+/// `Turnstone`; see `turnstone_runtime::metrics`). Called once an invocation's work is done.
+pub fn emit_metrics(app: &turnstone_runtime::app::App) {
+    use std::io::Write as _;
+    let lines = app.metrics().drain_emf(app.now());
+    if lines.is_empty() {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    for line in lines {
+        // A metric line that cannot be written is lost, as a log line would be.
+        let _ = writeln!(out, "{line}");
+    }
+}
+
 /// Logs how long the function's own initialization took (configuration, secrets, clients),
 /// before it takes its first event.
 pub fn ready(started: std::time::Instant) {

@@ -75,7 +75,11 @@ pub async fn handle_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchR
 pub async fn run_dispatch(dispatcher: std::sync::Arc<Dispatcher>) -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(move |event: lambda_runtime::LambdaEvent<SqsEvent>| {
         let dispatcher = std::sync::Arc::clone(&dispatcher);
-        async move { Ok::<_, lambda_runtime::Error>(handle_batch(&dispatcher, event.payload).await) }
+        async move {
+            let response = handle_batch(&dispatcher, event.payload).await;
+            crate::emit_metrics(dispatcher.app());
+            Ok::<_, lambda_runtime::Error>(response)
+        }
     }))
     .await
 }

@@ -70,7 +70,11 @@ pub async fn run_ahp(app: Arc<App>, gateway: Arc<Gateway>) -> Result<(), lambda_
     lambda_runtime::run(lambda_runtime::service_fn(
         move |event: lambda_runtime::LambdaEvent<ApiGatewayWebsocketProxyRequest>| {
             let (app, gateway) = (Arc::clone(&app), Arc::clone(&gateway));
-            async move { Ok::<_, lambda_runtime::Error>(handle(&app, &gateway, event.payload).await) }
+            async move {
+                let response = handle(&app, &gateway, event.payload).await;
+                crate::emit_metrics(&app);
+                Ok::<_, lambda_runtime::Error>(response)
+            }
         },
     ))
     .await

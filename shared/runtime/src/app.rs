@@ -24,6 +24,7 @@ use crate::clock::Clock;
 use crate::config::LimitsConfig;
 use crate::error::{Error, Result};
 use crate::llm::ModelProvider;
+use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::queue::{Queue, WakeUp};
 use crate::store::{Commit, SessionFilter, Store, StoreError};
@@ -98,6 +99,8 @@ pub struct App {
     created: broadcast::Sender<SessionId>,
     /// Sessions this process disposed (AHP's `root/sessionRemoved`).
     removed: broadcast::Sender<Removed>,
+    /// What this process committed, counted.
+    metrics: Metrics,
 }
 
 /// A session this process disposed, and who owned it.
@@ -145,6 +148,7 @@ impl App {
             entropy: AtomicU64::new(seed),
             created: broadcast::channel(CREATED_BUFFER).0,
             removed: broadcast::channel(CREATED_BUFFER).0,
+            metrics: Metrics::default(),
         })
     }
 
@@ -219,6 +223,11 @@ impl App {
                 _ => return Ok(children),
             }
         }
+    }
+
+    /// What this process committed, counted (`GET /metrics`, EMF lines on Lambda).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Who hears of commits.
@@ -457,6 +466,7 @@ impl App {
                 _ => None,
             })
             .collect();
+        self.metrics.observe(session, events, self.clock.now());
         let shows = events.iter().any(turnstone_ahp::shows_in_chat);
         self.notifier.committed(session_id, session.events_applied(), &ended_turns, shows);
         if events.iter().any(|e| matches!(e, Event::SessionCreated { .. })) {

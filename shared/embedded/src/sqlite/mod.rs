@@ -983,7 +983,8 @@ impl Store for SqliteStore {
         self.on_writer(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
             // The events, messages and used ids follow by `ON DELETE CASCADE`.
-            let deleted = tx.execute("DELETE FROM heads WHERE session_id = ?1", params![id]).map_err(backend)?;
+            let deleted =
+                tx.execute("DELETE FROM heads WHERE session_id = ?1", params![id]).map_err(backend)?;
             if deleted > 0 {
                 tx.execute(
                     "INSERT INTO disposed (session_id, disposed_at) VALUES (?1, ?2) ON CONFLICT DO NOTHING",

@@ -84,6 +84,7 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
         .route("/v1/sessions/{id}/forks", post(fork))
         .route("/v1/ahp", get(ahp::upgrade))
         .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         // Bodies are read and limited by `body()`; this only stops axum's own 2 MB default.
         .layer(DefaultBodyLimit::max(limit.saturating_add(1)))
@@ -228,6 +229,22 @@ async fn fork(
     let (forked, created) = state.app.fork(&id, &request.turn_id, &fork_id, &caller).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(forked)).into_response())
+}
+
+/// Sessions with work due counted for the gauge, at most.
+const DUE_COUNTED: usize = 10_000;
+
+/// `GET /metrics`: the host's counters in the Prometheus text format. With `[auth]` on, only
+/// an admin key reads them (they name agents and models).
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let caller = authenticate(&state, &headers)?;
+    if !matches!(caller, Caller::Anyone | Caller::Admin { .. }) {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "metrics need an admin key"));
+    }
+    let due = state.app.store().due(state.app.now(), DUE_COUNTED).await.map_err(crate::error::Error::from)?;
+    let text = state.app.metrics().prometheus(due.len());
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text)
+        .into_response())
 }
 
 /// What `DELETE /v1/sessions/{id}` disposed.

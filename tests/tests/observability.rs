@@ -1,0 +1,148 @@
+//! What a running host tells its operators: `GET /metrics` in the Prometheus text format, and
+//! the same counters as CloudWatch Embedded Metric Format lines (what the Lambda functions
+//! print), after real turns over HTTP against a fake model server.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use turnstone_engine::time::Timestamp;
+use turnstone_tests::TestHost;
+use turnstone_tests::fake::Reply;
+use turnstone_tests::fake_openai::FakeOpenAi;
+
+fn config(openai: &FakeOpenAi, auth: &str) -> String {
+    format!(
+        r#"
+[defaults]
+llm = {{ timeout_secs = 5, max_retries = 2, backoff_base_secs = 0.05, backoff_max_secs = 0.1 }}
+
+[llm.fake]
+type = "openai"
+base_url = "{}"
+prices."gpt-fake" = {{ input = 2.5, output = 10.0 }}
+
+[agent.paid]
+model = "gpt-fake"
+llm = "fake"
+{auth}"#,
+        openai.base_url()
+    )
+}
+
+fn message(text: &str) -> Value {
+    json!({"type": "client.message", "agent_id": "paid", "message": {"role": "user", "content": text}})
+}
+
+/// `name{labels}` -> value, for every sample line of a Prometheus text exposition; checks
+/// that every sample's metric was declared with `# TYPE` first.
+fn samples(text: &str) -> BTreeMap<String, f64> {
+    let mut typed = Vec::new();
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            typed.push(rest.split(' ').next().unwrap().to_owned());
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("not a sample: {line:?}"));
+        let name = key.split('{').next().unwrap();
+        let family = ["_bucket", "_sum", "_count"].iter().fold(name, |n, s| n.strip_suffix(s).unwrap_or(n));
+        assert!(typed.iter().any(|t| t == name || t == family), "{name} has no # TYPE line");
+        out.insert(key.to_owned(), value.parse().unwrap_or_else(|_| panic!("not a number: {line:?}")));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_turns_calls_tokens_and_cost() {
+    let openai = FakeOpenAi::start().await;
+    // The first attempt fails and is retried; the second answers.
+    openai.push(Reply::error(500, "overloaded"));
+    openai.push(Reply::text("Hello.").usage(1000, 200));
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(&config(&openai, ""), dir.path()).await;
+    let turn = host.submit_ok("s-m", &message("hi")).await;
+    host.wait_turn("s-m", &turn).await;
+
+    let response = host.http().get(format!("{}/metrics", host.url())).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
+    let text = response.text().await.unwrap();
+    let got = samples(&text);
+    let at = |key: &str| got.get(key).copied().unwrap_or_else(|| panic!("no {key} in\n{text}"));
+    assert_eq!(at(r#"turnstone_turns_started_total{agent="paid"}"#), 1.0);
+    assert_eq!(at(r#"turnstone_turns_ended_total{agent="paid",status="completed"}"#), 1.0);
+    assert_eq!(at(r#"turnstone_steps_total{agent="paid"}"#), 1.0);
+    assert_eq!(at(r#"turnstone_call_attempts_total{agent="paid",kind="llm",result="retried"}"#), 1.0);
+    assert_eq!(at(r#"turnstone_call_attempts_total{agent="paid",kind="llm",result="ok"}"#), 1.0);
+    assert_eq!(at(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="prompt_tokens"}"#), 1000.0);
+    assert_eq!(
+        at(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="completion_tokens"}"#),
+        200.0
+    );
+    // 1000 * 2.5 / 1e6 + 200 * 10 / 1e6 dollars.
+    assert_eq!(at(r#"turnstone_cost_dollars_total{agent="paid",model="gpt-fake"}"#), 0.0045);
+    assert_eq!(at(r#"turnstone_call_seconds_count{agent="paid",kind="llm"}"#), 2.0);
+    assert_eq!(at(r#"turnstone_call_seconds_bucket{agent="paid",kind="llm",le="+Inf"}"#), 2.0);
+    assert_eq!(at("turnstone_sessions_due"), 0.0);
+
+    // The same counts as EMF lines, once: a drain takes them.
+    let lines = host.app().metrics().drain_emf(Timestamp(1_800_000_000_000));
+    let lines: Vec<Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let line = |dims: &[(&str, &str)]| {
+        lines
+            .iter()
+            .find(|l| {
+                let names = &l["_aws"]["CloudWatchMetrics"][0]["Dimensions"][0];
+                names.as_array().map(Vec::len) == Some(dims.len()) && dims.iter().all(|(k, v)| l[*k] == *v)
+            })
+            .unwrap_or_else(|| panic!("no line for {dims:?} in {lines:#?}"))
+    };
+    let agent = line(&[("agent", "paid")]);
+    assert_eq!((agent["TurnsStarted"].clone(), agent["Steps"].clone()), (json!(1), json!(1)));
+    assert_eq!(agent["_aws"]["Timestamp"], 1_800_000_000_000_i64);
+    assert_eq!(agent["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Turnstone");
+    let declared: Vec<&str> = agent["_aws"]["CloudWatchMetrics"][0]["Metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["Name"].as_str().unwrap())
+        .collect();
+    assert!(declared.contains(&"TurnsStarted") && declared.contains(&"Steps"), "{declared:?}");
+    let ok = line(&[("agent", "paid"), ("kind", "llm"), ("result", "ok")]);
+    assert_eq!(ok["CallAttempts"], 1);
+    let latency = line(&[("agent", "paid"), ("kind", "llm")]);
+    assert_eq!(latency["CallSeconds"].as_array().map(Vec::len), Some(2));
+    let cost = line(&[("agent", "paid"), ("model", "gpt-fake")]);
+    assert_eq!(cost["CostDollars"], 0.0045);
+    assert!(host.app().metrics().drain_emf(Timestamp(0)).is_empty(), "a drain resets what it wrote");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_auth_on_only_an_admin_reads_metrics() {
+    let openai = FakeOpenAi::start().await;
+    let auth = "\n[auth]\napi_keys_env = \"KEYS\"\nadmin_keys_env = \"ADMINS\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start_with_env(&config(&openai, auth), dir.path(), |name| match name {
+        "KEYS" => Some("alice:key-alice".to_owned()),
+        "ADMINS" => Some("root:key-root".to_owned()),
+        _ => None,
+    })
+    .await;
+    for (token, status) in [(None, 401), (Some("key-alice"), 403), (Some("key-root"), 200)] {
+        let client = match token {
+            Some(token) => host.with_token(token),
+            None => (*host).clone(),
+        };
+        let (got, body) = client.get("/metrics").await;
+        assert_eq!(got, status, "{token:?}: {body}");
+    }
+    host.stop().await;
+}
