@@ -237,16 +237,30 @@ impl Registry for DynamoRegistry {
     }
 
     async fn advance(&self, id: &str, session: &SessionId, to: u64) -> Result<Option<u64>, RegistryError> {
+        self.claim(id, session, to.saturating_sub(1), to).await
+    }
+
+    async fn claim(
+        &self,
+        id: &str,
+        session: &SessionId,
+        at_most: u64,
+        to: u64,
+    ) -> Result<Option<u64>, RegistryError> {
+        if at_most >= to {
+            return Ok(None);
+        }
         let out = self
             .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(Self::subscription_key(id, session)))
             .update_expression("SET #seq = :to")
-            .condition_expression("attribute_exists(#pk) AND #seq < :to")
+            .condition_expression("attribute_exists(#pk) AND #seq <= :at_most")
             .expression_attribute_names("#seq", SERVER_SEQ)
             .expression_attribute_names("#pk", PK)
             .expression_attribute_values(":to", items::n(to))
+            .expression_attribute_values(":at_most", items::n(at_most))
             .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedOld)
             .send()
             .await;

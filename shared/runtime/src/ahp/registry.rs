@@ -76,6 +76,18 @@ pub trait Registry: Send + Sync + 'static {
     /// the position it stood at (the actions after it, through `to`, are the caller's to send),
     /// or `None` when it stands at or past `to` already, or the subscription is gone.
     async fn advance(&self, id: &str, session: &SessionId, to: u64) -> Result<Option<u64>, RegistryError>;
+
+    /// Moves connection `id`'s position on `session`'s chat to `to` if it stands at or before
+    /// `at_most` (below `to`): the position it stood at, or `None` (it moved past `at_most`, or
+    /// the subscription is gone). A stream claims with it, so a connection that got an action
+    /// numbered elsewhere meanwhile is not sent the rest of a part it did not see begin.
+    async fn claim(
+        &self,
+        id: &str,
+        session: &SessionId,
+        at_most: u64,
+        to: u64,
+    ) -> Result<Option<u64>, RegistryError>;
 }
 
 /// What became of a frame posted to a connection.
