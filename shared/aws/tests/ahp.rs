@@ -44,6 +44,8 @@ stream = true
 api_keys_env = "TURNSTONE_API_KEYS"
 "#;
 const KEY: &str = "k3y-alice";
+/// Another caller's key.
+const BOB_KEY: &str = "k3y-bob";
 
 /// The fake Management API: every frame posted, by connection, and the connections that are gone.
 #[derive(Default)]
@@ -203,7 +205,7 @@ impl World {
         let secret = aws_sdk_secretsmanager::Client::new(&sdk)
             .create_secret()
             .name(support::unique("turnstone-secrets"))
-            .secret_string(format!(r#"{{"TURNSTONE_API_KEYS": "alice:{KEY}"}}"#))
+            .secret_string(format!(r#"{{"TURNSTONE_API_KEYS": "alice:{KEY},bob:{BOB_KEY}"}}"#))
             .send()
             .await
             .unwrap();
@@ -610,4 +612,83 @@ async fn a_subscriber_that_joins_mid_stream_gets_the_reply_whole() {
     assert!(types.iter().any(|t| t == "chat/responsePart"), "the reply came whole: {types:?}");
     late.apply_frames(&late_frames);
     assert_eq!(late.chat, chat, "the copy that joined mid-stream equals GET .../chat");
+}
+
+/// The session ids of the `root/sessionAdded` notifications among `frames`.
+fn sessions_added(frames: &[Value]) -> Vec<String> {
+    frames
+        .iter()
+        .filter(|f| f["method"] == "root/sessionAdded")
+        .map(|f| f["params"]["summary"]["resource"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn root_subscribers_hear_of_the_sessions_they_may_read() {
+    let world = World::new().await;
+    let (alice, bob) = (format!("Bearer {KEY}"), format!("Bearer {BOB_KEY}"));
+    // `root-a` subscribes to the root channel in `initialize`, `root-b` (another caller) with
+    // `subscribe`; `quiet` (alice) holds no root subscription.
+    for (connection, key) in [("root-a", &alice), ("root-b", &bob), ("quiet", &alice), ("creator", &alice)] {
+        assert_eq!(world.event(connect_event(connection, Some(key))).await, 200);
+    }
+    let mut params = initialize();
+    params["initialSubscriptions"] = json!([ROOT_RESOURCE_URI]);
+    let initialized = world.request("root-a", "initialize", params).await;
+    assert!(initialized["result"]["snapshots"][0]["state"]["agents"].is_array(), "{initialized}");
+    world.request("root-b", "initialize", initialize()).await;
+    let subscribed = world.request("root-b", "subscribe", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert!(subscribed["result"]["snapshot"].is_object(), "{subscribed}");
+    world.request("quiet", "initialize", initialize()).await;
+    world.request("creator", "initialize", initialize()).await;
+
+    // A session alice creates over AHP, and one she creates over HTTP: `root-a` hears of both,
+    // bob's connection of neither.
+    let created = world
+        .request("creator", "createSession", json!({"channel": "ahp-session:/a1", "provider": "helper"}))
+        .await;
+    assert_eq!(created["result"], Value::Null, "{created}");
+    let router =
+        turnstone_lambda::http::api_router(Arc::clone(&world.ahp.engine.app), world.ahp.http.clone());
+    let input =
+        json!({"type": "client.message", "agent_id": "helper", "message": {"role": "user", "content": "hi"}});
+    let request = axum::http::Request::post("/v1/sessions/a2/inputs")
+        .header("authorization", &alice)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(input.to_string()))
+        .unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
+    assert_eq!(sessions_added(&world.management.frames_of("root-a")), ["ahp-session:/a1", "ahp-session:/a2"]);
+    assert!(
+        sessions_added(&world.management.frames_of("root-b")).is_empty(),
+        "bob may not read alice's sessions"
+    );
+    assert!(sessions_added(&world.management.frames_of("quiet")).is_empty(), "not subscribed to the root");
+
+    // Bob's own session reaches bob's root subscriber only.
+    world
+        .request("root-b", "createSession", json!({"channel": "ahp-session:/b1", "provider": "helper"}))
+        .await;
+    assert_eq!(sessions_added(&world.management.frames_of("root-b")), ["ahp-session:/b1"]);
+    assert_eq!(sessions_added(&world.management.frames_of("root-a")).len(), 2);
+
+    // After `$disconnect` (and after `unsubscribe`), nothing more goes to the connection.
+    let registry = Arc::clone(world.ahp.ahp.as_ref().unwrap().registry());
+    assert_eq!(registry.root_subscribers().await.unwrap().len(), 2);
+    assert_eq!(world.event(disconnect_event("root-a")).await, 200);
+    world.request("root-b", "unsubscribe", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert!(registry.root_subscribers().await.unwrap().is_empty(), "no root subscriber left");
+    let before = (world.management.frames_of("root-a").len(), world.management.frames_of("root-b").len());
+    world
+        .request("creator", "createSession", json!({"channel": "ahp-session:/a3", "provider": "helper"}))
+        .await;
+    world
+        .request("root-b", "createSession", json!({"channel": "ahp-session:/b2", "provider": "helper"}))
+        .await;
+    assert_eq!(world.management.frames_of("root-a").len(), before.0, "no frame after $disconnect");
+    assert!(
+        sessions_added(&world.management.frames_of("root-b")[before.1..]).is_empty(),
+        "none after unsubscribe"
+    );
 }

@@ -75,8 +75,9 @@ use super::channels::{ChatFeed, ProjectError};
 use super::registry::{Frames, Posted, Registry, RegistryError, Subscriber};
 use super::rpc;
 use crate::app::App;
+use crate::auth::Access;
 use crate::error::Result;
-use crate::notify::{Delta, Notifier, Progress};
+use crate::notify::{Delta, Notifier, Progress, RootNotice};
 
 /// Sessions whose chat feeds a process keeps (cleared when full).
 const FEEDS: usize = 256;
@@ -339,6 +340,32 @@ impl Pushes {
         if let Some(next) = live.after(last, u64::MAX).into_iter().next().filter(|_| moved) {
             tracing::info!(connection_id = id, session_id = %session, "an AHP stream crossed another push; its follower is told of the gap");
             self.send(host, session, id, vec![next]).await?;
+        }
+        Ok(())
+    }
+
+    /// Posts a root channel notification to every root subscriber allowed to see it: one
+    /// strongly consistent query of the root subscribers (none: nothing more), then one post
+    /// each. Notifications are not numbered and never replayed (as AHP has it): a post that
+    /// fails is lost for that connection.
+    pub(crate) async fn notify_root(&self, notice: &RootNotice) -> std::result::Result<(), PushError> {
+        let Some(host) = self.host() else { return Ok(()) };
+        let subscribers = self.registry.root_subscribers().await?;
+        if subscribers.is_empty() {
+            return Ok(());
+        }
+        match notice {
+            RootNotice::SessionAdded(id) => {
+                // Read once for every subscriber; each may see it or not (as `sessions::added`).
+                let session = match host.app.session(id).await {
+                    Ok(session) => session,
+                    Err(e) => return Err(PushError::Project(ProjectError::Store(e))),
+                };
+                let frame = super::sessions::added_frame(&session);
+                for subscriber in subscribers.iter().filter(|s| s.caller.may(Access::Read, &session)) {
+                    self.post(&subscriber.connection_id, &frame).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -719,6 +746,18 @@ impl Notifier for Pusher {
 
     fn deltas(&self, session_id: &str) -> broadcast::Receiver<Delta> {
         self.inner.deltas(session_id)
+    }
+
+    fn root(&self, notice: RootNotice) {
+        self.inner.root(notice.clone());
+        self.busy.send_modify(|n| *n += 1);
+        let (pushes, busy) = (Arc::clone(&self.pushes), Arc::clone(&self.busy));
+        tokio::spawn(async move {
+            if let Err(e) = pushes.notify_root(&notice).await {
+                tracing::warn!(?notice, error = %e, "notifying the AHP root subscribers failed");
+            }
+            busy.send_modify(|n| *n = n.saturating_sub(1));
+        });
     }
 
     async fn flush(&self) {

@@ -36,6 +36,13 @@ pub struct Subscriber {
     pub server_seq: u64,
 }
 
+/// A connection subscribed to the root channel, and who it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootSubscriber {
+    pub connection_id: String,
+    pub caller: Caller,
+}
+
 /// A registry could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[error("connection registry: {0}")]
@@ -52,7 +59,7 @@ pub trait Registry: Send + Sync + 'static {
 
     async fn set_client_id(&self, id: &str, client_id: &str) -> Result<(), RegistryError>;
 
-    /// Removes connection `id` and all its subscriptions.
+    /// Removes connection `id` and all its subscriptions (the root channel's too).
     async fn disconnect(&self, id: &str) -> Result<(), RegistryError>;
 
     /// Records connection `id`'s subscription to session `session`'s chat at `server_seq`
@@ -61,7 +68,16 @@ pub trait Registry: Send + Sync + 'static {
 
     async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
 
-    /// Removes every subscription of connection `id` (it stays connected).
+    /// Records connection `id` of `caller` as subscribed to the root channel.
+    async fn subscribe_root(&self, id: &str, caller: &Caller) -> Result<(), RegistryError>;
+
+    async fn unsubscribe_root(&self, id: &str) -> Result<(), RegistryError>;
+
+    /// The root channel's subscribers: one strongly consistent read.
+    async fn root_subscribers(&self) -> Result<Vec<RootSubscriber>, RegistryError>;
+
+    /// Removes every subscription of connection `id`, the root channel's too (it stays
+    /// connected).
     async fn unsubscribe_all(&self, id: &str) -> Result<(), RegistryError>;
 
     /// Connection `id`'s position on session `session`'s chat, if subscribed (strongly
