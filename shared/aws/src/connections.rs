@@ -4,26 +4,37 @@
 //! |---------------------|---------------------|-----------------------------------------------------|
 //! | `W#<connection id>` | `W`                 | a WebSocket connection: `caller` (JSON), `client_id`, `chats` (the sessions it subscribed to), `ttl` |
 //! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `ttl` |
+//! | `R`                 | `W#<connection id>` | a subscription to the root channel: `caller` (JSON), `ttl` |
 //!
 //! A subscription lives in its session's partition, so whichever function commits the session
 //! finds its subscribers with one strongly consistent query (`SK` beginning with `W#`, after
 //! every other item of a session). Both items carry `ttl` (epoch seconds, the table's TTL
 //! attribute): API Gateway closes a connection after 2 hours at most, and a `$disconnect`
 //! that never came leaves nothing behind for long.
+//!
+//! Root subscriptions share one fixed partition, so a function that commits a session's
+//! creation finds them all with one strongly consistent query, and checks each caller without
+//! reading its connection. One partition is enough: it is written once per root subscription
+//! (a connection's `initialize`, `subscribe`, `unsubscribe`, `$disconnect`) and read once per
+//! session created, far below a partition's 1,000 writes and 3,000 reads a second for any
+//! number of connections a deployment sees; sharding it (`R#<n>`, queried in parallel) is the
+//! way on if it ever is not.
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::types::AttributeValue;
 use turnstone_engine::ids::SessionId;
 use turnstone_runtime::ahp::registry::{
-    CONNECTION_LIFETIME_SECS, ConnectionRecord, Registry, RegistryError, Subscriber, caller_from_json,
-    caller_to_json,
+    CONNECTION_LIFETIME_SECS, ConnectionRecord, Registry, RegistryError, RootSubscriber, Subscriber,
+    caller_from_json, caller_to_json,
 };
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::{Clock, SystemClock};
 
 use crate::items::{self, PK, SK};
 
+/// The root subscriptions' partition.
+const ROOT: &str = "R";
 /// The connection item's sort key, and the prefix of a subscription's.
 const CONNECTION: &str = "W";
 const SUBSCRIPTION_PREFIX: &str = "W#";
@@ -50,6 +61,11 @@ impl DynamoRegistry {
 
     fn connection_key(id: &str) -> items::Item {
         [(PK.to_owned(), items::s(format!("W#{id}"))), (SK.to_owned(), items::s(CONNECTION))].into()
+    }
+
+    fn root_key(id: &str) -> items::Item {
+        [(PK.to_owned(), items::s(ROOT)), (SK.to_owned(), items::s(format!("{SUBSCRIPTION_PREFIX}{id}")))]
+            .into()
     }
 
     fn subscription_key(id: &str, session: &SessionId) -> items::Item {
@@ -201,7 +217,57 @@ impl Registry for DynamoRegistry {
         for chat in chats {
             self.unsubscribe(id, &SessionId::from(chat.as_str())).await?;
         }
+        // Deleting a root subscription that is not there costs the same as reading first.
+        self.unsubscribe_root(id).await
+    }
+
+    async fn subscribe_root(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
+        let mut item = Self::root_key(id);
+        item.insert(CALLER.to_owned(), items::s(caller_to_json(caller)));
+        item.insert(TTL.to_owned(), Self::expiry());
+        self.put(item).await
+    }
+
+    async fn unsubscribe_root(&self, id: &str) -> Result<(), RegistryError> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::root_key(id)))
+            .send()
+            .await
+            .map_err(|e| failed("DeleteItem", e))?;
         Ok(())
+    }
+
+    async fn root_subscribers(&self) -> Result<Vec<RootSubscriber>, RegistryError> {
+        let mut subscribers = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("#pk = :pk")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_values(":pk", items::s(ROOT))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| failed("Query", e))?;
+            for item in out.items.unwrap_or_default() {
+                let connection = items::get_s(&item, SK).and_then(|sk| sk.strip_prefix(SUBSCRIPTION_PREFIX));
+                let (Some(connection), Some(caller)) = (connection, items::get_s(&item, CALLER)) else {
+                    continue;
+                };
+                let caller = caller_from_json(caller)?;
+                subscribers.push(RootSubscriber { connection_id: connection.to_owned(), caller });
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(subscribers);
+            }
+        }
     }
 
     async fn subscribers(&self, session: &SessionId) -> Result<Vec<Subscriber>, RegistryError> {
@@ -237,16 +303,30 @@ impl Registry for DynamoRegistry {
     }
 
     async fn advance(&self, id: &str, session: &SessionId, to: u64) -> Result<Option<u64>, RegistryError> {
+        self.claim(id, session, to.saturating_sub(1), to).await
+    }
+
+    async fn claim(
+        &self,
+        id: &str,
+        session: &SessionId,
+        at_most: u64,
+        to: u64,
+    ) -> Result<Option<u64>, RegistryError> {
+        if at_most >= to {
+            return Ok(None);
+        }
         let out = self
             .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(Self::subscription_key(id, session)))
             .update_expression("SET #seq = :to")
-            .condition_expression("attribute_exists(#pk) AND #seq < :to")
+            .condition_expression("attribute_exists(#pk) AND #seq <= :at_most")
             .expression_attribute_names("#seq", SERVER_SEQ)
             .expression_attribute_names("#pk", PK)
             .expression_attribute_values(":to", items::n(to))
+            .expression_attribute_values(":at_most", items::n(at_most))
             .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedOld)
             .send()
             .await;

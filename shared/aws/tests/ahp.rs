@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests: fail loudly
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,11 +38,14 @@ type = "scripted"
 [agent.helper]
 model = "scripted"
 llm = "s"
+stream = true
 
 [auth]
 api_keys_env = "TURNSTONE_API_KEYS"
 "#;
 const KEY: &str = "k3y-alice";
+/// Another caller's key.
+const BOB_KEY: &str = "k3y-bob";
 
 /// The fake Management API: every frame posted, by connection, and the connections that are gone.
 #[derive(Default)]
@@ -170,11 +174,15 @@ struct World {
     dispatch: Deployment,
     queue: SqsQueue,
     management: Arc<Management>,
-    next_id: u64,
+    next_id: AtomicU64,
 }
 
 impl World {
     async fn new() -> World {
+        World::with_config(CONFIG).await
+    }
+
+    async fn with_config(config: &str) -> World {
         let sdk = support::config("unused", "unused")
             .loader()
             .credentials_provider(Credentials::new("test", "test", None, None, "moto"))
@@ -189,7 +197,7 @@ impl World {
         aws_sdk_ssm::Client::new(&sdk)
             .put_parameter()
             .name(&parameter)
-            .value(CONFIG)
+            .value(config)
             .r#type(aws_sdk_ssm::types::ParameterType::String)
             .send()
             .await
@@ -197,7 +205,7 @@ impl World {
         let secret = aws_sdk_secretsmanager::Client::new(&sdk)
             .create_secret()
             .name(support::unique("turnstone-secrets"))
-            .secret_string(format!(r#"{{"TURNSTONE_API_KEYS": "alice:{KEY}"}}"#))
+            .secret_string(format!(r#"{{"TURNSTONE_API_KEYS": "alice:{KEY},bob:{BOB_KEY}"}}"#))
             .send()
             .await
             .unwrap();
@@ -212,7 +220,7 @@ impl World {
         let dispatch = Deployment::open(&settings, &sdk).await.unwrap();
         let gateway = Gateway::new(Arc::clone(ahp.ahp.as_ref().unwrap()), ahp.http.auth.clone());
         let (_, queue) = support::config(store.table(), &queue_url).connect_with(&clients).await.unwrap();
-        World { ahp, gateway, dispatch, queue, management, next_id: 1 }
+        World { ahp, gateway, dispatch, queue, management, next_id: AtomicU64::new(1) }
     }
 
     async fn event(&self, event: ApiGatewayWebsocketProxyRequest) -> i64 {
@@ -220,9 +228,8 @@ impl World {
     }
 
     /// Sends a request on `connection`; its response.
-    async fn request(&mut self, connection: &str, method: &str, params: Value) -> Value {
-        let id = self.next_id;
-        self.next_id += 1;
+    async fn request(&self, connection: &str, method: &str, params: Value) -> Value {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let before = self.management.frames_of(connection).len();
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         assert_eq!(self.event(message_event(connection, &body)).await, 200);
@@ -278,7 +285,13 @@ impl World {
     }
 
     /// Starts a turn with `text` through `dispatchAction`, and runs it in the `dispatch` function.
-    async fn turn(&mut self, connection: &str, session: &str, turn_id: &str, text: &str) {
+    async fn turn(&self, connection: &str, session: &str, turn_id: &str, text: &str) {
+        self.start_turn(connection, session, turn_id, text).await;
+        self.dispatch().await;
+    }
+
+    /// Starts a turn with `text` through `dispatchAction`.
+    async fn start_turn(&self, connection: &str, session: &str, turn_id: &str, text: &str) {
         let action = StateAction::ChatTurnStarted(ChatTurnStartedAction {
             turn_id: turn_id.into(),
             started_at: "2026-01-01T00:00:00Z".into(),
@@ -295,7 +308,6 @@ impl World {
         });
         let params = json!({"channel": format!("ahp-chat:/{session}"), "clientSeq": 1, "action": action});
         self.request(connection, "dispatchAction", params).await;
-        self.dispatch().await;
     }
 }
 
@@ -340,7 +352,7 @@ fn initialize() -> Value {
 
 #[tokio::test]
 async fn a_chat_over_api_gateway_websockets() {
-    let mut world = World::new().await;
+    let world = World::new().await;
 
     // $connect: refused without a key and with a bad one, recorded with a good one.
     assert_eq!(world.event(connect_event("c-none", None)).await, 401);
@@ -392,7 +404,7 @@ async fn a_chat_over_api_gateway_websockets() {
 
 #[tokio::test]
 async fn an_oversized_replay_is_split_under_the_frame_limit() {
-    let mut world = World::new().await;
+    let world = World::new().await;
     let key = format!("Bearer {KEY}");
     assert_eq!(world.event(connect_event("c1", Some(&key))).await, 200);
     world.request("c1", "initialize", initialize()).await;
@@ -430,4 +442,253 @@ async fn an_oversized_replay_is_split_under_the_frame_limit() {
     assert!(followed > 0, "the replay did not fit in one frame, so actions followed it");
     assert!(world.management.raw_of("c3").iter().all(|f| f.len() <= MAX_MESSAGE));
     assert_eq!(copy.chat, world.chat("big").await, "the replayed copy equals GET .../chat");
+}
+
+/// The `type` of every `action` among `frames`, in order.
+fn action_types(frames: &[Value]) -> Vec<String> {
+    frames
+        .iter()
+        .filter(|f| f["method"] == "action")
+        .map(|f| f["params"]["action"]["type"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_streaming_reply_reaches_a_subscriber_as_deltas_before_its_commit() {
+    let world = World::new().await;
+    let key = format!("Bearer {KEY}");
+    assert_eq!(world.event(connect_event("c1", Some(&key))).await, 200);
+    world.request("c1", "initialize", initialize()).await;
+    world.request("c1", "createSession", json!({"channel": "ahp-session:/s1", "provider": "helper"})).await;
+    let subscribed = world.request("c1", "subscribe", json!({"channel": "ahp-chat:/s1"})).await;
+    let mut copy = Copy::from_snapshot(&subscribed["result"]["snapshot"]);
+    let seen = world.management.frames_of("c1").len();
+
+    // The scripted model streams `/long` word by word (276 deltas): the dispatch function
+    // pushes them in batches before the commit that records the reply.
+    world.turn("c1", "s1", "t1", "/long").await;
+    let frames = world.management.frames_of("c1")[seen..].to_vec();
+    let types = action_types(&frames);
+    let created = types.iter().position(|t| t == "chat/responsePart").expect("the reply's part is created");
+    let complete = types.iter().position(|t| t == "chat/turnComplete").expect("the turn completes");
+    let deltas: Vec<usize> =
+        types.iter().enumerate().filter(|(_, t)| *t == "chat/delta").map(|(i, _)| i).collect();
+    assert!(deltas.len() >= 2, "the reply streamed in several batches: {types:?}");
+    assert!(
+        deltas.iter().all(|&i| created < i && i < complete),
+        "deltas grow the part before the commit: {types:?}"
+    );
+    assert!(
+        deltas.len() < 276 / 8,
+        "deltas are pushed in batches, not one frame per token: {}",
+        deltas.len()
+    );
+    copy.apply_frames(&frames);
+    let chat = world.chat("s1").await;
+    assert_eq!(copy.chat, chat, "the copy that saw the stream equals GET /v1/sessions/s1/chat");
+    assert!(
+        serde_json::to_string(&chat.turns).unwrap().contains("of a long answer from the scripted model"),
+        "the long reply is recorded"
+    );
+}
+
+/// A fake OpenAI Chat Completions endpoint that streams `Hello`, ` there`, waits for `gate`,
+/// then streams ` friend.` and ends; its base URL.
+async fn gated_model(gate: Arc<tokio::sync::Notify>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let gate = Arc::clone(&gate);
+            tokio::spawn(async move {
+                // The whole request: its headers, then as many bytes as it says it carries.
+                let mut request = Vec::new();
+                let mut buf = [0u8; 8192];
+                loop {
+                    let n = socket.read(&mut buf).await.unwrap();
+                    request.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&request).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if request.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                    if n == 0 {
+                        return;
+                    }
+                }
+                let chunk = |delta: Value, finish: Value| {
+                    let body = json!({"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+                    format!("data: {body}\n\n")
+                };
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+                socket.write_all(head.as_bytes()).await.unwrap();
+                for text in ["Hello", " there"] {
+                    socket.write_all(chunk(json!({"content": text}), Value::Null).as_bytes()).await.unwrap();
+                    socket.flush().await.unwrap();
+                }
+                gate.notified().await;
+                socket
+                    .write_all(chunk(json!({"content": " friend."}), Value::Null).as_bytes())
+                    .await
+                    .unwrap();
+                socket.write_all(chunk(json!({}), json!("stop")).as_bytes()).await.unwrap();
+                socket.write_all(b"data: [DONE]\n\n").await.unwrap();
+                socket.shutdown().await.unwrap();
+            });
+        }
+    });
+    format!("http://{addr}/v1")
+}
+
+#[tokio::test]
+async fn a_subscriber_that_joins_mid_stream_gets_the_reply_whole() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let base_url = gated_model(Arc::clone(&gate)).await;
+    let config = format!(
+        "{CONFIG}\n[llm.o]\ntype = \"openai\"\nbase_url = \"{base_url}\"\n\n[agent.streamer]\nmodel = \"m\"\nllm = \"o\"\nstream = true\n"
+    );
+    let world = World::with_config(&config).await;
+    let key = format!("Bearer {KEY}");
+    for connection in ["early", "late"] {
+        assert_eq!(world.event(connect_event(connection, Some(&key))).await, 200);
+        world.request(connection, "initialize", initialize()).await;
+    }
+    world
+        .request("early", "createSession", json!({"channel": "ahp-session:/s", "provider": "streamer"}))
+        .await;
+    let subscribed = world.request("early", "subscribe", json!({"channel": "ahp-chat:/s"})).await;
+    let mut early = Copy::from_snapshot(&subscribed["result"]["snapshot"]);
+    let early_seen = world.management.frames_of("early").len();
+    world.start_turn("early", "s", "t1", "greet me").await;
+
+    // While the model waits at the gate, `late` subscribes: the reply's part is not in its
+    // snapshot (the log does not hold it yet), so it gets no delta of it.
+    let (late_snapshot, late_seen) = tokio::join!(world.dispatch(), async {
+        let started = std::time::Instant::now();
+        while !action_types(&world.management.frames_of("early")[early_seen..])
+            .iter()
+            .any(|t| t == "chat/responsePart")
+        {
+            assert!(started.elapsed() < Duration::from_secs(20), "the stream's first delta reached `early`");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let subscribed = world.request("late", "subscribe", json!({"channel": "ahp-chat:/s"})).await;
+        let seen = world.management.frames_of("late").len();
+        gate.notify_one();
+        (subscribed["result"]["snapshot"].clone(), seen)
+    })
+    .1;
+    let mut late = Copy::from_snapshot(&late_snapshot);
+    let snapshot_text = serde_json::to_string(&late.chat).unwrap();
+    assert!(!snapshot_text.contains("Hello"), "the snapshot shows no streamed text: {snapshot_text}");
+
+    let chat = world.chat("s").await;
+    assert!(serde_json::to_string(&chat.turns).unwrap().contains("Hello there friend."), "{chat:?}");
+
+    let early_frames = world.management.frames_of("early")[early_seen..].to_vec();
+    let types = action_types(&early_frames);
+    let complete = types.iter().position(|t| t == "chat/turnComplete").expect("the turn completes");
+    assert!(
+        types[..complete].iter().any(|t| t == "chat/delta"),
+        "`early` saw the part grow before the commit: {types:?}"
+    );
+    early.apply_frames(&early_frames);
+    assert_eq!(early.chat, chat, "the copy that saw the stream equals GET .../chat");
+
+    let late_frames = world.management.frames_of("late")[late_seen..].to_vec();
+    let types = action_types(&late_frames);
+    assert!(!types.iter().any(|t| t == "chat/delta"), "no delta for a part `late` never saw: {types:?}");
+    assert!(types.iter().any(|t| t == "chat/responsePart"), "the reply came whole: {types:?}");
+    late.apply_frames(&late_frames);
+    assert_eq!(late.chat, chat, "the copy that joined mid-stream equals GET .../chat");
+}
+
+/// The session ids of the `root/sessionAdded` notifications among `frames`.
+fn sessions_added(frames: &[Value]) -> Vec<String> {
+    frames
+        .iter()
+        .filter(|f| f["method"] == "root/sessionAdded")
+        .map(|f| f["params"]["summary"]["resource"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn root_subscribers_hear_of_the_sessions_they_may_read() {
+    let world = World::new().await;
+    let (alice, bob) = (format!("Bearer {KEY}"), format!("Bearer {BOB_KEY}"));
+    // `root-a` subscribes to the root channel in `initialize`, `root-b` (another caller) with
+    // `subscribe`; `quiet` (alice) holds no root subscription.
+    for (connection, key) in [("root-a", &alice), ("root-b", &bob), ("quiet", &alice), ("creator", &alice)] {
+        assert_eq!(world.event(connect_event(connection, Some(key))).await, 200);
+    }
+    let mut params = initialize();
+    params["initialSubscriptions"] = json!([ROOT_RESOURCE_URI]);
+    let initialized = world.request("root-a", "initialize", params).await;
+    assert!(initialized["result"]["snapshots"][0]["state"]["agents"].is_array(), "{initialized}");
+    world.request("root-b", "initialize", initialize()).await;
+    let subscribed = world.request("root-b", "subscribe", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert!(subscribed["result"]["snapshot"].is_object(), "{subscribed}");
+    world.request("quiet", "initialize", initialize()).await;
+    world.request("creator", "initialize", initialize()).await;
+
+    // A session alice creates over AHP, and one she creates over HTTP: `root-a` hears of both,
+    // bob's connection of neither.
+    let created = world
+        .request("creator", "createSession", json!({"channel": "ahp-session:/a1", "provider": "helper"}))
+        .await;
+    assert_eq!(created["result"], Value::Null, "{created}");
+    let router =
+        turnstone_lambda::http::api_router(Arc::clone(&world.ahp.engine.app), world.ahp.http.clone());
+    let input =
+        json!({"type": "client.message", "agent_id": "helper", "message": {"role": "user", "content": "hi"}});
+    let request = axum::http::Request::post("/v1/sessions/a2/inputs")
+        .header("authorization", &alice)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(input.to_string()))
+        .unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert!(response.status().is_success(), "{}", response.status());
+    assert_eq!(sessions_added(&world.management.frames_of("root-a")), ["ahp-session:/a1", "ahp-session:/a2"]);
+    assert!(
+        sessions_added(&world.management.frames_of("root-b")).is_empty(),
+        "bob may not read alice's sessions"
+    );
+    assert!(sessions_added(&world.management.frames_of("quiet")).is_empty(), "not subscribed to the root");
+
+    // Bob's own session reaches bob's root subscriber only.
+    world
+        .request("root-b", "createSession", json!({"channel": "ahp-session:/b1", "provider": "helper"}))
+        .await;
+    assert_eq!(sessions_added(&world.management.frames_of("root-b")), ["ahp-session:/b1"]);
+    assert_eq!(sessions_added(&world.management.frames_of("root-a")).len(), 2);
+
+    // After `$disconnect` (and after `unsubscribe`), nothing more goes to the connection.
+    let registry = Arc::clone(world.ahp.ahp.as_ref().unwrap().registry());
+    assert_eq!(registry.root_subscribers().await.unwrap().len(), 2);
+    assert_eq!(world.event(disconnect_event("root-a")).await, 200);
+    world.request("root-b", "unsubscribe", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert!(registry.root_subscribers().await.unwrap().is_empty(), "no root subscriber left");
+    let before = (world.management.frames_of("root-a").len(), world.management.frames_of("root-b").len());
+    world
+        .request("creator", "createSession", json!({"channel": "ahp-session:/a3", "provider": "helper"}))
+        .await;
+    world
+        .request("root-b", "createSession", json!({"channel": "ahp-session:/b2", "provider": "helper"}))
+        .await;
+    assert_eq!(world.management.frames_of("root-a").len(), before.0, "no frame after $disconnect");
+    assert!(
+        sessions_added(&world.management.frames_of("root-b")[before.1..]).is_empty(),
+        "none after unsubscribe"
+    );
 }

@@ -472,6 +472,7 @@ impl App {
         if events.iter().any(|e| matches!(e, Event::SessionCreated { .. })) {
             // No listener is no error.
             let _ = self.created.send(session.id().clone());
+            self.notifier.root(crate::notify::RootNotice::SessionAdded(session.id().clone()));
         }
     }
 

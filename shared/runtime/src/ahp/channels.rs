@@ -131,7 +131,7 @@ impl ChatFeed {
     }
 
     /// Projects a live delta: its actions, numbered.
-    fn delta(&mut self, delta: &Delta) -> Result<Vec<(u64, StateAction)>, ProjectError> {
+    pub(crate) fn delta(&mut self, delta: &Delta) -> Result<Vec<(u64, StateAction)>, ProjectError> {
         if self.skip.contains(&delta.call_id) {
             return Ok(Vec::new());
         }

@@ -22,32 +22,74 @@
 //! `serverSeq` is not above the last it applied, or it suspects a loss (a turn that does not
 //! move), it has a gap: it `reconnect`s (a new connection, or the same one) with the last
 //! `serverSeq` it applied in order, and gets the missed actions replayed from the durable log
-//! or a fresh snapshot. Deltas are not pushed on AWS yet: a subscriber sees a reply when its
-//! message is committed.
+//! or a fresh snapshot.
+//!
+//! # Deltas
+//!
+//! The function that runs a model call (`dispatch`, or `api` for a run inside a request)
+//! pushes the call's token deltas while it streams, as the local host's chat channel projects
+//! them ([`ChatFeed::delta`]: `chat/responsePart` creating a part, then `chat/delta`s growing
+//! it). Deltas are gathered per session, for up to 100 ms or 64 deltas or until the next
+//! commit, and the batch's deltas of one call are joined (text to text, reasoning to
+//! reasoning), so a batch is one action per part it grows: one conditional write (the claim)
+//! and one post per follower per batch, no read. A stream is projected onto a copy of the
+//! cached feed (the live feed), numbered in the slot of the last event before it, after the
+//! durable actions.
+//!
+//! - The session's subscribers are read once, at the stream's first batch; with none, the
+//!   stream costs that one query and its deltas are dropped unprojected.
+//! - Those subscribers that stand where the stream began (nothing numbered after it reached
+//!   them) get its first actions, those creating its parts, and follow it: each later batch is
+//!   claimed only if the follower still stands where the stream left it. A connection that
+//!   subscribes later gets none of the stream: its snapshot (the log) lacks the parts, so it
+//!   gets the reply whole from the commit that records it, as the log projects it.
+//! - The commits that follow (`llm.finished`, the recorded reply) go to followers as the live
+//!   feed projects them (the rest of what streamed, not a new part) and to everyone else as
+//!   the log does; each client's copy then equals `GET /v1/sessions/{id}/chat`. Once both
+//!   feeds show the same chat, the live feed is dropped (followers are moved past both feeds'
+//!   numbers, so from the next event on they are numbered alike).
+//! - A follower that got an action numbered by another function meanwhile (a commit of the
+//!   session through `api`, a rejection) missed part of the stream: it leaves the stream and
+//!   is posted the next live action anyway, numbered not above what it applied last, which
+//!   the client takes for a gap (it reconnects, and a model call mid-stream means a snapshot).
+//! - The live feed lives in the function that streamed. If another function commits the
+//!   reply that completes a streamed part (a worker agent's answer to `llm.finished` delivered
+//!   by a later invocation, after this one gave up), a follower gets it as the log projects it,
+//!   a second part, until it reconnects. An engine-hosted agent records the reply in the same
+//!   commit as the call's result, so this cannot happen there.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use ahp_types::actions::{ActionEnvelope, StateAction};
 use ahp_types::state::ChatState;
 use async_trait::async_trait;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{Notify, broadcast, watch};
 use turnstone_ahp::chat_uri;
 use turnstone_engine::ids::{CallId, SessionId, TurnId};
-use turnstone_engine::protocol::StreamDelta;
+use turnstone_engine::protocol::{StreamDelta, ToolCallDelta};
 
 use super::AhpHost;
 use super::channels::{ChatFeed, ProjectError};
-use super::registry::{Frames, Posted, Registry, RegistryError};
+use super::registry::{Frames, Posted, Registry, RegistryError, Subscriber};
 use super::rpc;
 use crate::app::App;
+use crate::auth::Access;
 use crate::error::Result;
-use crate::notify::{Delta, Notifier, Progress};
+use crate::notify::{Delta, Notifier, Progress, RootNotice};
 
 /// Sessions whose chat feeds a process keeps (cleared when full).
 const FEEDS: usize = 256;
 /// Recent actions a cached feed keeps for subscribers a little behind.
 const RECENT: usize = 4096;
+/// Events read from the store at a time.
+const PAGE: usize = 1000;
+/// How long a session's deltas wait to be pushed together, and how many at most.
+const BATCH_WAIT: Duration = Duration::from_millis(100);
+const BATCH_DELTAS: usize = 64;
+/// Text a merged delta carries at most (well under a frame, with its envelope).
+const BATCH_TEXT: usize = 32 * 1024;
 
 /// Why a push failed.
 #[derive(Debug, thiserror::Error)]
@@ -71,10 +113,36 @@ pub struct Pushes {
 
 /// A session's chat feed as far as this process projected it, and its latest actions.
 struct Cached {
+    /// The log's projection alone (what a snapshot shows).
     feed: Option<ChatFeed>,
     /// Durable actions numbered after `floor`, oldest first.
     recent: VecDeque<(u64, StateAction)>,
     floor: u64,
+    /// The model calls this process streams, while it streams them.
+    stream: Option<Stream>,
+}
+
+/// The deltas of this process's model calls on one session, from the first delta after a
+/// push until the chat they make is the log's again.
+enum Stream {
+    /// Nobody subscribed when the stream began: its deltas are dropped unprojected.
+    Unwatched,
+    Live(Box<Live>),
+}
+
+/// A copy of the feed that also takes the deltas: what a connection that saw the stream's
+/// parts created holds.
+struct Live {
+    feed: ChatFeed,
+    /// Where the log's feed stood when the stream began; the live actions number after it.
+    start: u64,
+    /// The actions the live feed numbered since `start` (deltas, and the events after them as a
+    /// feed that saw the deltas projects them).
+    actions: Vec<(u64, StateAction)>,
+    /// Subscribers read when the stream began, not offered its first actions yet.
+    candidates: Vec<Subscriber>,
+    /// Connections that got the stream from its start, and the position each was moved to.
+    followers: HashMap<String, u64>,
 }
 
 impl Pushes {
@@ -104,31 +172,200 @@ impl Pushes {
             feeds.clear();
         }
         let entry = feeds.entry(session.clone()).or_insert_with(|| {
-            Arc::new(tokio::sync::Mutex::new(Cached { feed: None, recent: VecDeque::new(), floor: 0 }))
+            Arc::new(tokio::sync::Mutex::new(Cached {
+                feed: None,
+                recent: VecDeque::new(),
+                floor: 0,
+                stream: None,
+            }))
         });
         Arc::clone(entry)
     }
 
-    /// Pushes session `session`'s committed actions to every subscriber behind them.
+    /// Pushes session `session`'s committed actions to every subscriber behind them: a
+    /// connection that follows this process's stream gets them as the live feed projects them.
     pub(crate) async fn push(&self, session: &SessionId) -> std::result::Result<(), PushError> {
         let Some(host) = self.host() else { return Ok(()) };
         let subscribers = self.registry.subscribers(session).await?;
-        if subscribers.is_empty() {
-            return Ok(());
-        }
         let entry = self.entry(session);
         let mut cached = entry.lock().await;
-        cached.catch_up(&host.app, session).await?;
+        if subscribers.is_empty() {
+            // Followers left with everyone else: the stream's copy is of no more use.
+            cached.stream = None;
+            return Ok(());
+        }
+        cached.catch_up(&host.app, session, None).await?;
         let end = cached.end();
+        let mut live = match cached.stream.take() {
+            Some(Stream::Live(live)) => Some(live),
+            _ => None,
+        };
         for subscriber in subscribers {
+            let id = &subscriber.connection_id;
+            if let Some(live) = live.as_deref_mut()
+                && let Some(&last) = live.followers.get(id)
+            {
+                let to = end.max(live.end());
+                if last < to {
+                    self.follow(host, session, live, id, last, to).await?;
+                }
+                continue;
+            }
             if subscriber.server_seq >= end {
                 continue;
             }
-            let Some(from) = self.registry.advance(&subscriber.connection_id, session, end).await? else {
-                continue;
-            };
+            let Some(from) = self.registry.advance(id, session, end).await? else { continue };
             let actions = cached.between(&host.app, session, from, end).await?;
-            self.send(host, session, &subscriber.connection_id, actions).await?;
+            self.send(host, session, id, actions).await?;
+        }
+        // Once the live chat is the log's again, both number alike from the next event on
+        // (every follower stands past both feeds' numbers), and the copy is dropped.
+        let converged = |live: &Live| {
+            cached.feed.as_ref().is_some_and(|f| f.projection.chat() == live.feed.projection.chat())
+        };
+        if let Some(live) = live.filter(|l| !l.followers.is_empty() && !converged(l)) {
+            cached.stream = Some(Stream::Live(live));
+        }
+        Ok(())
+    }
+
+    /// Pushes the deltas of this process's model calls on `session` (the log through `through`
+    /// holds the calls' creation) to the subscribers that follow the stream: those subscribed
+    /// when it began, read once per stream.
+    pub(crate) async fn push_deltas(
+        &self,
+        session: &SessionId,
+        through: u64,
+        deltas: Vec<Delta>,
+    ) -> std::result::Result<(), PushError> {
+        let Some(host) = self.host() else { return Ok(()) };
+        let entry = self.entry(session);
+        let mut cached = entry.lock().await;
+        match &cached.stream {
+            Some(Stream::Unwatched) => return Ok(()),
+            // A later call of a stream still live: the log now holds its creation.
+            Some(Stream::Live(_))
+                if through != u64::MAX
+                    && cached.feed.as_ref().is_some_and(|f| f.position.event < through) =>
+            {
+                cached.catch_up(&host.app, session, Some(through)).await?;
+            }
+            Some(Stream::Live(_)) => {}
+            None => {
+                let subscribers = self.registry.subscribers(session).await?;
+                if subscribers.is_empty() {
+                    cached.stream = Some(Stream::Unwatched);
+                    return Ok(());
+                }
+                cached.catch_up(&host.app, session, Some(through)).await?;
+                let Some(feed) = cached.feed.clone() else { return Ok(()) };
+                let start = feed.position.server_seq();
+                let candidates = subscribers.into_iter().filter(|s| s.server_seq <= start).collect();
+                let live = Live { feed, start, actions: Vec::new(), candidates, followers: HashMap::new() };
+                cached.stream = Some(Stream::Live(Box::new(live)));
+            }
+        }
+        let Some(Stream::Live(mut live)) = cached.stream.take() else {
+            cached.stream = Some(Stream::Unwatched);
+            return Ok(());
+        };
+        for delta in merge(deltas) {
+            let actions = live.feed.delta(&delta)?;
+            live.actions.extend(actions);
+        }
+        let end = live.end();
+        let outcome = self.stream(host, session, &cached, &mut live, end).await;
+        cached.stream = Some(Stream::Live(live));
+        outcome
+    }
+
+    /// Sends the live actions through `end` to the stream's followers, and its first ones to
+    /// the subscribers it began with (with the durable actions they were still missing).
+    async fn stream(
+        &self,
+        host: &AhpHost,
+        session: &SessionId,
+        cached: &Cached,
+        live: &mut Live,
+        end: u64,
+    ) -> std::result::Result<(), PushError> {
+        if end <= live.start {
+            // Nothing shown yet (a delta of a call the projection does not know as running).
+            return Ok(());
+        }
+        for candidate in std::mem::take(&mut live.candidates) {
+            let id = &candidate.connection_id;
+            // Only a connection that stands where the stream began may get its first actions:
+            // one that got anything numbered after (another function's action) did not see the
+            // parts created, and gets the reply from the log.
+            let Some(from) = self.registry.claim(id, session, live.start, end).await? else { continue };
+            let mut actions = cached.between(&host.app, session, from, live.start).await?;
+            actions.extend(live.after(live.start, end));
+            live.followers.insert(id.clone(), end);
+            self.send(host, session, id, actions).await?;
+        }
+        let behind: Vec<(String, u64)> = live
+            .followers
+            .iter()
+            .filter(|(_, last)| **last < end)
+            .map(|(id, last)| (id.clone(), *last))
+            .collect();
+        for (id, last) in behind {
+            self.follow(host, session, live, &id, last, end).await?;
+        }
+        Ok(())
+    }
+
+    /// Claims a follower's next range (its position must still be the `last` this stream
+    /// moved it to) and sends the live actions in it. A follower whose position moved
+    /// meanwhile (another function pushed to it) missed some of the stream: it leaves the
+    /// stream, and gets the next live action anyway, numbered not above what it applied last,
+    /// which the client takes for a gap (it reconnects and gets a snapshot).
+    async fn follow(
+        &self,
+        host: &AhpHost,
+        session: &SessionId,
+        live: &mut Live,
+        id: &str,
+        last: u64,
+        to: u64,
+    ) -> std::result::Result<(), PushError> {
+        if self.registry.claim(id, session, last, to).await?.is_some() {
+            live.followers.insert(id.to_owned(), to);
+            let actions = live.after(last, to);
+            return self.send(host, session, id, actions).await;
+        }
+        live.followers.remove(id);
+        let moved = self.registry.position(id, session).await?.is_some_and(|now| now > last);
+        if let Some(next) = live.after(last, u64::MAX).into_iter().next().filter(|_| moved) {
+            tracing::info!(connection_id = id, session_id = %session, "an AHP stream crossed another push; its follower is told of the gap");
+            self.send(host, session, id, vec![next]).await?;
+        }
+        Ok(())
+    }
+
+    /// Posts a root channel notification to every root subscriber allowed to see it: one
+    /// strongly consistent query of the root subscribers (none: nothing more), then one post
+    /// each. Notifications are not numbered and never replayed (as AHP has it): a post that
+    /// fails is lost for that connection.
+    pub(crate) async fn notify_root(&self, notice: &RootNotice) -> std::result::Result<(), PushError> {
+        let Some(host) = self.host() else { return Ok(()) };
+        let subscribers = self.registry.root_subscribers().await?;
+        if subscribers.is_empty() {
+            return Ok(());
+        }
+        match notice {
+            RootNotice::SessionAdded(id) => {
+                // Read once for every subscriber; each may see it or not (as `sessions::added`).
+                let session = match host.app.session(id).await {
+                    Ok(session) => session,
+                    Err(e) => return Err(PushError::Project(ProjectError::Store(e))),
+                };
+                let frame = super::sessions::added_frame(&session);
+                for subscriber in subscribers.iter().filter(|s| s.caller.may(Access::Read, &session)) {
+                    self.post(&subscriber.connection_id, &frame).await?;
+                }
+            }
         }
         Ok(())
     }
@@ -184,7 +421,7 @@ impl Pushes {
         let Some(host) = self.host() else { return Err(PushError::Detached) };
         let entry = self.entry(session);
         let mut cached = entry.lock().await;
-        cached.catch_up(&host.app, session).await?;
+        cached.catch_up(&host.app, session, None).await?;
         cached.feed.as_ref().map(|f| f.projection.chat().clone()).ok_or(PushError::Detached)
     }
 
@@ -192,7 +429,9 @@ impl Pushes {
     pub(crate) async fn offer(&self, feed: &ChatFeed) {
         let entry = self.entry(&feed.session_id);
         let mut cached = entry.lock().await;
-        if cached.feed.as_ref().is_none_or(|f| f.position.event < feed.position.event) {
+        if cached.stream.is_none()
+            && cached.feed.as_ref().is_none_or(|f| f.position.event < feed.position.event)
+        {
             cached.feed = Some(feed.clone());
             cached.recent.clear();
             cached.floor = feed.position.server_seq();
@@ -200,17 +439,61 @@ impl Pushes {
     }
 }
 
+impl Live {
+    /// Where the live feed stands.
+    fn end(&self) -> u64 {
+        self.feed.position.server_seq()
+    }
+
+    /// The live actions numbered after `from` through `to`.
+    fn after(&self, from: u64, to: u64) -> Vec<(u64, StateAction)> {
+        self.actions.iter().filter(|(seq, _)| *seq > from && *seq <= to).cloned().collect()
+    }
+}
+
 impl Cached {
-    /// Projects the log past the feed (opening it on a miss).
-    async fn catch_up(&mut self, app: &App, session: &SessionId) -> std::result::Result<(), ProjectError> {
+    /// Projects the log past the feed (opening it on a miss), through event `through` if
+    /// given; a live stream's copy takes the same events.
+    async fn catch_up(
+        &mut self,
+        app: &App,
+        session: &SessionId,
+        through: Option<u64>,
+    ) -> std::result::Result<(), ProjectError> {
         let feed = match &mut self.feed {
             Some(feed) => feed,
             None => self.feed.insert(ChatFeed::open(app, session.clone()).await?),
         };
-        let recent = &mut self.recent;
-        feed.catch_up(app, |actions| recent.extend(actions)).await?;
-        while recent.len() > RECENT {
-            if let Some((seq, _)) = recent.pop_front() {
+        let mut live = match &mut self.stream {
+            Some(Stream::Live(live)) => Some(live),
+            _ => None,
+        };
+        let through = through.unwrap_or(u64::MAX);
+        loop {
+            let after =
+                live.as_ref().map_or(feed.position.event, |l| l.feed.position.event.min(feed.position.event));
+            if after >= through {
+                break;
+            }
+            let events =
+                app.store().events_after(session, after, PAGE).await.map_err(crate::error::Error::from)?;
+            for logged in events.iter().take_while(|l| l.seq <= through) {
+                if logged.seq > feed.position.event {
+                    self.recent.extend(feed.apply(logged)?);
+                }
+                if let Some(live) = live.as_deref_mut()
+                    && logged.seq > live.feed.position.event
+                {
+                    let actions = live.feed.apply(logged)?;
+                    live.actions.extend(actions);
+                }
+            }
+            if events.len() < PAGE || events.last().is_some_and(|l| l.seq >= through) {
+                break;
+            }
+        }
+        while self.recent.len() > RECENT {
+            if let Some((seq, _)) = self.recent.pop_front() {
                 self.floor = seq;
             }
         }
@@ -230,6 +513,9 @@ impl Cached {
         from: u64,
         to: u64,
     ) -> std::result::Result<Vec<(u64, StateAction)>, ProjectError> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
         let wanted = |seq: u64| seq > from && seq <= to;
         if from >= self.floor {
             return Ok(self.recent.iter().filter(|(seq, _)| wanted(*seq)).cloned().collect());
@@ -242,47 +528,140 @@ impl Cached {
     }
 }
 
+/// A batch of deltas as fewer: consecutive deltas of one call are joined where the join shows
+/// the same parts, created in the same order (a delta projects its reasoning, then its text,
+/// then its tool calls), so a batch is usually one action per part it grows.
+fn merge(deltas: Vec<Delta>) -> Vec<Delta> {
+    let mut merged: Vec<Delta> = Vec::new();
+    for delta in deltas {
+        if let Some(last) = merged.last_mut()
+            && last.call_id == delta.call_id
+            && joins(&last.delta, &delta.delta)
+        {
+            join(&mut last.delta, delta.delta);
+            continue;
+        }
+        merged.push(delta);
+    }
+    merged
+}
+
+fn joins(a: &StreamDelta, b: &StreamDelta) -> bool {
+    let text = |d: &StreamDelta| d.text.as_deref().is_some_and(|t| !t.is_empty());
+    let reasoning = |d: &StreamDelta| d.reasoning.as_deref().is_some_and(|t| !t.is_empty());
+    let tools = |d: &StreamDelta| d.tool_calls.as_ref().is_some_and(|t| !t.is_empty());
+    let size = |d: &StreamDelta| {
+        d.text.as_ref().map_or(0, String::len)
+            + d.reasoning.as_ref().map_or(0, String::len)
+            + d.tool_calls
+                .iter()
+                .flatten()
+                .map(|t| t.arguments.as_ref().map_or(0, String::len))
+                .sum::<usize>()
+    };
+    (!reasoning(b) || (!text(a) && !tools(a))) && (!text(b) || !tools(a)) && size(a) + size(b) <= BATCH_TEXT
+}
+
+fn join(a: &mut StreamDelta, b: StreamDelta) {
+    let grow = |mine: &mut Option<String>, more: Option<String>| {
+        if let Some(more) = more {
+            mine.get_or_insert_with(String::new).push_str(&more);
+        }
+    };
+    grow(&mut a.text, b.text);
+    grow(&mut a.reasoning, b.reasoning);
+    for fragment in b.tool_calls.into_iter().flatten() {
+        let calls = a.tool_calls.get_or_insert_with(Vec::new);
+        match calls.last_mut() {
+            Some(ToolCallDelta { id, arguments, .. }) if *id == fragment.id && fragment.name.is_none() => {
+                grow(arguments, fragment.arguments);
+            }
+            _ => calls.push(fragment),
+        }
+    }
+    if b.finish_reason.is_some() {
+        a.finish_reason = b.finish_reason;
+    }
+}
+
 /// The notifier of a function that commits where AHP connections are recorded: the notices of
 /// `inner`, and after each commit a push to the session's subscribers (one at a time per
-/// session, in commit order; [`Notifier::flush`] waits for them).
+/// session, in commit order; [`Notifier::flush`] waits for them). A model call's deltas are
+/// gathered per session for up to [`BATCH_WAIT`] (or [`BATCH_DELTAS`] deltas, or until the next
+/// commit) and pushed as one batch, before the commit that follows them.
 pub struct Pusher {
     inner: Arc<dyn Notifier>,
     pushes: Arc<Pushes>,
-    /// Sessions with a push running: `true` when another commit came meanwhile.
-    running: Arc<Mutex<HashMap<SessionId, bool>>>,
+    /// Sessions with a push running, and what waits for it.
+    running: Arc<Mutex<HashMap<SessionId, Pending>>>,
+    /// The last seq this process committed, per session (cleared with `FEEDS` sessions).
+    committed: Mutex<HashMap<SessionId, u64>>,
     /// Pushes running in all.
     busy: Arc<watch::Sender<usize>>,
 }
 
+/// What waits for a session's running push.
+#[derive(Default)]
+struct Pending {
+    /// A commit came.
+    commit: bool,
+    /// Deltas to push, oldest first, and when the first of them came.
+    deltas: Vec<Delta>,
+    since: Option<Instant>,
+    /// The last seq this process committed when the first of them came.
+    through: u64,
+    /// Wakes the push waiting for a batch to fill.
+    wake: Arc<Notify>,
+}
+
+/// The next thing a session's push does.
+enum Work {
+    Deltas { through: u64, deltas: Vec<Delta> },
+    Commit,
+    Wait { wake: Arc<Notify>, until: Instant },
+    Done,
+}
+
 impl Pusher {
     pub fn new(inner: Arc<dyn Notifier>, pushes: Arc<Pushes>) -> Self {
-        Pusher { inner, pushes, running: Arc::default(), busy: Arc::new(watch::channel(0).0) }
+        Pusher {
+            inner,
+            pushes,
+            running: Arc::default(),
+            committed: Mutex::default(),
+            busy: Arc::new(watch::channel(0).0),
+        }
     }
 
-    fn schedule(&self, session: SessionId) {
+    /// Records what `session` waits for (`change`), and starts its push unless one runs.
+    fn schedule(&self, session: SessionId, change: impl FnOnce(&mut Pending)) {
         {
             let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(again) = running.get_mut(&session) {
-                *again = true;
+            if let Some(pending) = running.get_mut(&session) {
+                change(pending);
                 return;
             }
-            running.insert(session.clone(), false);
+            let mut pending = Pending::default();
+            change(&mut pending);
+            running.insert(session.clone(), pending);
         }
         self.busy.send_modify(|n| *n += 1);
         let (pushes, running, busy) =
             (Arc::clone(&self.pushes), Arc::clone(&self.running), Arc::clone(&self.busy));
         tokio::spawn(async move {
             loop {
-                if let Err(e) = pushes.push(&session).await {
-                    tracing::warn!(session_id = %session, error = %e, "pushing to the chat's AHP subscribers failed");
-                }
-                let mut running = running.lock().unwrap_or_else(|p| p.into_inner());
-                match running.get_mut(&session) {
-                    Some(again) if *again => *again = false,
-                    _ => {
-                        running.remove(&session);
-                        break;
+                let work = next(&running, &session);
+                let pushed = match work {
+                    Work::Deltas { through, deltas } => pushes.push_deltas(&session, through, deltas).await,
+                    Work::Commit => pushes.push(&session).await,
+                    Work::Wait { wake, until } => {
+                        let _ = tokio::time::timeout_at(until.into(), wake.notified()).await;
+                        Ok(())
                     }
+                    Work::Done => break,
+                };
+                if let Err(e) = pushed {
+                    tracing::warn!(session_id = %session, error = %e, "pushing to the chat's AHP subscribers failed");
                 }
             }
             busy.send_modify(|n| *n = n.saturating_sub(1));
@@ -290,18 +669,74 @@ impl Pusher {
     }
 }
 
+/// What `session`'s push does next: its deltas first (they precede any commit that came after
+/// them), once the batch is full, old enough, or followed by a commit; then the commit.
+fn next(running: &Mutex<HashMap<SessionId, Pending>>, session: &SessionId) -> Work {
+    let mut running = running.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(pending) = running.get_mut(session) else { return Work::Done };
+    if let Some(since) = pending.since {
+        let until = since + BATCH_WAIT;
+        if !pending.commit && pending.deltas.len() < BATCH_DELTAS && Instant::now() < until {
+            return Work::Wait { wake: Arc::clone(&pending.wake), until };
+        }
+        // A backlog goes out N deltas at a time, so a reply shows as it grew.
+        let deltas: Vec<Delta> = pending.deltas.drain(..pending.deltas.len().min(BATCH_DELTAS)).collect();
+        if pending.deltas.is_empty() {
+            pending.since = None;
+        }
+        return Work::Deltas { through: pending.through, deltas };
+    }
+    if std::mem::take(&mut pending.commit) {
+        return Work::Commit;
+    }
+    running.remove(session);
+    Work::Done
+}
+
 #[async_trait]
 impl Notifier for Pusher {
     fn committed(&self, session_id: &str, last_seq: u64, ended_turns: &[TurnId], shows_in_chat: bool) {
         self.inner.committed(session_id, last_seq, ended_turns, shows_in_chat);
+        let session = SessionId::from(session_id);
+        {
+            let mut committed = self.committed.lock().unwrap_or_else(|p| p.into_inner());
+            if committed.len() >= FEEDS && !committed.contains_key(&session) {
+                committed.clear();
+            }
+            committed.insert(session.clone(), last_seq);
+        }
         // A commit of bookkeeping alone (a claim) has nothing for a chat: no subscriber query.
         // The next commit that shows pushes everything since.
         if shows_in_chat {
-            self.schedule(SessionId::from(session_id));
+            self.schedule(session, |pending| {
+                pending.commit = true;
+                pending.wake.notify_one();
+            });
         }
     }
 
     fn delta(&self, session_id: &str, call_id: &CallId, delta: StreamDelta) {
+        let session = SessionId::from(session_id);
+        // The call's claim is this process's last commit of the session before its deltas:
+        // the log through it holds the call, running.
+        let through = self
+            .committed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&session)
+            .copied()
+            .unwrap_or(u64::MAX);
+        let pushed = Delta { call_id: call_id.clone(), delta: delta.clone() };
+        self.schedule(session, move |pending| {
+            if pending.since.is_none() {
+                pending.since = Some(Instant::now());
+                pending.through = through;
+            }
+            pending.deltas.push(pushed);
+            if pending.deltas.len() >= BATCH_DELTAS {
+                pending.wake.notify_one();
+            }
+        });
         self.inner.delta(session_id, call_id, delta);
     }
 
@@ -311,6 +746,18 @@ impl Notifier for Pusher {
 
     fn deltas(&self, session_id: &str) -> broadcast::Receiver<Delta> {
         self.inner.deltas(session_id)
+    }
+
+    fn root(&self, notice: RootNotice) {
+        self.inner.root(notice.clone());
+        self.busy.send_modify(|n| *n += 1);
+        let (pushes, busy) = (Arc::clone(&self.pushes), Arc::clone(&self.busy));
+        tokio::spawn(async move {
+            if let Err(e) = pushes.notify_root(&notice).await {
+                tracing::warn!(?notice, error = %e, "notifying the AHP root subscribers failed");
+            }
+            busy.send_modify(|n| *n = n.saturating_sub(1));
+        });
     }
 
     async fn flush(&self) {

@@ -36,6 +36,13 @@ pub struct Subscriber {
     pub server_seq: u64,
 }
 
+/// A connection subscribed to the root channel, and who it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootSubscriber {
+    pub connection_id: String,
+    pub caller: Caller,
+}
+
 /// A registry could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[error("connection registry: {0}")]
@@ -52,7 +59,7 @@ pub trait Registry: Send + Sync + 'static {
 
     async fn set_client_id(&self, id: &str, client_id: &str) -> Result<(), RegistryError>;
 
-    /// Removes connection `id` and all its subscriptions.
+    /// Removes connection `id` and all its subscriptions (the root channel's too).
     async fn disconnect(&self, id: &str) -> Result<(), RegistryError>;
 
     /// Records connection `id`'s subscription to session `session`'s chat at `server_seq`
@@ -61,7 +68,16 @@ pub trait Registry: Send + Sync + 'static {
 
     async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
 
-    /// Removes every subscription of connection `id` (it stays connected).
+    /// Records connection `id` of `caller` as subscribed to the root channel.
+    async fn subscribe_root(&self, id: &str, caller: &Caller) -> Result<(), RegistryError>;
+
+    async fn unsubscribe_root(&self, id: &str) -> Result<(), RegistryError>;
+
+    /// The root channel's subscribers: one strongly consistent read.
+    async fn root_subscribers(&self) -> Result<Vec<RootSubscriber>, RegistryError>;
+
+    /// Removes every subscription of connection `id`, the root channel's too (it stays
+    /// connected).
     async fn unsubscribe_all(&self, id: &str) -> Result<(), RegistryError>;
 
     /// Connection `id`'s position on session `session`'s chat, if subscribed (strongly
@@ -76,6 +92,18 @@ pub trait Registry: Send + Sync + 'static {
     /// the position it stood at (the actions after it, through `to`, are the caller's to send),
     /// or `None` when it stands at or past `to` already, or the subscription is gone.
     async fn advance(&self, id: &str, session: &SessionId, to: u64) -> Result<Option<u64>, RegistryError>;
+
+    /// Moves connection `id`'s position on `session`'s chat to `to` if it stands at or before
+    /// `at_most` (below `to`): the position it stood at, or `None` (it moved past `at_most`, or
+    /// the subscription is gone). A stream claims with it, so a connection that got an action
+    /// numbered elsewhere meanwhile is not sent the rest of a part it did not see begin.
+    async fn claim(
+        &self,
+        id: &str,
+        session: &SessionId,
+        at_most: u64,
+        to: u64,
+    ) -> Result<Option<u64>, RegistryError>;
 }
 
 /// What became of a frame posted to a connection.

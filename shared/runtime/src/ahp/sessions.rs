@@ -331,10 +331,15 @@ fn chat_summary(chat: &ChatState) -> ChatSummary {
 /// `root/sessionAdded` for session `id`, if `caller` may see it.
 pub(crate) async fn added(host: &AhpHost, caller: &Caller, id: &SessionId) -> Option<String> {
     let session = host.app.session(id).await.ok().filter(|s| caller.may(Access::Read, s))?;
+    Some(added_frame(&session))
+}
+
+/// `root/sessionAdded` for `session` (for a caller that may read it).
+pub(crate) fn added_frame(session: &Session) -> String {
     let at = session.created_at().to_rfc3339();
-    let summary = summary(id, session.agent_id(), SessionStatus::Idle.bits(), at.clone(), at);
-    Some(rpc::notification(
+    let summary = summary(session.id(), session.agent_id(), SessionStatus::Idle.bits(), at.clone(), at);
+    rpc::notification(
         "root/sessionAdded",
         &SessionAddedParams { channel: ROOT_RESOURCE_URI.to_owned(), summary },
-    ))
+    )
 }

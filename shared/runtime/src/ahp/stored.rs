@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, StateAction};
-use ahp_types::common::Uri;
+use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
 use async_trait::async_trait;
 use turnstone_engine::ids::SessionId;
 
@@ -163,8 +163,17 @@ impl Transport for Stored {
 
     async fn hold(&mut self, subscribed: Vec<(Uri, Subscribed)>) {
         for (_, subscribed) in subscribed {
-            // Root and session channels carry no actions here; only chats are recorded.
-            let Subscribed::Chat { feed, .. } = subscribed else { continue };
+            // Session channels carry nothing here; the root carries notifications.
+            let feed = match subscribed {
+                Subscribed::Chat { feed, .. } => feed,
+                Subscribed::Root => {
+                    if let Err(e) = self.pushes.registry.subscribe_root(&self.id, &self.record.caller).await {
+                        tracing::warn!(connection_id = %self.id, error = %e, "an AHP root subscription could not be recorded");
+                    }
+                    continue;
+                }
+                Subscribed::Session => continue,
+            };
             let session = feed.session_id.clone();
             let recorded =
                 self.pushes.registry.subscribe(&self.id, &session, feed.position.server_seq()).await;
@@ -183,6 +192,7 @@ impl Transport for Stored {
 
     async fn drop_subscription(&mut self, channel: Option<&str>) {
         let dropped = match channel {
+            Some(ROOT_RESOURCE_URI) => self.pushes.registry.unsubscribe_root(&self.id).await,
             Some(channel) => match session_id(channel, "ahp-chat") {
                 Some(session) => self.pushes.registry.unsubscribe(&self.id, &session).await,
                 None => Ok(()),

@@ -15,7 +15,7 @@ use std::collections::VecDeque;
 
 use async_trait::async_trait;
 use tokio::sync::{broadcast, watch};
-use turnstone_engine::ids::{CallId, TurnId};
+use turnstone_engine::ids::{CallId, SessionId, TurnId};
 use turnstone_engine::protocol::StreamDelta;
 
 use crate::error::Result;
@@ -50,6 +50,17 @@ pub trait Notifier: Send + Sync + 'static {
     /// subscribers on AWS): a Lambda function calls it before its invocation ends, since the
     /// process may be frozen after it. Nothing to wait for by default.
     async fn flush(&self) {}
+
+    /// Announces a change of the catalog of sessions (AHP's root channel) to whoever listens
+    /// outside this process (recorded AHP connections on AWS). Nothing by default.
+    fn root(&self, _notice: RootNotice) {}
+}
+
+/// A change of the catalog of sessions, as AHP's root channel notifies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootNotice {
+    /// `root/sessionAdded`: the session's creation is committed.
+    SessionAdded(SessionId),
 }
 
 /// How far a session's log has been committed, and which turns ended lately.
