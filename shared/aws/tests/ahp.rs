@@ -673,6 +673,34 @@ async fn root_subscribers_hear_of_the_sessions_they_may_read() {
     assert_eq!(sessions_added(&world.management.frames_of("root-b")), ["ahp-session:/b1"]);
     assert_eq!(sessions_added(&world.management.frames_of("root-a")).len(), 2);
 
+    // Alice disposes of a1 (over AHP) and a2 (over HTTP): `root-a` hears both are gone, bob's
+    // connection of neither; the table keeps nothing of them that reads.
+    let disposed = world.request("creator", "disposeSession", json!({"channel": "ahp-session:/a1"})).await;
+    assert_eq!(disposed["result"], Value::Null, "{disposed}");
+    let router =
+        turnstone_lambda::http::api_router(Arc::clone(&world.ahp.engine.app), world.ahp.http.clone());
+    let request = axum::http::Request::delete("/v1/sessions/a2")
+        .header("authorization", &alice)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let removed = |connection: &str| -> Vec<String> {
+        world
+            .management
+            .frames_of(connection)
+            .iter()
+            .filter(|f| f["method"] == "root/sessionRemoved")
+            .map(|f| f["params"]["session"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(removed("root-a"), ["ahp-session:/a1", "ahp-session:/a2"]);
+    assert!(removed("root-b").is_empty(), "bob never knew of alice's sessions");
+    let store = &world.ahp.engine.app;
+    for gone in ["a1", "a2"] {
+        assert!(store.store().load(gone).await.unwrap().is_none(), "{gone} is disposed");
+    }
+
     // After `$disconnect` (and after `unsubscribe`), nothing more goes to the connection.
     let registry = Arc::clone(world.ahp.ahp.as_ref().unwrap().registry());
     assert_eq!(registry.root_subscribers().await.unwrap().len(), 2);

@@ -104,7 +104,7 @@ pub struct App {
 }
 
 /// A session this process disposed, and who owned it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Removed {
     pub session_id: SessionId,
     pub owner: Option<String>,
@@ -195,8 +195,10 @@ impl App {
             if self.store.dispose(&id).await? {
                 self.messages_lock().remove(id.as_str());
                 self.handoff_lock().remove(id.as_str());
+                let removed = Removed { session_id: id.clone(), owner };
+                self.notifier.root(crate::notify::RootNotice::SessionRemoved(removed.clone()));
                 // Nobody listening is fine.
-                let _ = self.removed.send(Removed { session_id: id.clone(), owner });
+                let _ = self.removed.send(removed);
                 disposed.push(id);
             }
         }

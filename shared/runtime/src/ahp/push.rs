@@ -366,6 +366,13 @@ impl Pushes {
                     self.post(&subscriber.connection_id, &frame).await?;
                 }
             }
+            RootNotice::SessionRemoved(removed) => {
+                for subscriber in &subscribers {
+                    if let Some(frame) = super::sessions::removed(&subscriber.caller, removed) {
+                        self.post(&subscriber.connection_id, &frame).await?;
+                    }
+                }
+            }
         }
         Ok(())
     }

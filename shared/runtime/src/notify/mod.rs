@@ -61,6 +61,9 @@ pub trait Notifier: Send + Sync + 'static {
 pub enum RootNotice {
     /// `root/sessionAdded`: the session's creation is committed.
     SessionAdded(SessionId),
+    /// `root/sessionRemoved`: the session is disposed (it cannot be read any more: the notice
+    /// names its owner, for the subscribers that may know).
+    SessionRemoved(crate::app::Removed),
 }
 
 /// How far a session's log has been committed, and which turns ended lately.
