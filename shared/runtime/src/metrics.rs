@@ -34,6 +34,8 @@ pub const EMF_NAMESPACE: &str = "Turnstone";
 
 /// A metric's labels, in order.
 type Labels = Vec<(&'static str, String)>;
+/// The labels of a commit's session (its agent) with more after them.
+type Label<'a> = &'a dyn Fn(&[(&'static str, String)]) -> Labels;
 
 /// The counters, by metric and labels.
 #[derive(Default)]
@@ -190,7 +192,7 @@ impl Metrics {
         value: Option<&CallValue>,
         result: &str,
         now: Timestamp,
-        label: &dyn Fn(&[(&'static str, String)]) -> Labels,
+        label: Label<'_>,
         delta: &mut Delta,
     ) {
         let started = lock(&self.started).remove(&(session.id().to_string(), call_id.clone(), attempt));
@@ -333,7 +335,7 @@ fn apply(counts: &mut Counts, delta: &Delta) {
     }
 }
 
-fn decided(label: &dyn Fn(&[(&'static str, String)]) -> Labels, outcome: &str) -> (&'static str, Labels) {
+fn decided(label: Label<'_>, outcome: &str) -> (&'static str, Labels) {
     ("turnstone_decision_outcomes_total", label(&[("outcome", outcome.to_owned())]))
 }
 
