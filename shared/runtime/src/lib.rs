@@ -18,6 +18,8 @@ pub mod llm;
 pub mod locks;
 pub mod net;
 pub mod notify;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod pool;
 pub mod queue;
 pub mod store;
