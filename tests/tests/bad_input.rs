@@ -141,6 +141,7 @@ fn corpus() -> Vec<Case> {
         get("a negative limit", "/v1/sessions?limit=-1").answers(400, "invalid_query", Some("limit"), "invalid digit"),
         get("a cursor that is not one", "/v1/sessions?cursor=%ff%fe").answers(400, "invalid_cursor", Some("cursor"), "cursor"),
         get("a wait that is not a number", "/v1/sessions/s-bad/turns/t1?wait=soon").answers(400, "invalid_query", Some("wait"), "float"),
+        get("a wait that is not a length of time", "/v1/sessions/s-bad/turns/t1?wait=NaN").answers(400, "invalid_query", Some("wait"), "number of seconds"),
         get("an event position below zero", "/v1/sessions/s-bad/events?after=-5").answers(400, "invalid_query", Some("after"), "invalid digit"),
         get("a turn count that is not a number", "/v1/sessions/s-bad/chat?turns=x").answers(400, "invalid_query", Some("turns"), "invalid digit"),
         get("a tree flag that is neither", "/v1/sessions/s-bad/messages?tree=maybe").answers(400, "invalid_query", Some("tree"), "maybe"),

@@ -94,7 +94,13 @@ pub fn documents() -> Vec<Document> {
 
 fn generate<T: JsonSchema>() -> Value {
     let schema = SchemaGenerator::new(SchemaSettings::draft2020_12()).into_root_schema_for::<T>();
-    let mut value = schema.to_value();
+    tidied(schema.to_value())
+}
+
+/// A generated schema as the files hold it: doc links as code spans, `u32` bounds stated, keys
+/// sorted. The HTTP API's OpenAPI document passes its schemas through this too, so a type's
+/// schema reads the same there as in `schema/`.
+pub fn tidied(mut value: Value) -> Value {
     tidy(&mut value);
     sorted(value)
 }

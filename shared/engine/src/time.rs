@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// A point in time, in milliseconds since the Unix epoch (UTC).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(transparent)]
 pub struct Timestamp(pub i64);
 

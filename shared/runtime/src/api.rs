@@ -21,6 +21,7 @@ pub use turnstone_engine::session::TurnRecord as Turn;
 
 /// `202` to `POST /v1/sessions/{id}/inputs`: what a submitted client input did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct Submitted {
     pub session_id: SessionId,
     /// The turn the input started, joined or named; none for settles and resumes.
@@ -46,12 +47,14 @@ pub enum Placement {
 
 /// The body of `POST /v1/sessions/{id}/forks`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ForkRequest {
     /// The completed turn the fork's history runs through.
     pub turn_id: TurnId,
     /// The new session's id; omitted: `fork-<16 hex>`.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schemars(schema_with = "crate::openapi::new_session_id"))]
     pub session_id: Option<SessionId>,
 }
 
@@ -59,12 +62,14 @@ pub use crate::fork::Forked;
 
 /// `202` to `POST /v1/sessions/{id}/calls/settle`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct Settled {
     pub session_id: SessionId,
 }
 
 /// The optional body of `POST /v1/sessions/{id}/cancel`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CancelRequest {
     /// Recorded on the turn and in the synthetic results of its open tool calls.
@@ -74,14 +79,25 @@ pub struct CancelRequest {
 
 /// `202` to `POST /v1/sessions/{id}/cancel`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct Cancelled {
     pub session_id: SessionId,
     /// The turn that ended; none when no turn was active.
     pub turn_id: Option<TurnId>,
 }
 
+/// `200` to `DELETE /v1/sessions/{id}`: what was disposed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+pub struct Disposed {
+    pub session_id: SessionId,
+    /// The session and the sub-agent sessions it started, parents first.
+    pub disposed: Vec<SessionId>,
+}
+
 /// `GET /v1/sessions/{id}`: a session at a glance.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct SessionSummary {
     pub session_id: SessionId,
     pub agent_id: String,
@@ -107,6 +123,7 @@ pub struct SessionSummary {
 
 /// What a session is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum SessionStatus {
     /// Nothing to do until a client sends something.
@@ -119,6 +136,7 @@ pub enum SessionStatus {
 
 /// An interrupt waiting for `interrupt.resume`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct OpenInterrupt {
     pub id: InterruptId,
     pub reason: String,
@@ -128,6 +146,7 @@ pub struct OpenInterrupt {
 
 /// A client tool call waiting for `tool.result`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct PendingClientCall {
     pub id: CallId,
     pub name: String,
@@ -139,6 +158,7 @@ pub struct PendingClientCall {
 
 /// A session's model usage.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct UsageSummary {
     /// Completed model calls.
     pub llm_calls: u64,
@@ -214,12 +234,16 @@ impl SessionSummary {
 
 /// `GET /v1/sessions/{id}/messages`: the active path, root first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct ActivePath {
     pub messages: Vec<Message>,
 }
 
 /// `GET /v1/sessions/{id}/events`: a page of the durable log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+// One page type in the document, whatever the event type a client reads it with.
+#[cfg_attr(feature = "openapi", schemars(rename = "EventPage"))]
 pub struct EventPage<E = Event> {
     pub events: Vec<LoggedEvent<E>>,
     /// Pass as `?after=` for the next page; equal to the request's when the page is empty.
@@ -229,6 +253,7 @@ pub struct EventPage<E = Event> {
 /// The data of an `llm.token.delta` event on `GET /v1/sessions/{id}/events/stream`: model
 /// output of a running call, live (a preview: the durable events carry the final message).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct TokenDelta {
     pub call_id: CallId,
     pub delta: StreamDelta,
@@ -236,6 +261,7 @@ pub struct TokenDelta {
 
 /// `GET /v1/sessions`: a page of the caller's sessions.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct SessionPage {
     pub sessions: Vec<SessionListing>,
     /// Pass as `?cursor=` for the next page; none on the last.
@@ -244,12 +270,14 @@ pub struct SessionPage {
 
 /// Every error answer: `{"error": {"code", "message", "param"?}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
 /// What went wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct ErrorDetail {
     /// Stable and machine-readable, e.g. `turn_already_active`.
     pub code: String,

@@ -22,6 +22,7 @@ const EVENTS_PER_READ: usize = 1000;
 
 /// A fork that was made (or found made).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct Forked {
     /// The new session.
     pub session_id: SessionId,

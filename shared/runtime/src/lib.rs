@@ -19,6 +19,8 @@ pub mod locks;
 pub mod metrics;
 pub mod net;
 pub mod notify;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod pool;
 pub mod queue;
 pub mod store;

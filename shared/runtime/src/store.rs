@@ -70,6 +70,8 @@ impl Commit<'_> {
 /// A logged event with its sequence number (1-based, gapless per session). Generic so a
 /// client may read the event leniently (as JSON); stores hold engine [`Event`]s.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "openapi", schemars(rename = "LoggedEvent"))]
 pub struct LoggedEvent<E = Event> {
     /// Position in the session's log.
     pub seq: u64,
@@ -78,6 +80,7 @@ pub struct LoggedEvent<E = Event> {
 
 /// A session in a listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct SessionListing {
     pub session_id: String,
     pub agent_id: String,

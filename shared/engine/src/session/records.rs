@@ -73,6 +73,7 @@ pub struct ParentLink {
 /// Where a forked session's history comes from: its source session's active path as it was
 /// when one of its turns ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ForkOrigin {
     /// The source session.
     pub session_id: SessionId,
@@ -379,6 +380,7 @@ impl TriggerSource {
 
 /// Where a turn is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TurnStatus {
     /// Waiting for the active turn to end.
@@ -402,6 +404,7 @@ impl TurnStatus {
 
 /// Who started a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TurnOrigin {
     #[default]
@@ -412,6 +415,7 @@ pub enum TurnOrigin {
 
 /// The input that starts a turn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TurnInput {
     /// `client.message`.
@@ -428,6 +432,7 @@ pub enum TurnInput {
 
 /// A turn: from a client input to `done`, failure or cancel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct TurnRecord {
     /// Its idempotency id.
     pub id: TurnId,
@@ -510,6 +515,7 @@ pub struct Versioned<T> {
 
 /// Model usage, accumulated.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Usage {
     /// Completed model calls (successful settles only).
     pub llm_calls: u64,
@@ -519,6 +525,7 @@ pub struct Usage {
     /// Cost in pico-dollars (10^-12), summed exactly from the decimal strings. Serialized as
     /// a decimal string: JSON numbers (and serde's buffering of tagged enums) stop at 64 bits.
     #[serde(with = "i128_string")]
+    #[cfg_attr(feature = "schema", schemars(with = "String"))]
     pub cost_picodollars: i128,
 }
 

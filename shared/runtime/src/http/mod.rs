@@ -3,6 +3,7 @@
 mod ahp;
 mod chat;
 mod error;
+pub mod openapi;
 mod query;
 mod sse;
 
@@ -15,8 +16,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use serde::{Deserialize, Serialize};
+use axum::routing::{MethodRouter, get, post};
+use serde::Deserialize;
 use turnstone_engine::ids::{SessionId, TurnId};
 use turnstone_engine::protocol::{Action, ClientInput, parse_slice};
 use turnstone_engine::session::{Command, Event, Session};
@@ -24,8 +25,8 @@ use turnstone_engine::session::{Command, Event, Session};
 pub use crate::api::ApiError;
 
 use crate::api::{
-    ActivePath, CancelRequest, Cancelled, EventPage, ForkRequest, Placement, SessionPage, SessionSummary,
-    Settled, Submitted, Turn,
+    ActivePath, CancelRequest, Cancelled, Disposed, EventPage, ForkRequest, Placement, SessionPage,
+    SessionSummary, Settled, Submitted, Turn,
 };
 use crate::app::App;
 use crate::auth::{Access, AuthError, Authenticator, Caller, Listing};
@@ -70,25 +71,40 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
     let limit = config.max_body_bytes;
     let ahp = crate::ahp::AhpHost::new(Arc::clone(&app));
     let state = AppState { app, config: Arc::new(config), ahp };
-    axum::Router::new()
-        .route("/v1/sessions", get(list_sessions))
-        .route("/v1/sessions/{id}", get(session_summary).delete(dispose))
-        .route("/v1/sessions/{id}/inputs", post(submit))
-        .route("/v1/sessions/{id}/messages", get(messages))
-        .route("/v1/sessions/{id}/turns/{turn_id}", get(turn))
-        .route("/v1/sessions/{id}/events", get(events))
-        .route("/v1/sessions/{id}/events/stream", get(sse::stream))
-        .route("/v1/sessions/{id}/chat", get(chat::chat))
-        .route("/v1/sessions/{id}/calls/settle", post(settle))
-        .route("/v1/sessions/{id}/cancel", post(cancel))
-        .route("/v1/sessions/{id}/forks", post(fork))
-        .route("/v1/ahp", get(ahp::upgrade))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/metrics", get(metrics))
+    let router =
+        routes().into_iter().fold(axum::Router::new(), |router, (path, methods)| router.route(path, methods));
+    router
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         // Bodies are read and limited by `body()`; this only stops axum's own 2 MB default.
         .layer(DefaultBodyLimit::max(limit.saturating_add(1)))
         .with_state(state)
+}
+
+/// Every route, by path. The router is built from this list and the OpenAPI document's paths
+/// are checked against it ([`route_paths`]), so neither can gain a route the other lacks.
+fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
+    vec![
+        ("/v1/sessions", get(list_sessions)),
+        ("/v1/sessions/{id}", get(session_summary).delete(dispose)),
+        ("/v1/sessions/{id}/inputs", post(submit)),
+        ("/v1/sessions/{id}/messages", get(messages)),
+        ("/v1/sessions/{id}/turns/{turn_id}", get(turn)),
+        ("/v1/sessions/{id}/events", get(events)),
+        ("/v1/sessions/{id}/events/stream", get(sse::stream)),
+        ("/v1/sessions/{id}/chat", get(chat::chat)),
+        ("/v1/sessions/{id}/calls/settle", post(settle)),
+        ("/v1/sessions/{id}/cancel", post(cancel)),
+        ("/v1/sessions/{id}/forks", post(fork)),
+        ("/v1/ahp", get(ahp::upgrade)),
+        ("/v1/openapi.json", get(openapi::serve)),
+        ("/healthz", get(|| async { "ok" })),
+        ("/metrics", get(metrics)),
+    ]
+}
+
+/// The paths the router answers (with axum's `{param}` syntax, which is OpenAPI's too).
+pub fn route_paths() -> Vec<&'static str> {
+    routes().into_iter().map(|(path, _)| path).collect()
 }
 
 /// The caller, by its bearer token when `[auth]` is configured: 401 without a valid one.
@@ -247,14 +263,6 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Result<Re
         .into_response())
 }
 
-/// What `DELETE /v1/sessions/{id}` disposed.
-#[derive(Serialize)]
-struct Disposed {
-    session_id: SessionId,
-    /// The session and the sub-agent sessions it started, parents first.
-    disposed: Vec<SessionId>,
-}
-
 /// `DELETE /v1/sessions/{id}`: the session and its sub-agent sessions are deleted for good.
 async fn dispose(
     State(state): State<AppState>,
@@ -312,7 +320,17 @@ async fn turn(
 ) -> Result<Json<Turn>, ApiError> {
     let caller = authenticate(&state, &headers)?;
     let max = state.config.max_wait.as_secs_f64();
-    let wait = Duration::from_secs_f64(query.wait.unwrap_or(0.0).clamp(0.0, max));
+    let wait = query.wait.unwrap_or(0.0);
+    // `NaN` parses as a number but is no length of time (`from_secs_f64` would panic on it).
+    if wait.is_nan() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_query",
+            "wait must be a number of seconds",
+        )
+        .with_param("wait"));
+    }
+    let wait = Duration::from_secs_f64(wait.clamp(0.0, max));
     let deadline = tokio::time::Instant::now() + wait;
     // Follow before reading, so a commit between the two is not missed.
     let mut progress = state.app.notifier().progress(&id).await?;
