@@ -122,6 +122,12 @@ impl App {
     /// An app from its parts.
     pub fn new(parts: Parts) -> Arc<Self> {
         let seed = app_seed(parts.clock.now());
+        Self::with_seed(parts, seed)
+    }
+
+    /// An app whose ids come from `seed` instead of the OS's entropy: a simulation replays a
+    /// seed to the same ids. Two apps over one store must be given different seeds.
+    pub fn with_seed(parts: Parts, seed: u64) -> Arc<Self> {
         Arc::new(App {
             store: parts.store,
             queue: parts.queue,
