@@ -63,6 +63,9 @@ enum Misbehaviour {
     Malformed,
     /// An answer, late but within the timeout.
     Slow,
+    /// An answer that reaches the dispatcher after the attempt's timeout (it came in time, but
+    /// the process stalled before acting on it): the session may have moved on.
+    Late,
 }
 
 fn misbehaviour(world: &World) -> Misbehaviour {
@@ -74,7 +77,8 @@ fn misbehaviour(world: &World) -> Misbehaviour {
         6..=7 => Misbehaviour::Terminal,
         8..=10 => Misbehaviour::Hang,
         11..=13 => Misbehaviour::Malformed,
-        14..=22 => Misbehaviour::Slow,
+        14..=20 => Misbehaviour::Slow,
+        21..=24 => Misbehaviour::Late,
         _ => Misbehaviour::None,
     }
 }
@@ -89,6 +93,12 @@ async fn hang(world: &Arc<World>, timeout: Option<Duration>) {
 async fn slow(world: &Arc<World>, timeout: Option<Duration>) {
     let limit = timeout.map_or(5_000, |t| (t.as_millis() as i64 - 1).clamp(1, 5_000));
     let ms = 1 + world.roll(limit as u64) as i64;
+    SimSleep::new(world, ms).await;
+}
+
+/// A late answer: up to a minute past the timeout (or 10 minutes without one).
+async fn late(world: &Arc<World>, timeout: Option<Duration>) {
+    let ms = timeout.map_or(600_000, |t| t.as_millis() as i64) + 1 + world.roll(60_000) as i64;
     SimSleep::new(world, ms).await;
 }
 
@@ -146,9 +156,11 @@ impl Deliver for SimWorker {
                 hang(world, timeout).await;
                 Err(DeliveryError::Timeout { after: timeout })
             }
-            Misbehaviour::Malformed | Misbehaviour::Slow | Misbehaviour::None => {
-                if behaviour == Misbehaviour::Slow {
-                    slow(world, timeout).await;
+            Misbehaviour::Malformed | Misbehaviour::Slow | Misbehaviour::Late | Misbehaviour::None => {
+                match behaviour {
+                    Misbehaviour::Slow => slow(world, timeout).await,
+                    Misbehaviour::Late => late(world, timeout).await,
+                    _ => {}
                 }
                 let body = self.answer(request, behaviour == Misbehaviour::Malformed);
                 parse_response(body.as_bytes())
@@ -180,11 +192,9 @@ impl SimWorker {
                         detail: None,
                     })
                 } else {
-                    Action::ToolResult(ToolResultAction {
-                        id: None,
-                        attempt: None,
-                        result: json!(format!("{} ok", t.name)),
-                    })
+                    let result = format!("{} ok {} {}", t.name, t.id, t.attempt);
+                    world.answered(&t.id, t.attempt, result.clone());
+                    Action::ToolResult(ToolResultAction { id: None, attempt: None, result: json!(result) })
                 };
                 DecisionResponse { actions: Some(vec![action]), ..Default::default() }
             }
@@ -264,11 +274,18 @@ impl ModelProvider for SimModel {
                 hang(world, timeout).await;
                 Err(ProviderError::deadline_exceeded("the model did not answer in time"))
             }
-            Misbehaviour::Slow | Misbehaviour::None => {
-                if behaviour == Misbehaviour::Slow {
-                    slow(world, timeout).await;
+            Misbehaviour::Slow | Misbehaviour::Late | Misbehaviour::None => {
+                match behaviour {
+                    Misbehaviour::Slow => slow(world, timeout).await,
+                    Misbehaviour::Late => late(world, timeout).await,
+                    _ => {}
                 }
-                Ok(self.answer())
+                let answer = self.answer();
+                if let Some(call) = &call {
+                    let value = serde_json::to_value(&answer).unwrap_or_default();
+                    world.answered(&call.id, call.attempt, super::fingerprint(&value));
+                }
+                Ok(answer)
             }
         };
         if fate == Fate::CrashAfter {

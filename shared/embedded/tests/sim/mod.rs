@@ -103,6 +103,9 @@ pub struct World {
     pub sleepers: Mutex<BTreeSet<i64>>,
     /// Effects performed, by `kind session id attempt`, and how often.
     executed: Mutex<BTreeMap<String, u32>>,
+    /// What the endpoints answered successfully, by `call attempt`: a settle must record its
+    /// own attempt's answer.
+    answers: Mutex<BTreeMap<(String, u32), String>>,
     violations: Mutex<Vec<String>>,
     trace: Mutex<Vec<String>>,
     numbers: AtomicU64,
@@ -127,6 +130,7 @@ impl World {
             mailbox: Mutex::new(Mailbox::default()),
             sleepers: Mutex::new(BTreeSet::new()),
             executed: Mutex::new(BTreeMap::new()),
+            answers: Mutex::new(BTreeMap::new()),
             violations: Mutex::new(Vec::new()),
             trace: Mutex::new(Vec::new()),
             numbers: AtomicU64::new(0),
@@ -218,6 +222,14 @@ impl World {
             .collect()
     }
 
+    pub fn answered(&self, call_id: &str, attempt: u32, fingerprint: String) {
+        self.answers.lock().unwrap().insert((call_id.to_owned(), attempt), fingerprint);
+    }
+
+    pub fn answer(&self, call_id: &str, attempt: u32) -> Option<String> {
+        self.answers.lock().unwrap().get(&(call_id.to_owned(), attempt)).cloned()
+    }
+
     pub fn violation(&self, what: String) {
         self.trace(format!("violation {what}"));
         self.violations.lock().unwrap().push(what);
@@ -229,6 +241,22 @@ impl World {
 
     pub fn next_number(&self) -> u64 {
         self.numbers.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+/// What identifies a successful outcome: a model reply's text or tool call ids, a tool's
+/// result text (as `call_settled` events and the endpoints' answers hold them).
+pub fn fingerprint(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => match other.get("content").and_then(serde_json::Value::as_str) {
+            Some(text) => text.to_owned(),
+            None => other
+                .get("tool_calls")
+                .and_then(serde_json::Value::as_array)
+                .map(|calls| calls.iter().filter_map(|c| c.get("id")?.as_str()).collect::<Vec<_>>().join(","))
+                .unwrap_or_default(),
+        },
     }
 }
 

@@ -17,6 +17,7 @@ use turnstone_runtime::store::{
     Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
 
+use super::endpoints::SimSleep;
 use super::{Fate, Life, Queued, World};
 
 /// Runs `f` to completion on this thread. A store's operation is one step of the simulation:
@@ -110,6 +111,13 @@ impl Store for SimStore {
         commit: Commit<'_>,
     ) -> Result<u64, StoreError> {
         self.life.gate().await;
+        // Now and then the process stalls before it writes (a pause, a starved CPU): a commit
+        // of what it learnt may come long after, when the session has moved on.
+        if self.world.chaos() && self.world.chance(3) {
+            let ms = 1_000 + self.world.roll(150_000) as i64;
+            self.world.trace(format!("stall {ms}"));
+            SimSleep::new(&self.world, ms).await;
+        }
         let fate = self.world.fate("commit", false);
         if fate == Fate::CrashBefore {
             return self.life.die().await;

@@ -564,6 +564,7 @@ impl Sim {
                 .map(|e| e.event)
                 .collect();
             check_quiet(&session);
+            self.check_settles(session_id, &log);
             logs.insert(session_id, log);
         }
         // Every accepted input started exactly one turn (a steering one may later join another).
@@ -581,6 +582,31 @@ impl Sim {
                 })
                 .count();
             assert_eq!(starts, 1, "accepted input {i} ({:?}) started {starts} turns {turn_id}", input.what);
+        }
+    }
+}
+
+impl Sim {
+    /// Every successful settle of a call the endpoints ran records the answer of its own
+    /// attempt (never a late answer of an earlier attempt).
+    fn check_settles(&self, session_id: &str, log: &[Event]) {
+        for event in log {
+            let Event::CallSettled { call_id, attempt, .. } = event else { continue };
+            let value = serde_json::to_value(event).unwrap();
+            let Some(ok) = value.get("outcome").and_then(|o| o.get("Ok")).and_then(|o| o.get("value")) else {
+                continue;
+            };
+            let recorded = super::fingerprint(ok);
+            // Client tools' results ("blue") come from the simulated client, not an endpoint.
+            if recorded == "blue" {
+                continue;
+            }
+            let answered = self.world.answer(call_id, *attempt);
+            assert_eq!(
+                answered.as_deref(),
+                Some(recorded.as_str()),
+                "{session_id}: call {call_id} settled at attempt {attempt} with an answer its attempt did not give"
+            );
         }
     }
 }
