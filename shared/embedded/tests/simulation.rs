@@ -18,8 +18,9 @@ mod sim;
 use sim::run::{Outcome, run};
 use sim::{Backend, Host};
 
-/// Seeds that found real bugs, with the steps they took.
-const REGRESSION_SEEDS: &[(u64, usize)] = &[];
+/// Seeds that found real bugs, with the steps they took: 9, a message sent again under the id
+/// of a turn the head had forgot was refused while another turn ran (`App::submit`).
+const REGRESSION_SEEDS: &[(u64, usize)] = &[(9, 600)];
 /// Seeds and steps of a CI run.
 const SEEDS: u64 = 200;
 const STEPS: usize = 600;

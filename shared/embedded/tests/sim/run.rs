@@ -322,12 +322,34 @@ impl Sim {
             (Job::Submit(i), Done::Submitted(result)) => {
                 let input = &mut self.inputs[i];
                 input.answered = true;
+                // A message sent again under a turn id that was accepted names that turn again
+                // and writes nothing (a client that did not hear the first answer).
+                let again = match (&input.what, &input.turn_id, &input.accepted) {
+                    (What::Message(_), Some(turn_id), Some(_)) => Some(turn_id.clone()),
+                    _ => None,
+                };
                 match result {
                     Ok(submitted) => {
                         self.world.trace(format!("accepted {i} {:?}", submitted.turn_id));
+                        // (A steering turn that joined the running one names that turn.)
+                        let steered = matches!(input.what, What::Message(Placement::Steer));
+                        if let Some(turn_id) = again
+                            && submitted.turn_id.as_ref() != Some(&turn_id)
+                            && !(steered && submitted.turn_id.is_some())
+                        {
+                            self.world
+                                .violation(format!("input {i} sent again answered {:?}", submitted.turn_id));
+                        }
                         input.accepted = Some(submitted.turn_id);
                     }
-                    Err(e) => self.world.trace(format!("refused {i} {e}")),
+                    Err(e) => {
+                        self.world.trace(format!("refused {i} {e}"));
+                        if again.is_some() {
+                            self.world.violation(format!(
+                                "input {i} sent again under its accepted turn id was refused: {e}"
+                            ));
+                        }
+                    }
                 }
             }
             (Job::Run { delivery, session_id }, Done::Ran(result)) => match result {
@@ -401,8 +423,21 @@ impl Sim {
             .iter()
             .filter_map(|t| if let Job::Submit(i) = t.job { Some(i) } else { None })
             .collect();
-        let lost: Vec<usize> =
-            (0..self.inputs.len()).filter(|i| !self.inputs[*i].answered && !submitting.contains(i)).collect();
+        // Mostly one whose answer was lost; now and then one accepted under a turn id of its own.
+        let duplicate = self.world.chance(30);
+        let lost: Vec<usize> = (0..self.inputs.len())
+            .filter(|i| !submitting.contains(i))
+            .filter(|i| {
+                let input = &self.inputs[*i];
+                if duplicate {
+                    input.accepted.is_some()
+                        && input.turn_id.is_some()
+                        && matches!(input.what, What::Message(_))
+                } else {
+                    !input.answered
+                }
+            })
+            .collect();
         if lost.is_empty() {
             return;
         }
