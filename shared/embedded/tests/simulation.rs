@@ -19,8 +19,10 @@ use sim::run::{Outcome, run};
 use sim::{Backend, Host};
 
 /// Seeds that found real bugs, with the steps they took: 9, a message sent again under the id
-/// of a turn the head had forgot was refused while another turn ran (`App::submit`).
-const REGRESSION_SEEDS: &[(u64, usize)] = &[(9, 600)];
+/// of a turn the head had forgot was refused while another turn ran (`App::submit`); 746, a
+/// model reply with tool calls arriving while its turn's `done` waited for an interrupt left
+/// them unanswered on the path for good (the engine's `respond`).
+const REGRESSION_SEEDS: &[(u64, usize)] = &[(9, 600), (746, 600)];
 /// Seeds and steps of a CI run.
 const SEEDS: u64 = 160;
 const STEPS: usize = 600;
