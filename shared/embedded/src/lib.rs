@@ -1,7 +1,9 @@
 //! Turnstone's single-machine adapters: [`SqliteStore`], the `Store` port on a SQLite file,
-//! and [`MemoryQueue`], the `Queue` port as an in-process delay queue (DESIGN.md section 2).
+//! and [`MemoryQueue`], the `Queue` port as an in-process delay queue (DESIGN.md section 2);
+//! [`MemoryStore`], the `Store` port in memory, for tests and simulations.
 
 mod error;
+pub mod memory;
 pub mod queue;
 pub mod sqlite;
 
@@ -24,5 +26,6 @@ pub fn open_local(config: &Config, data_dir: &Path) -> Result<(SqliteStore, Memo
     let store = SqliteStore::open_with(data_dir.join("turnstone.sqlite"), options, Arc::new(SystemClock))?;
     Ok((store, MemoryQueue::new(LOCAL_VISIBILITY_TIMEOUT)))
 }
+pub use memory::MemoryStore;
 pub use queue::MemoryQueue;
 pub use sqlite::{Durability, GroupStats, SqliteOptions, SqliteStore, StoreStats};

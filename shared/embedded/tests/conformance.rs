@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
-use turnstone_embedded::{Durability, MemoryQueue, SqliteOptions, SqliteStore};
+use turnstone_embedded::{Durability, MemoryQueue, MemoryStore, SqliteOptions, SqliteStore};
 use turnstone_engine::session::Session;
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::conformance::{
@@ -112,6 +112,11 @@ async fn the_in_memory_store_conforms_too() {
     conformance::store_list_sessions(&store).await;
     conformance::store_due(&store).await;
     conformance::store_dispose(&store).await;
+}
+
+#[tokio::test]
+async fn the_memory_store_conforms() {
+    conformance::store_suite(&MemoryStore::new()).await;
 }
 
 const QUEUE: QueueSuite = QueueSuite {

@@ -134,6 +134,12 @@ impl App {
     /// An app from its parts.
     pub fn new(parts: Parts) -> Arc<Self> {
         let seed = app_seed(parts.clock.now());
+        Self::with_seed(parts, seed)
+    }
+
+    /// An app whose ids come from `seed` instead of the OS's entropy: a simulation replays a
+    /// seed to the same ids. Two apps over one store must be given different seeds.
+    pub fn with_seed(parts: Parts, seed: u64) -> Arc<Self> {
         Arc::new(App {
             store: parts.store,
             queue: parts.queue,
@@ -551,7 +557,29 @@ impl App {
             Ok(commands)
         };
         let mode = Mode { claim_next: self.claim_ahead, in_run: false };
-        let executed = self.execute_with(session_id, None, mode, build).await?;
+        let executed = match self.execute_with(session_id, None, mode, build).await {
+            Ok(executed) => executed,
+            Err(Error::Rejected(rejection)) => {
+                // The engine answers a known turn id before any other check, but knows only the
+                // turns its head remembers: a refused input whose turn id only the store
+                // remembers (an old turn, sent again by a client that missed the answer) is a
+                // known turn too, and writes nothing. Refusals never reach the store's
+                // `IdsUsed` check, so it is asked here, on the refusal path only. (Found by the
+                // runtime simulation, seed 9: a retry was refused while another turn ran.)
+                let starts_turn = matches!(input, ClientInput::Message(_) | ClientInput::Messages(_));
+                if let Some(id) = input.turn_id().filter(|_| starts_turn)
+                    && !self.store.used_ids(session_id, &[UsedId::Turn(id.clone())]).await?.is_empty()
+                {
+                    return Ok(Submitted {
+                        session_id: session_id.into(),
+                        turn_id: Some(id.clone()),
+                        queued: false,
+                    });
+                }
+                return Err(Error::Rejected(rejection));
+            }
+            Err(e) => return Err(e),
+        };
         if let Some(effect) = executed.claimed.clone() {
             // Claimed in the submit's commit: a queue worker of this process performs it.
             self.handoff_lock().insert(session_id.to_owned(), effect);

@@ -16,7 +16,7 @@ use turnstone_engine::time::Timestamp;
 use crate::app::{App, Executed, Mode, claim_command, is_stale_claim, still_claimed};
 use crate::error::{Error, Result};
 use crate::queue::WakeUp;
-use crate::worker::WorkerClient;
+use crate::worker::Deliver;
 
 /// Bounds the effects one run performs before yielding the session to the queue again.
 const MAX_EFFECTS_PER_RUN: usize = 256;
@@ -38,13 +38,14 @@ const IN_RUN_CLAIMING: Mode = Mode { claim_next: true, in_run: true };
 /// workers, the Lambda `dispatch` function's SQS batch handler).
 pub struct Dispatcher {
     app: Arc<App>,
-    worker: WorkerClient,
+    worker: Arc<dyn Deliver>,
 }
 
 impl Dispatcher {
-    /// A dispatcher over `app`, delivering decisions with `worker`.
-    pub fn new(app: Arc<App>, worker: WorkerClient) -> Arc<Self> {
-        Arc::new(Dispatcher { app, worker })
+    /// A dispatcher over `app`, delivering decisions with `worker` (a
+    /// [`WorkerClient`](crate::worker::WorkerClient), or a simulation's worker).
+    pub fn new(app: Arc<App>, worker: impl Deliver) -> Arc<Self> {
+        Arc::new(Dispatcher { app, worker: Arc::new(worker) })
     }
 
     /// The app it runs sessions of.
@@ -224,13 +225,13 @@ impl Dispatcher {
         };
         let notifier = Arc::clone(self.app.notifier());
         let sid = session_id.to_owned();
-        let on_delta = move |delta: StreamDelta| {
+        let mut on_delta = move |delta: StreamDelta| {
             if let Some(call_id) = &stream_call {
                 notifier.delta(&sid, call_id, delta);
             }
         };
         let now_unix = self.app.now().0 / 1000;
-        match self.worker.deliver(&endpoint, &request, timeout, now_unix, on_delta).await {
+        match self.worker.deliver(&endpoint, &request, timeout, now_unix, &mut on_delta).await {
             Ok(answer) => {
                 let command = Command::Answer {
                     decision_id,

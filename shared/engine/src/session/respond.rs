@@ -122,7 +122,14 @@ impl Tx {
             self.complete_if_done(turn_id);
         }
         self.end_turn_after_failed_model_call(decision, actions.is_empty());
-        if self.session.active_turn.is_none() {
+        // Nor will anything run one recorded for a turn that is over while another runs, or
+        // whose `done` waits for its interrupts: the late reply's tool calls would stay
+        // unanswered on the path for good (found by the runtime simulation, seed 746).
+        let turn_over = decision.turn_id.as_ref().is_some_and(|t| {
+            Some(t) != self.session.active_turn.as_ref()
+                || self.session.active_turn().is_some_and(|a| a.done_pending)
+        });
+        if self.session.active_turn.is_none() || turn_over {
             // Outside a turn nothing will run a tool call the response recorded (a late model
             // reply after `done`): answer it, so the path stays valid for strict model APIs.
             let head = self.session.tree.head().cloned();

@@ -14,6 +14,7 @@ mod signature;
 use std::fmt;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use reqwest::{Response, StatusCode};
 use turnstone_engine::protocol::{DecisionRequest, DecisionResponse, StreamDelta, parse_response, parse_str};
@@ -79,6 +80,36 @@ impl fmt::Debug for WorkerEndpoint {
             .field("url", &self.url)
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
             .finish()
+    }
+}
+
+/// Delivers one attempt of a decision to an agent's worker: what the dispatcher needs of a
+/// worker. [`WorkerClient`] delivers over HTTP; a simulation delivers in memory, with faults.
+#[async_trait]
+pub trait Deliver: Send + Sync + 'static {
+    /// Delivers `request` once to `endpoint` (see [`WorkerClient::deliver`]): `timeout` bounds
+    /// the whole attempt, `on_delta` hears each streamed token delta as it arrives.
+    async fn deliver(
+        &self,
+        endpoint: &WorkerEndpoint,
+        request: &DecisionRequest,
+        timeout: Option<Duration>,
+        now_unix: i64,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<Answer, DeliveryError>;
+}
+
+#[async_trait]
+impl Deliver for WorkerClient {
+    async fn deliver(
+        &self,
+        endpoint: &WorkerEndpoint,
+        request: &DecisionRequest,
+        timeout: Option<Duration>,
+        now_unix: i64,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<Answer, DeliveryError> {
+        WorkerClient::deliver(self, endpoint, request, timeout, now_unix, on_delta).await
     }
 }
 
