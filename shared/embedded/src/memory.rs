@@ -18,6 +18,8 @@ use turnstone_runtime::store::{
 #[derive(Clone)]
 pub struct MemoryStore {
     sessions: Arc<Mutex<BTreeMap<String, Stored>>>,
+    /// Ids of disposed sessions: never created again.
+    disposed: Arc<Mutex<BTreeSet<String>>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -52,7 +54,11 @@ impl MemoryStore {
 
     /// An empty store; `clock` stamps `updated_at`.
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
-        MemoryStore { sessions: Arc::new(Mutex::new(BTreeMap::new())), clock }
+        MemoryStore {
+            sessions: Arc::new(Mutex::new(BTreeMap::new())),
+            disposed: Arc::new(Mutex::new(BTreeSet::new())),
+            clock,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Stored>> {
@@ -90,6 +96,12 @@ impl Store for MemoryStore {
         let mut sessions = self.lock();
         let current = sessions.get(session_id);
         if current.map_or(0, |s| s.version) != expected_version {
+            return Err(conflict());
+        }
+        // Lock order: sessions, then disposed (as `dispose`).
+        if current.is_none()
+            && self.disposed.lock().unwrap_or_else(PoisonError::into_inner).contains(session_id)
+        {
             return Err(conflict());
         }
         let first_used = commit.first_used();
@@ -192,5 +204,14 @@ impl Store for MemoryStore {
             .collect();
         due.sort();
         Ok(due.into_iter().take(limit).map(|(_, id)| id.clone()).collect())
+    }
+
+    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
+        let mut sessions = self.lock();
+        let existed = sessions.remove(session_id).is_some();
+        if existed {
+            self.disposed.lock().unwrap_or_else(PoisonError::into_inner).insert(session_id.to_owned());
+        }
+        Ok(existed)
     }
 }

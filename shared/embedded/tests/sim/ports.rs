@@ -158,6 +158,11 @@ impl Store for SimStore {
         self.life.gate().await;
         block(self.world.store().due(now, limit))
     }
+
+    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
+        self.life.gate().await;
+        block(self.world.store().dispose(session_id))
+    }
 }
 
 /// The queue of one process: sends land in the world's mailbox, which the scheduler delivers
