@@ -20,16 +20,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use turnstone_engine::protocol::*;
 
-const FIXTURES: &[(&str, &str)] = &[
-    ("decision.json", include_str!("fixtures/protocol/decision.json")),
-    ("trigger.json", include_str!("fixtures/protocol/trigger.json")),
-    ("action.json", include_str!("fixtures/protocol/action.json")),
-    ("agent.json", include_str!("fixtures/protocol/agent.json")),
-    ("message.json", include_str!("fixtures/protocol/message.json")),
-    ("llm.json", include_str!("fixtures/protocol/llm.json")),
-    ("client_input.json", include_str!("fixtures/protocol/client_input.json")),
-    ("docs_examples.json", include_str!("fixtures/protocol/docs_examples.json")),
-];
+include!("fixtures/protocol/list.rs");
 
 /// Every type of seed 000 that has fixtures (the string enums are checked in `enums_*`).
 const TYPES: &[&str] = &[

@@ -18,16 +18,7 @@ use serde_json::{Value, json};
 use turnstone_engine::protocol::*;
 use turnstone_engine::schema::{REGENERATE, documents};
 
-const FIXTURES: &[(&str, &str)] = &[
-    ("decision.json", include_str!("fixtures/protocol/decision.json")),
-    ("trigger.json", include_str!("fixtures/protocol/trigger.json")),
-    ("action.json", include_str!("fixtures/protocol/action.json")),
-    ("agent.json", include_str!("fixtures/protocol/agent.json")),
-    ("message.json", include_str!("fixtures/protocol/message.json")),
-    ("llm.json", include_str!("fixtures/protocol/llm.json")),
-    ("client_input.json", include_str!("fixtures/protocol/client_input.json")),
-    ("docs_examples.json", include_str!("fixtures/protocol/docs_examples.json")),
-];
+include!("fixtures/protocol/list.rs");
 
 fn schema_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../schema")
