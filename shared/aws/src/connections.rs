@@ -85,6 +85,39 @@ impl DynamoRegistry {
         Ok(())
     }
 
+    /// The subscription items (`SK` beginning with `W#`) of partition `pk`, by connection: one
+    /// strongly consistent query, paged.
+    async fn subscription_items(&self, pk: String) -> Result<Vec<(String, items::Item)>, RegistryError> {
+        let mut found = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("#pk = :pk AND begins_with(#sk, :w)")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_values(":pk", items::s(pk.as_str()))
+                .expression_attribute_values(":w", items::s(SUBSCRIPTION_PREFIX))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| failed("Query", e))?;
+            for item in out.items.unwrap_or_default() {
+                let connection = items::get_s(&item, SK).and_then(|sk| sk.strip_prefix(SUBSCRIPTION_PREFIX));
+                if let Some(connection) = connection {
+                    found.push((connection.to_owned(), item));
+                }
+            }
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(found);
+            }
+        }
+    }
+
     fn expiry() -> AttributeValue {
         let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
         items::n(now + CONNECTION_LIFETIME_SECS)
@@ -241,65 +274,23 @@ impl Registry for DynamoRegistry {
 
     async fn root_subscribers(&self) -> Result<Vec<RootSubscriber>, RegistryError> {
         let mut subscribers = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("#pk = :pk")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_values(":pk", items::s(ROOT))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| failed("Query", e))?;
-            for item in out.items.unwrap_or_default() {
-                let connection = items::get_s(&item, SK).and_then(|sk| sk.strip_prefix(SUBSCRIPTION_PREFIX));
-                let (Some(connection), Some(caller)) = (connection, items::get_s(&item, CALLER)) else {
-                    continue;
-                };
-                let caller = caller_from_json(caller)?;
-                subscribers.push(RootSubscriber { connection_id: connection.to_owned(), caller });
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return Ok(subscribers);
+        for (connection, item) in self.subscription_items(ROOT.to_owned()).await? {
+            if let Some(caller) = items::get_s(&item, CALLER) {
+                subscribers
+                    .push(RootSubscriber { connection_id: connection, caller: caller_from_json(caller)? });
             }
         }
+        Ok(subscribers)
     }
 
     async fn subscribers(&self, session: &SessionId) -> Result<Vec<Subscriber>, RegistryError> {
-        let mut subscribers = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("#pk = :pk AND begins_with(#sk, :w)")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_names("#sk", SK)
-                .expression_attribute_values(":pk", items::s(items::partition(session)))
-                .expression_attribute_values(":w", items::s(SUBSCRIPTION_PREFIX))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| failed("Query", e))?;
-            for item in out.items.unwrap_or_default() {
-                let connection = items::get_s(&item, SK).and_then(|sk| sk.strip_prefix(SUBSCRIPTION_PREFIX));
-                if let (Some(connection), Some(server_seq)) = (connection, items::get_u64(&item, SERVER_SEQ))
-                {
-                    subscribers.push(Subscriber { connection_id: connection.to_owned(), server_seq });
-                }
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return Ok(subscribers);
-            }
-        }
+        let found = self.subscription_items(items::partition(session)).await?;
+        Ok(found
+            .into_iter()
+            .filter_map(|(connection_id, item)| {
+                Some(Subscriber { connection_id, server_seq: items::get_u64(&item, SERVER_SEQ)? })
+            })
+            .collect())
     }
 
     async fn advance(&self, id: &str, session: &SessionId, to: u64) -> Result<Option<u64>, RegistryError> {
