@@ -1,6 +1,7 @@
 //! What a running host tells its operators: `GET /metrics` in the Prometheus text format, and
 //! the same counters as CloudWatch Embedded Metric Format lines (what the Lambda functions
-//! print), after real turns over HTTP against a fake model server.
+//! print), after real turns over HTTP against a fake model server; and traces: the
+//! `traceparent` a worker and a model provider receive, and the spans exported over OTLP.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -8,10 +9,13 @@
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
+use turnstone_engine::protocol::Trigger;
 use turnstone_engine::time::Timestamp;
+use turnstone_runtime::trace::SpanContext;
 use turnstone_tests::TestHost;
 use turnstone_tests::fake::Reply;
 use turnstone_tests::fake_openai::FakeOpenAi;
+use turnstone_tests::fake_worker::{FakeAnswer, FakeWorker};
 
 fn config(openai: &FakeOpenAi, auth: &str) -> String {
     format!(
@@ -144,5 +148,100 @@ async fn with_auth_on_only_an_admin_reads_metrics() {
         let (got, body) = client.get("/metrics").await;
         assert_eq!(got, status, "{token:?}: {body}");
     }
+    host.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traces
+
+/// A worker agent whose steps the worker accepts and whose model the engine calls (`fake`).
+fn worker_config(openai: &FakeOpenAi, worker: &FakeWorker) -> String {
+    format!(
+        r#"
+[defaults]
+llm = {{ timeout_secs = 5, max_retries = 1, backoff_base_secs = 0.05, backoff_max_secs = 0.1 }}
+decision = {{ timeout_secs = 5, max_retries = 2, backoff_base_secs = 0.05, backoff_max_secs = 0.1 }}
+
+[llm.fake]
+type = "openai"
+base_url = "{}"
+
+[agent.traced]
+model = "gpt-fake"
+llm = "fake"
+worker = "{}"
+"#,
+        openai.base_url(),
+        worker.url()
+    )
+}
+
+/// `traceparent` -> (trace id, parent span id), checking the W3C form `00-<32 hex>-<16 hex>-01`.
+fn traceparent(value: Option<String>) -> (String, String) {
+    let value = value.expect("a traceparent header");
+    let parts: Vec<&str> = value.split('-').collect();
+    assert_eq!(parts.len(), 4, "{value}");
+    assert_eq!((parts[0], parts[3]), ("00", "01"), "{value}");
+    for (part, len) in [(parts[1], 32), (parts[2], 16)] {
+        assert!(
+            part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+            "{value}"
+        );
+    }
+    (parts[1].to_owned(), parts[2].to_owned())
+}
+
+/// A worker that fails the first delivery (500) and accepts the retry: both deliveries, made
+/// by different wake-ups, carry the turn's trace id (derived from the session and turn ids),
+/// each with its own span id; the model call made for the same turn is in the same trace.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_keeps_its_trace_id_across_a_retried_delivery() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::text("Fine."));
+    let worker = FakeWorker::start(None, |request, delivery_no| match &request.trigger {
+        Trigger::ClientMessages(_) if delivery_no == 1 => FakeAnswer::Status(500, "{}".to_owned()),
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(&worker_config(&openai, &worker), dir.path()).await;
+    let input =
+        json!({"type": "client.message", "agent_id": "traced", "message": {"role": "user", "content": "hi"}});
+    let turn = host.submit_ok("s-retried", &input).await;
+    host.wait_turn("s-retried", &turn).await;
+
+    let expected = SpanContext::turn("s-retried", &turn);
+    let first = worker.records().into_iter().find(|r| r.trigger_name() == "client.messages").unwrap();
+    let deliveries = worker.deliveries_of(&first.request.decision_id);
+    assert_eq!(deliveries.len(), 2, "one failed delivery and its retry");
+    let seen: Vec<(String, String)> =
+        deliveries.iter().map(|r| traceparent(r.header("traceparent"))).collect();
+    for (trace_id, _) in &seen {
+        assert_eq!(trace_id, &expected.trace_id.to_string());
+    }
+    assert_ne!(seen[0].1, seen[1].1, "each delivery attempt is its own span");
+    for (record, (_, span_id)) in deliveries.iter().zip(&seen) {
+        let derived = SpanContext::work(
+            "s-retried",
+            Some(&turn),
+            "decision.deliver",
+            &record.request.decision_id,
+            record.request.attempts,
+        );
+        assert_eq!(span_id, &derived.span_id.to_string(), "attempt {}", record.request.attempts);
+    }
+    // Every other delivery of the turn (llm.finished...) and the model call: the same trace.
+    // `session.start` comes before any turn: a trace of its own.
+    for record in worker.records() {
+        let (trace_id, _) = traceparent(record.header("traceparent"));
+        if record.trigger_name() == "session.start" {
+            assert_ne!(trace_id, seen[0].0);
+        } else {
+            assert_eq!(trace_id, seen[0].0, "{}", record.trigger_name());
+        }
+    }
+    let model_calls = openai.requests();
+    assert_eq!(model_calls.len(), 1);
+    assert_eq!(traceparent(model_calls[0].header("traceparent")).0, seen[0].0);
     host.stop().await;
 }

@@ -475,6 +475,7 @@ impl App {
             })
             .collect();
         self.metrics.observe(session, events, self.clock.now());
+        crate::trace::turn_ended(session, events, self.clock.now());
         let shows = events.iter().any(turnstone_ahp::shows_in_chat);
         self.notifier.committed(session_id, session.events_applied(), &ended_turns, shows);
         if events.iter().any(|e| matches!(e, Event::SessionCreated { .. })) {

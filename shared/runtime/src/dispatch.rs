@@ -6,6 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::{Instrument, Span};
+
 use turnstone_engine::ids::{CallId, DecisionId, SessionId};
 use turnstone_engine::protocol::{StreamDelta, Trigger};
 use turnstone_engine::session::{
@@ -16,6 +18,7 @@ use turnstone_engine::time::Timestamp;
 use crate::app::{App, Executed, Mode, claim_command, is_stale_claim, still_claimed};
 use crate::error::{Error, Result};
 use crate::queue::WakeUp;
+use crate::trace::{self, SpanContext};
 use crate::worker::Deliver;
 
 /// Bounds the effects one run performs before yielding the session to the queue again.
@@ -231,7 +234,13 @@ impl Dispatcher {
             }
         };
         let now_unix = self.app.now().0 / 1000;
-        match self.worker.deliver(&endpoint, &request, timeout, now_unix, &mut on_delta).await {
+        let spans = DeliverySpans::new(session, &request.trigger, &decision_id, attempt);
+        let delivery = self.worker.deliver(&endpoint, &request, timeout, now_unix, &mut on_delta);
+        let delivered = trace::scope(spans.context, delivery.instrument(spans.deliver.clone()))
+            .instrument(spans.work.clone().unwrap_or_else(Span::none))
+            .await;
+        spans.outcome(delivered.as_ref().map(drop).map_err(|e| (e.code(), e.to_string())));
+        match delivered {
             Ok(answer) => {
                 let command = Command::Answer {
                     decision_id,
@@ -276,6 +285,12 @@ impl Dispatcher {
         let timeout = call.policy.timeout_ms().map(Duration::from_millis);
         let request = session.llm_request(call);
         let provider = self.app.agent(session.agent_id()).and_then(|a| a.provider.clone());
+        let turn_id = call.turn_id.as_ref().map(|t| session.resolve_turn_id(t).as_str());
+        let about = trace::About { session_id, turn_id, agent_id: session.agent_id() };
+        let context = SpanContext::work(session_id, turn_id, "llm.call", &call_id, attempt);
+        let model = request.as_ref().map_or("", |r| r.model.as_str());
+        let provider_name = provider.as_ref().map_or("none", |p| p.name());
+        let span = trace::llm_call_span(&context, about, &call_id, attempt, model, provider_name);
         let outcome = match (request, provider) {
             (Some(request), Some(provider)) => {
                 let notifier = Arc::clone(self.app.notifier());
@@ -283,10 +298,8 @@ impl Dispatcher {
                 let mut on_delta = move |delta: StreamDelta| {
                     notifier.delta(&sid, &cid, delta);
                 };
-                provider
-                    .complete(&request, stream, timeout, &mut on_delta)
-                    .await
-                    .map_err(|e| e.into_call_error())
+                let call = provider.complete(&request, stream, timeout, &mut on_delta);
+                trace::scope(context, call.instrument(span.clone())).await.map_err(|e| e.into_call_error())
             }
             (None, _) => Err(turnstone_engine::session::CallError::terminal("the call has no model to call")),
             (_, None) => Err(turnstone_engine::session::CallError::terminal(format!(
@@ -294,6 +307,10 @@ impl Dispatcher {
                 session.agent_id()
             ))),
         };
+        let failure =
+            outcome.as_ref().err().map(|e| (e.code.map_or_else(|| "error".to_owned(), code_name), &e.error));
+        trace::record_outcome(&span, failure.as_ref().map_or(Ok(()), |(code, error)| Err((code, error))));
+        drop(span);
         let command = Command::LlmCallFinished { call_id, attempt, outcome };
         match self.outcome(session_id, claimed, command).await {
             // The attempt timed out or was voided meanwhile: its result is refused, rightly.
@@ -362,6 +379,66 @@ impl Dispatcher {
             },
         }
         self.app.command_with(session_id, None, IN_RUN, Command::OutboxDelivered { seq }).await.map(drop)
+    }
+}
+
+/// The spans of one decision delivery: `decision.deliver`, inside a `tool.call` or `llm.call`
+/// span when the delivery runs a call's attempt (`tool.execute`, `llm.execute`).
+struct DeliverySpans {
+    /// What the worker's `traceparent` names: the delivery.
+    context: SpanContext,
+    deliver: Span,
+    work: Option<Span>,
+}
+
+impl DeliverySpans {
+    fn new(session: &Session, trigger: &Trigger, decision_id: &DecisionId, attempt: u32) -> Self {
+        let session_id = session.id().as_str();
+        let turn_id =
+            session.decision().and_then(|d| d.turn_id.as_ref()).map(|t| session.resolve_turn_id(t).as_str());
+        let about = trace::About { session_id, turn_id, agent_id: session.agent_id() };
+        let (parent, work) = match trigger {
+            Trigger::ToolExecute(t) => {
+                let context = SpanContext::work(session_id, turn_id, "tool.call", &t.id, t.attempt);
+                (Some(context), Some(trace::tool_call_span(&context, about, &t.id, t.attempt, &t.name)))
+            }
+            Trigger::LlmExecute(t) => {
+                let context = SpanContext::work(session_id, turn_id, "llm.call", &t.id, t.attempt);
+                let model = t.request.get("model").and_then(|m| m.as_str()).unwrap_or("");
+                (
+                    Some(context),
+                    Some(trace::llm_call_span(&context, about, &t.id, t.attempt, model, "worker")),
+                )
+            }
+            _ => (None, None),
+        };
+        let context = match parent {
+            Some(parent) => parent.child("decision.deliver", decision_id, attempt),
+            None => SpanContext::work(session_id, turn_id, "decision.deliver", decision_id, attempt),
+        };
+        let make = || trace::deliver_span(&context, about, decision_id, attempt, trigger.name());
+        let deliver = match &work {
+            Some(work) => work.in_scope(make),
+            None => make(),
+        };
+        DeliverySpans { context, deliver, work }
+    }
+
+    /// Records the delivery's outcome (a call's attempt ends with its delivery).
+    fn outcome(&self, outcome: Result<(), (&str, String)>) {
+        let outcome = outcome.as_ref().map(|()| ()).map_err(|(code, message)| (*code, message.as_str()));
+        trace::record_outcome(&self.deliver, outcome);
+        if let Some(work) = &self.work {
+            trace::record_outcome(work, outcome);
+        }
+    }
+}
+
+/// An error code's protocol name (`rate_limited`).
+fn code_name(code: turnstone_engine::protocol::ErrorCode) -> String {
+    match serde_json::to_value(code) {
+        Ok(serde_json::Value::String(name)) => name,
+        _ => "error".to_owned(),
     }
 }
 

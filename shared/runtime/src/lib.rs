@@ -24,4 +24,5 @@ pub mod openapi;
 pub mod pool;
 pub mod queue;
 pub mod store;
+pub mod trace;
 pub mod worker;

@@ -48,12 +48,16 @@ pub(crate) async fn call(
     let c = endpoint.classifier;
     let body = serde_json::to_vec(body).map_err(|e| c.request(&e.to_string()))?;
     let accept = if stream { "text/event-stream" } else { "application/json" };
-    let request = client
+    let mut request = client
         .post(endpoint.url.clone())
         .headers(endpoint.headers.clone())
         .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .header(ACCEPT, HeaderValue::from_static(accept))
         .body(body);
+    // The model call's span, so a provider (or a proxy in front of one) can join the trace.
+    if let Some(traceparent) = crate::trace::traceparent() {
+        request = request.header(crate::trace::TRACEPARENT_HEADER, traceparent);
+    }
     let attempt = exchange(request, endpoint, stream, on_delta);
     let outcome = match timeout {
         Some(limit) => {

@@ -51,6 +51,11 @@ pub trait ModelProvider: Send + Sync {
         timeout: Option<Duration>,
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
     ) -> Result<LlmResponse, ProviderError>;
+
+    /// The provider's name in traces (`openai`, `anthropic`, `scripted`).
+    fn name(&self) -> &'static str {
+        "unknown"
+    }
 }
 
 /// The kinds of provider, by their config `type` name.

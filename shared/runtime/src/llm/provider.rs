@@ -102,4 +102,8 @@ impl<W: Wire> ModelProvider for HttpProvider<W> {
         let endpoint = Endpoint { classifier, format: W::FORMAT, url: &self.url, headers: &self.headers };
         http::call(&self.client, &endpoint, &body, stream, timeout, on_delta).await
     }
+
+    fn name(&self) -> &'static str {
+        W::PROVIDER
+    }
 }

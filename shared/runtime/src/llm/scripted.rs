@@ -102,6 +102,10 @@ impl ModelProvider for ScriptedProvider {
         }
         Ok(answer)
     }
+
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
 }
 
 /// What the model says: text, or tool calls.

@@ -202,6 +202,9 @@ impl WorkerClient {
             .header(IDEMPOTENCY_KEY_HEADER, idempotency_key)
             .header(SESSION_HEADER, session)
             .header(DECISION_HEADER, decision);
+        if let Some(traceparent) = crate::trace::traceparent() {
+            builder = builder.header(crate::trace::TRACEPARENT_HEADER, traceparent);
+        }
         if let Some(secret) = &endpoint.secret {
             if secret.is_empty() {
                 return Err(invalid("the worker secret is empty".to_owned()));
