@@ -3,6 +3,7 @@
 //! - [`fake_openai::FakeOpenAi`]: an OpenAI Chat Completions server.
 //! - [`fake_anthropic::FakeAnthropic`]: an Anthropic Messages server.
 //! - [`fake_worker::FakeWorker`]: a worker webhook answering decisions by a per-test script.
+//! - [`fake_collector::FakeCollector`]: an OpenTelemetry collector (OTLP/HTTP, JSON).
 //! - [`host::TestHost`]: a local host (SQLite store, in-process queue) run in the test's
 //!   process, with a client for its HTTP API.
 //!
@@ -18,6 +19,7 @@
 
 pub mod fake;
 pub mod fake_anthropic;
+pub mod fake_collector;
 pub mod fake_openai;
 pub mod fake_worker;
 pub mod host;

@@ -1,7 +1,7 @@
 //! What a running host tells its operators: `GET /metrics` in the Prometheus text format, and
 //! the same counters as CloudWatch Embedded Metric Format lines (what the Lambda functions
-//! print), after real turns over HTTP against a fake model server; and traces: the
-//! `traceparent` a worker and a model provider receive, and the spans exported over OTLP.
+//! print), after real turns over HTTP against a fake model server; and the `traceparent` a
+//! worker and a model provider receive (the exported spans: `tests/otlp.rs`).
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -14,6 +14,7 @@ use turnstone_engine::time::Timestamp;
 use turnstone_runtime::trace::SpanContext;
 use turnstone_tests::TestHost;
 use turnstone_tests::fake::Reply;
+use turnstone_tests::fake_collector::traceparent;
 use turnstone_tests::fake_openai::FakeOpenAi;
 use turnstone_tests::fake_worker::{FakeAnswer, FakeWorker};
 
@@ -174,21 +175,6 @@ worker = "{}"
         openai.base_url(),
         worker.url()
     )
-}
-
-/// `traceparent` -> (trace id, parent span id), checking the W3C form `00-<32 hex>-<16 hex>-01`.
-fn traceparent(value: Option<String>) -> (String, String) {
-    let value = value.expect("a traceparent header");
-    let parts: Vec<&str> = value.split('-').collect();
-    assert_eq!(parts.len(), 4, "{value}");
-    assert_eq!((parts[0], parts[3]), ("00", "01"), "{value}");
-    for (part, len) in [(parts[1], 32), (parts[2], 16)] {
-        assert!(
-            part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
-            "{value}"
-        );
-    }
-    (parts[1].to_owned(), parts[2].to_owned())
 }
 
 /// A worker that fails the first delivery (500) and accepts the retry: both deliveries, made
