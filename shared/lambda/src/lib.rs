@@ -18,12 +18,28 @@ pub mod websocket;
 /// What a function's `main` returns when it fails.
 pub type Error = lambda_runtime::Error;
 
-/// Logs as Lambda expects: one line per event to standard output, at the level `RUST_LOG`
-/// (or Lambda's own `AWS_LAMBDA_LOG_LEVEL`) sets. Returns when the function started, for
-/// [`ready`].
+/// Logs as Lambda expects: one JSON object per line on standard output (what Lambda's advanced
+/// logging controls parse, and what CloudWatch Logs Insights queries by field), at the level
+/// `AWS_LAMBDA_LOG_LEVEL` (else `RUST_LOG`, else `INFO`) sets. A line logged during a trace
+/// span (a decision delivery, a model call) carries the span's fields under `span`, its
+/// `trace_id` included. Spans are not exported from Lambda (yet): the worker still gets its
+/// `traceparent`. Returns when the function started, for [`ready`].
 pub fn init_logging() -> std::time::Instant {
+    use lambda_runtime::tracing::subscriber::{EnvFilter, filter::LevelFilter};
     let started = std::time::Instant::now();
-    lambda_runtime::tracing::init_default_subscriber();
+    let level = std::env::var("AWS_LAMBDA_LOG_LEVEL").or_else(|_| std::env::var("RUST_LOG"));
+    let level = level.ok().and_then(|l| l.parse::<LevelFilter>().ok()).unwrap_or(LevelFilter::INFO);
+    let filter = EnvFilter::builder().with_default_directive(level.into()).from_env_lossy();
+    let subscriber = lambda_runtime::tracing::subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_current_span(true)
+        .with_span_list(false)
+        .with_env_filter(filter)
+        .with_writer(std::io::stdout)
+        .finish();
+    // Set once per process; a second call (a test) keeps the first.
+    let _ = lambda_runtime::tracing::subscriber::util::SubscriberInitExt::try_init(subscriber);
     started
 }
 

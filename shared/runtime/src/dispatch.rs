@@ -426,7 +426,10 @@ impl DeliverySpans {
 
     /// Records the delivery's outcome (a call's attempt ends with its delivery).
     fn outcome(&self, outcome: Result<(), (&str, String)>) {
-        let outcome = outcome.as_ref().map(|()| ()).map_err(|(code, message)| (*code, message.as_str()));
+        let outcome = match &outcome {
+            Ok(()) => Ok(()),
+            Err((code, message)) => Err((*code, message.as_str())),
+        };
         trace::record_outcome(&self.deliver, outcome);
         if let Some(work) = &self.work {
             trace::record_outcome(work, outcome);

@@ -21,6 +21,9 @@ pub struct Cli {
     /// Options every client command shares.
     #[command(flatten)]
     pub global: Global,
+    /// How every command logs.
+    #[command(flatten)]
+    pub logging: Logging,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -35,6 +38,21 @@ pub struct Global {
     /// An API key, sent as `Authorization: Bearer <key>`.
     #[arg(long, global = true, env = "TURNSTONE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+}
+
+/// How logs are written (to stderr, filtered by `RUST_LOG`).
+#[derive(Debug, Clone, Args)]
+pub struct Logging {
+    /// `text` for people, `json` for one JSON object per line (for a log collector).
+    #[arg(long, global = true, value_name = "text|json", default_value = "text")]
+    pub log_format: LogFormatArg,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormatArg {
+    Text,
+    Json,
 }
 
 /// The subcommands.
@@ -85,6 +103,11 @@ pub struct ServeArgs {
     /// Create the `aws` backend's table and queue (with its dead-letter queue) when missing.
     #[arg(long)]
     pub create: bool,
+    /// Export traces (turns, decision deliveries, model and tool calls) with OpenTelemetry to
+    /// this OTLP/HTTP endpoint, e.g. `http://localhost:4318` (`/v1/traces` is appended)
+    /// [default: none, no export].
+    #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// `--backend`.

@@ -9,6 +9,9 @@ use turnstone_runtime::host::Backing;
 
 use super::{BackendArg, ServeArgs};
 
+/// The target of the host's own notices (listening, exporting), logged at `info` by default.
+pub const LOG_TARGET: &str = "turnstone::serve";
+
 /// Runs the host until Ctrl-C / SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = match &args.config {
@@ -43,7 +46,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http = assemble::http(&config, &secrets);
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
     let agents: Vec<&str> = engine.app.agent_ids().collect();
-    eprintln!("turnstone listening on http://{addr} (agents: {}; data: {data})", agents.join(", "));
+    tracing::info!(
+        target: LOG_TARGET,
+        "turnstone listening on http://{addr} (agents: {}; data: {data})",
+        agents.join(", ")
+    );
+    if let Some(endpoint) = args.otlp_endpoint.as_deref().filter(|e| !e.trim().is_empty()) {
+        tracing::info!(target: LOG_TARGET, "exporting traces to {endpoint}");
+    }
     turnstone_runtime::host::serve(engine, backing.consumer, http, listener, args.workers, shutdown_signal())
         .await?;
     Ok(())
