@@ -45,7 +45,8 @@ async fn serve_logs_json_and_exports_a_turns_spans_over_otlp() {
     api.wait_turn("s-bin", &turn).await;
 
     // A graceful stop: SIGTERM, then the process flushes its exporter and exits.
-    let term = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    // The shell's own `kill`: no procps needed.
+    let term = Command::new("sh").args(["-c", &format!("kill -TERM {}", child.id())]).status().unwrap();
     assert!(term.success());
     let status = child.wait().unwrap();
     assert!(status.success(), "{status:?}");
