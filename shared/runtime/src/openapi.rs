@@ -528,7 +528,29 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             links: Value::Null,
             example: None,
         },
+        console_op("/", "getConsole", "The web console", "text/html"),
+        console_op("/console/app.js", "getConsoleScript", "The web console's script", "text/javascript"),
+        console_op("/console/app.css", "getConsoleStyle", "The web console's style sheet", "text/css"),
     ]
+}
+
+/// A file of the web console: open (it holds no data; the API it calls asks for the key).
+fn console_op(path: &'static str, id: &'static str, summary: &'static str, media: &str) -> Op {
+    Op {
+        method: "get",
+        path,
+        id,
+        summary,
+        description: "A static file of the web console, embedded in the host. The console calls \
+            only this API.",
+        params: vec![],
+        body: None,
+        ok: vec![(200, "The file.", Some(json!({ media: { "schema": { "type": "string" } } })))],
+        errors: &[],
+        auth: false,
+        links: Value::Null,
+        example: None,
+    }
 }
 
 /// From a submitted input to the session's and the turn's other operations.

@@ -2,6 +2,7 @@
 
 mod ahp;
 mod chat;
+mod console;
 mod error;
 pub mod openapi;
 mod query;
@@ -98,6 +99,9 @@ fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
         ("/v1/ahp", get(ahp::upgrade)),
         ("/v1/openapi.json", get(openapi::serve)),
         ("/healthz", get(|| async { "ok" })),
+        ("/", get(console::index)),
+        ("/console/app.js", get(console::app_js)),
+        ("/console/app.css", get(console::app_css)),
         ("/metrics", get(metrics)),
     ]
 }
