@@ -1210,8 +1210,9 @@ async function timelineView(id, turnId, signal) {
 
   function segments(r) {
     const segs = [];
-    const firstStart = r.attempts.length ? r.attempts[0].start : null;
-    if (!r.point && firstStart !== null && firstStart > r.start) {
+    // Before its first attempt (or still without one): queued, or waiting for approval.
+    const firstStart = r.attempts.length ? r.attempts[0].start : r.end ?? now;
+    if (!r.point && firstStart > r.start) {
       const why = r.approval ? "waited for approval" : "queued";
       segs.push(h("div", { class: "seg seg-wait", style: `left:${pct(r.start)};width:${wid(r.start, firstStart)}`, title: `${why}: ${duration(firstStart - r.start, r.approx)}` }));
     }

@@ -367,6 +367,7 @@ async function run() {
   const continued = await conversation.textContent();
   check(continued.includes("You said: second question") && !continued.includes("edited"), "the continued branch is not the first one");
   check((await page.locator("#branch-banner").count()) === 0, "the continued branch is not the active one");
+  await page.screenshot({ path: `${shots}/session-branches.png` });
 
   step = "the message tree: both branches, switching between them";
   await page.getByRole("link", { name: "Message tree" }).click();
