@@ -190,7 +190,9 @@ impl ChatProjection {
             Event::CallCreated { call } => self.call_created(call),
             Event::CallDispatched { .. } => Ok(()),
             Event::CallApproved { call_id } => self.call_approved(call_id),
-            Event::CallSettled { call_id, attempt, outcome } => self.call_settled(call_id, *attempt, outcome),
+            Event::CallSettled { call_id, attempt, outcome, .. } => {
+                self.call_settled(call_id, *attempt, outcome)
+            }
             Event::CallVoided { call_id, reason } => self.cancel_call(call_id, reason),
             Event::InterruptOpened { interrupt } => self.interrupt_opened(interrupt),
             Event::InterruptResumed { interrupt_id, payload } => {

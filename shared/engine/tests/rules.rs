@@ -270,6 +270,75 @@ fn explicit_messages_on_llm_call_suppress_the_system_prompt() {
     assert_eq!(request.messages, vec![DraftMessage::user("only this")]);
 }
 
+/// The times of a call's and a decision's steps, which the console's turn timeline draws.
+#[test]
+fn calls_and_decisions_record_when_each_step_happened() {
+    fn timed(log: &[Event]) -> Vec<(&'static str, turnstone_engine::time::Timestamp)> {
+        let at = |event: &Event| match event {
+            Event::CallDispatched { at, .. }
+            | Event::CallSettled { at, .. }
+            | Event::CallRetryScheduled { at, .. }
+            | Event::DecisionDispatched { at, .. }
+            | Event::DecisionRetryScheduled { at, .. }
+            | Event::DecisionResolved { at, .. }
+            | Event::DecisionFailed { at, .. } => *at,
+            _ => None,
+        };
+        log.iter().filter_map(|e| Some((e.name(), at(e)?))).collect()
+    }
+
+    // A worker's decision: delivered, failed, delivered again, answered.
+    let mut h = harness("s", init("w", Some(agent("m")), true));
+    h.accept();
+    h.exec(message("w", "hi"));
+    let start = h.log.len();
+    h.advance(1_000);
+    let delivered = h.now;
+    let request = h.deliver();
+    h.advance(500);
+    let failed = h.now;
+    let decision_id = request.decision_id.clone();
+    h.exec(Command::DeliveryFailed {
+        decision_id: decision_id.clone(),
+        attempt: 1,
+        error: "503".into(),
+        retryable: true,
+    });
+    h.advance(10_000);
+    let redelivered = h.now;
+    h.claim_decision();
+    h.advance(700);
+    let answered = h.now;
+    h.exec(Command::Answer {
+        decision_id,
+        attempt: 2,
+        response: Box::new(request.proposed),
+        ignored_fields: Vec::new(),
+    });
+    assert_eq!(
+        timed(&h.log[start..]),
+        [
+            ("decision.dispatched", delivered),
+            ("decision.retry_scheduled", failed),
+            ("decision.dispatched", redelivered),
+            ("decision.resolved", answered)
+        ]
+    );
+
+    // A model call: dispatched when claimed, settled when its answer came.
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(message("demo", "hi"));
+    let start = h.log.len();
+    let dispatched = h.now;
+    let claim = h.claim_llm();
+    h.advance(2_500);
+    h.finish_llm(claim, "hello");
+    assert_eq!(
+        timed(&h.log[start..]),
+        [("call.dispatched", dispatched), ("call.settled", dispatched.plus_ms(2_500))]
+    );
+}
+
 // ----- message tree ----------------------------------------------------------------------
 
 #[test]

@@ -145,7 +145,7 @@ impl Metrics {
                 Event::CallRetryScheduled { call_id, attempt, .. } => {
                     self.attempt_ended(session, call_id, *attempt, None, "retried", now, &label, &mut delta);
                 }
-                Event::CallSettled { call_id, attempt, outcome } => {
+                Event::CallSettled { call_id, attempt, outcome, .. } => {
                     let result = if outcome.is_ok() { "ok" } else { "error" };
                     let value = outcome.as_ref().ok();
                     self.attempt_ended(session, call_id, *attempt, value, result, now, &label, &mut delta);

@@ -101,7 +101,7 @@ impl Session {
                 }
                 self.decision = Some(decision.clone());
             }
-            Event::DecisionDispatched { decision_id, attempt, deadline } => {
+            Event::DecisionDispatched { decision_id, attempt, deadline, .. } => {
                 if let Some(d) = self.live_decision_mut(decision_id) {
                     d.attempts = *attempt;
                     d.deadline = *deadline;
@@ -145,7 +145,7 @@ impl Session {
                 self.agents.push(Versioned { anchor: anchor.clone(), value: config.clone() })
             }
             Event::CallCreated { call } => self.calls.push(call.clone()),
-            Event::CallDispatched { call_id, attempt, deadline } => {
+            Event::CallDispatched { call_id, attempt, deadline, .. } => {
                 if let Some(c) = self.call_mut(call_id) {
                     c.status = CallStatus::Pending;
                     c.attempt = *attempt;

@@ -118,6 +118,7 @@ impl Tx {
                     attempt: call.attempt,
                     error,
                     retry_at,
+                    at: Some(self.now),
                 });
             }
             outcome => {
@@ -125,7 +126,12 @@ impl Tx {
                     self.cancel_child(&call.id, session_id, "the delegation failed");
                 }
                 let used = matches!(outcome, Ok(CallValue::Llm(_)));
-                self.emit(Event::CallSettled { call_id: call.id.clone(), attempt: call.attempt, outcome });
+                self.emit(Event::CallSettled {
+                    call_id: call.id.clone(),
+                    attempt: call.attempt,
+                    outcome,
+                    at: Some(self.now),
+                });
                 let source = TriggerSource::CallFinished { call_id: call.id.clone() };
                 self.emit(Event::TriggerQueued {
                     trigger: PendingTrigger { source, turn_id: call.turn_id.clone() },
@@ -280,7 +286,12 @@ impl Tx {
         }
         // An execute decision runs its call inside the delivery: the call's timeout bounds it.
         let deadline = self.session.delivery_timeout_ms().map(|ms| self.now.plus_ms(ms));
-        self.emit(Event::DecisionDispatched { decision_id: decision_id.clone(), attempt, deadline });
+        self.emit(Event::DecisionDispatched {
+            decision_id: decision_id.clone(),
+            attempt,
+            deadline,
+            at: Some(self.now),
+        });
         Ok(())
     }
 
@@ -293,7 +304,7 @@ impl Tx {
             return Err(Rejection::StaleClaim(format!("llm call {call_id} attempt {attempt}")));
         };
         let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
-        self.emit(Event::CallDispatched { call_id: call_id.clone(), attempt, deadline });
+        self.emit(Event::CallDispatched { call_id: call_id.clone(), attempt, deadline, at: Some(self.now) });
         Ok(())
     }
 
@@ -311,7 +322,13 @@ impl Tx {
         let policy = self.session.defaults().decision;
         if retryable && attempt <= policy.max_retries {
             let retry_at = self.backoff(&policy, attempt);
-            self.emit(Event::DecisionRetryScheduled { decision_id: decision.id, attempt, error, retry_at });
+            self.emit(Event::DecisionRetryScheduled {
+                decision_id: decision.id,
+                attempt,
+                error,
+                retry_at,
+                at: Some(self.now),
+            });
         } else {
             let error = if retryable { format!("{error} (after {attempt} attempts)") } else { error };
             self.fail_decision(&decision, error, retryable);
@@ -322,7 +339,11 @@ impl Tx {
     /// (`retryable`: a transient failure, such as a worker that could not be reached).
     pub(super) fn fail_decision(&mut self, decision: &Decision, error: String, retryable: bool) {
         let error = format!("decision {} ({}) failed: {error}", decision.id, decision.trigger.name());
-        self.emit(Event::DecisionFailed { decision_id: decision.id.clone(), error: error.clone() });
+        self.emit(Event::DecisionFailed {
+            decision_id: decision.id.clone(),
+            error: error.clone(),
+            at: Some(self.now),
+        });
         let turn_active = decision.turn_id.is_some() && decision.turn_id == self.session.active_turn;
         match (turn_active, &decision.turn_id) {
             (true, Some(turn_id)) => {
@@ -405,7 +426,12 @@ impl Tx {
             CallSpec::ToolCall { handler: ToolHandler::Client, .. } | CallSpec::SubAgent { .. } => {
                 let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
                 let attempt = call.attempt + 1;
-                self.emit(Event::CallDispatched { call_id: call.id.clone(), attempt, deadline });
+                self.emit(Event::CallDispatched {
+                    call_id: call.id.clone(),
+                    attempt,
+                    deadline,
+                    at: Some(self.now),
+                });
                 // A delegation's retry sends its task again, as a fresh turn of the child.
                 if let CallSpec::SubAgent { session_id, .. } = &call.spec
                     && attempt > 1

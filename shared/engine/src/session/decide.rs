@@ -101,7 +101,7 @@ impl Tx {
         {
             let attempt = call.attempt + 1;
             let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
-            self.emit(Event::CallDispatched { call_id: id.clone(), attempt, deadline });
+            self.emit(Event::CallDispatched { call_id: id.clone(), attempt, deadline, at: Some(self.now) });
         }
         if !self.session.has_worker() {
             if decision.proposes_nothing() && needs_worker(&decision.trigger) {
@@ -252,6 +252,7 @@ impl Tx {
                             call_id: call.id.clone(),
                             attempt: call.attempt + 1,
                             deadline: None,
+                            at: Some(self.now),
                         });
                         let _ =
                             self.settle(&call.id, None, Err(CallError::terminal(error.clone())), Fence::Drop);

@@ -98,6 +98,9 @@ pub enum Event {
         attempt: u32,
         /// When it times out.
         deadline: Option<Timestamp>,
+        /// When it happened (absent in logs written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Timestamp>,
     },
     /// A delivery failed and another will follow.
     DecisionRetryScheduled {
@@ -107,6 +110,9 @@ pub enum Event {
         error: String,
         /// When the next may start.
         retry_at: Timestamp,
+        /// When it happened (absent in logs written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Timestamp>,
     },
     /// The live decision was answered.
     DecisionResolved {
@@ -123,6 +129,9 @@ pub enum Event {
         /// parse ignored (e.g. `session_id`, `actions[1].trace`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         ignored_fields: Vec<String>,
+        /// When it happened (absent in logs written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Timestamp>,
     },
     /// An engine-hosted agent's step: the engine accepted its own proposal for a trigger on the
     /// spot (no worker sees it), so the decision never stays live. What the step did follows as
@@ -146,7 +155,13 @@ pub enum Event {
         queue_index: Option<usize>,
     },
     /// The live decision failed for good.
-    DecisionFailed { decision_id: DecisionId, error: String },
+    DecisionFailed {
+        decision_id: DecisionId,
+        error: String,
+        /// When it happened (absent in logs written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Timestamp>,
+    },
     /// The live decision was withdrawn (its turn was cancelled); a late answer is ignored.
     DecisionVoided { decision_id: DecisionId, reason: String },
     /// An action of a response was not carried out.
@@ -190,6 +205,9 @@ pub enum Event {
         attempt: u32,
         /// When it times out.
         deadline: Option<Timestamp>,
+        /// When it happened (absent in logs written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Timestamp>,
     },
     /// An attempt failed; another follows after backoff.
     CallRetryScheduled {
@@ -199,6 +217,9 @@ pub enum Event {
         error: CallError,
         /// When the next may start.
         retry_at: Timestamp,
+        /// When it happened (absent in logs written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Timestamp>,
     },
     /// A client approved a call waiting for approval: it starts. (A denial settles it.)
     CallApproved { call_id: CallId },
@@ -210,6 +231,9 @@ pub enum Event {
         /// The attempt that settled it.
         attempt: u32,
         outcome: CallOutcome,
+        /// When it happened (absent in logs written before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<Timestamp>,
     },
     /// A settled call was reported (its `*.finished` decision opened, or the client's view
     /// carried its result): it leaves the session's open calls.

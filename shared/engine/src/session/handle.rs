@@ -210,6 +210,7 @@ impl Tx {
                 call_id: call_id.clone(),
                 attempt: attempt.unwrap_or(1),
                 outcome: Ok(CallValue::Text(text.clone())),
+                at: Some(self.now),
             });
             self.emit(Event::CallReported { call_id: call_id.clone() });
         }

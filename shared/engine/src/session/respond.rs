@@ -50,6 +50,7 @@ impl Tx {
             response: response.clone(),
             omitted_messages,
             ignored_fields,
+            at: Some(self.now),
         });
         self.carry_out(decision, response, reconciled);
     }
