@@ -880,10 +880,11 @@ async function sessionView(id, branchId, signal) {
   }
 
   async function refresh() {
-    const [sum, wire] = await Promise.all([
-      api(`/v1/sessions/${enc(id)}`, { signal }),
-      api(`/v1/sessions/${enc(id)}/messages?tree=1`, { signal }),
-    ]);
+    // The summary, then the tree (as new or newer), then the log up to the summary's last
+    // event, whatever the stream's lag; events after it come on the stream, and refresh again.
+    const sum = await api(`/v1/sessions/${enc(id)}`, { signal });
+    const wire = await api(`/v1/sessions/${enc(id)}/messages?tree=1`, { signal });
+    if (log.last < sum.last_seq) for (const e of await loadEvents(id, signal, log.last)) log.add(e.seq, e.event);
     if (signal.aborted) return;
     summary = sum;
     tree = indexTree(wire);
@@ -963,11 +964,13 @@ async function sessionView(id, branchId, signal) {
   }
   signal.addEventListener("abort", () => pending && clearTimeout(pending));
 
-  for (const e of await loadEvents(id, signal)) log.add(e.seq, e.event);
-  await refresh();
+  const first = await refresh();
+  if (!first) return;
+  // From the summary's last event: whatever happened after it was read comes as frames, each
+  // one a refresh (the log may already hold them; the messages and summary may not).
   followStream(
     `/v1/sessions/${enc(id)}/events/stream`,
-    log.last,
+    first.last_seq,
     (frame) => {
       if (frame.event === "llm.token.delta") {
         if (onBranch) return;
@@ -1157,7 +1160,7 @@ function timelineRows(evs, turn) {
         let a = attemptOf(row, e.attempt);
         if (!a) {
           // Settled without an attempt of its own (a denial, say): the wait is the bar.
-          a = { n: e.attempt, start: row.start, approx: row.approx, status };
+          a = { n: e.attempt, start: row.start, approx: row.approx, status, synthetic: true };
           row.attempts.push(a);
         }
         Object.assign(a, { end: t, endApprox: ax, status, error: err ? err.error : null });
@@ -1175,7 +1178,8 @@ function timelineRows(evs, turn) {
       default:
     }
   });
-  return { rows, anyApprox: approx.some(Boolean) };
+  const anyApprox = rows.some((r) => (r.point ? r.approx : r.attempts.some((a) => a.approx || a.endApprox) || (!r.attempts.length && r.approx)));
+  return { rows, anyApprox };
 }
 
 const MARK = { ok: "✓", fail: "✕", retry: "↻", voided: "⊘", running: "…", accepted: "✓", open: "…", queued: "…" };
@@ -1221,7 +1225,11 @@ async function timelineView(id, turnId, signal) {
       const end = a.end ?? now;
       const text = `attempt ${a.n}: ${a.status}${a.error ? ` (${a.error})` : ""}, ${duration(end - a.start, a.approx || a.endApprox)}`;
       segs.push(h("div", { class: `seg seg-${a.status}`, style: `left:${pct(a.start)};width:${wid(a.start, end)}`, title: text, dataset: { attempt: String(a.n) } }, MARK[a.status] || ""));
-      if (a.retryAt) segs.push(h("div", { class: "marker retry-at", style: `left:${pct(a.retryAt)}`, title: `retry scheduled at +${duration(a.retryAt - t0)}` }, "↻"));
+      if (a.retryAt) {
+        // The backoff: from the failure to the time the retry was scheduled for.
+        if (a.retryAt > end) segs.push(h("div", { class: "seg seg-backoff", style: `left:${pct(end)};width:${wid(end, a.retryAt)}`, title: `backoff: ${duration(a.retryAt - end)}` }));
+        segs.push(h("div", { class: "marker retry-at", style: `left:${pct(a.retryAt)}`, title: `retry scheduled at +${duration(a.retryAt - t0)}` }, "↻"));
+      }
     }
     return segs;
   }
@@ -1241,11 +1249,13 @@ async function timelineView(id, turnId, signal) {
     return parts.join(" · ");
   }
 
+  // A step's duration: from its first attempt to its end (the wait before is its own segment).
   function rowDuration(r) {
     if (r.point) return "";
+    const ran = r.attempts.filter((a) => !a.synthetic);
     const end = r.end ?? (r.attempts.length ? r.attempts[r.attempts.length - 1].end : null) ?? now;
-    const approx = r.approx || r.attempts.some((a) => a.approx || a.endApprox);
-    return duration(end - r.start, approx);
+    if (!ran.length) return duration(end - r.start, r.approx);
+    return duration(end - ran[0].start, r.attempts.some((a) => a.approx || a.endApprox));
   }
 
   const ticks = [0, 0.25, 0.5, 0.75, 1].map((f) => h("span", { class: "tick", style: `left:${(f * 100).toFixed(1)}%` }, `+${duration(span * f)}`));
@@ -1260,7 +1270,7 @@ async function timelineView(id, turnId, signal) {
   const table = h(
     "table",
     { class: "timeline", id: "timeline" },
-    h("caption", { class: "muted" }, "Decisions, model calls and tool calls of the turn on one time axis: each attempt a segment (✓ completed, ✕ failed, ↻ failed and retried, ⊘ voided, … running); hatched: waiting (queued or for approval); ◆ an engine-hosted decision."),
+    h("caption", { class: "muted" }, "Decisions, model calls and tool calls of the turn on one time axis: each attempt a segment (✓ completed, ✕ failed, ↻ failed and retried, ⊘ voided, … running); hatched: waiting (queued or for approval); dotted: backoff before a retry, ↻ where it was scheduled; ◆ an engine-hosted decision."),
     h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Step"), h("th", { scope: "col" }, "Status"), h("th", { scope: "col" }, "Duration"), h("th", { scope: "col", class: "tl-axis" }, h("div", { class: "axis" }, ticks)))),
     h(
       "tbody",
@@ -1299,7 +1309,7 @@ async function timelineView(id, turnId, signal) {
       h("dd", { id: "turn-cost" }, dollars(usage.cost_picodollars)),
     ),
     anyApprox
-      ? h("p", { class: "muted small" }, "≈: this log does not record when these steps happened (no `at`); they are placed by the order of the events between the times it does record.")
+      ? h("p", { class: "muted small" }, "≈: the log does not record when this happened (no `at` on the event, e.g. an engine-hosted decision, or a log written before events carried it): placed by the order of the events between the times it does record.")
       : null,
     h("div", { class: "timeline-wrap" }, table),
   );

@@ -253,6 +253,7 @@ async function run() {
   check(/\d+ prompt tokens/.test(tokens) && /\d+ completion tokens/.test(tokens), `the turn's tokens read "${tokens}"`);
   check((await page.locator("#turn-cost").textContent()).startsWith("$"), "the turn's cost is missing");
   await page.screenshot({ path: `${shots}/timeline.png`, fullPage: true });
+  await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: `${shots}/timeline-viewport.png` });
 
   step = "a failing model call's retries on the timeline";
@@ -266,6 +267,7 @@ async function run() {
   const failedLlm = page.locator("#timeline tr.kind-llm").first();
   check((await failedLlm.locator(".seg-retry").count()) >= 1, "a retried attempt is not marked on the timeline");
   check((await failedLlm.locator(".marker.retry-at").count()) >= 1, "the retry's scheduled time is not marked");
+  check((await failedLlm.locator(".seg-backoff").count()) >= 1, "the backoff before a retry is not shown");
   const failedText = await failedLlm.locator(".tl-status").textContent();
   check(/↻ \d+ retr/.test(failedText) && failedText.includes("✕ failed"), `the failed call's status reads "${failedText}"`);
   check((await page.locator("#timeline tr.kind-turn .tl-status").textContent()).includes("failed"), "the turn is not marked failed");
@@ -367,6 +369,7 @@ async function run() {
   const continued = await conversation.textContent();
   check(continued.includes("You said: second question") && !continued.includes("edited"), "the continued branch is not the first one");
   check((await page.locator("#branch-banner").count()) === 0, "the continued branch is not the active one");
+  await page.evaluate(() => window.scrollTo(0, 0));
   await page.screenshot({ path: `${shots}/session-branches.png` });
 
   step = "the message tree: both branches, switching between them";
