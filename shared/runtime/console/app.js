@@ -646,6 +646,8 @@ function pendingForms(id, sum, after) {
   for (const c of sum.awaiting_approval) {
     const errorSlot = h("div");
     const reason = h("input", { name: "reason", class: "reason" });
+    // Enter in the reason field must not approve (the form's first button): pick a button.
+    reason.addEventListener("keydown", (e) => e.key === "Enter" && e.preventDefault());
     const title = `approve-${c.id}-title`;
     forms.push(
       h(

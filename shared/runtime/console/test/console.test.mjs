@@ -214,7 +214,13 @@ async function run() {
   await page.getByRole("button", { name: "Send" }).click();
   approval = page.locator("#pending form.approval", { hasText: "deploy" });
   await approval.waitFor({ timeout: TIMEOUT });
-  await approval.getByRole("button", { name: "Approve" }).click();
+  // By keyboard: Enter in the reason field does not approve; the Approve button with Enter does.
+  await approval.getByLabel(/Reason/).focus();
+  await page.keyboard.press("Enter");
+  await page.waitForTimeout(300);
+  check((await approval.count()) === 1, "Enter in the reason field submitted the approval form");
+  await page.keyboard.press("Tab");
+  await page.keyboard.press("Enter");
   const deployCall = page.locator("#pending form.client-call", { hasText: "deploy" });
   await deployCall.waitFor({ timeout: TIMEOUT });
   await deployCall.getByLabel("Result (or the error's text)").fill("deployed to staging");
