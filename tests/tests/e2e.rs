@@ -659,6 +659,9 @@ async fn a_fork_continues_the_conversation_through_a_completed_turn() {
         ["user: First?", "assistant: One.", "user: Instead?", "assistant: Fork reply."]
     );
     assert_eq!(host.messages("s-src").await.len(), 4, "the source is unchanged");
+    let origin = host.summary("s-fork").await.forked_from.expect("a fork names its origin");
+    assert_eq!((origin.session_id.as_str(), origin.turn_id.as_str()), ("s-src", "t-1"));
+    assert_eq!(host.summary("s-src").await.forked_from, None);
     let chat: Value = host.get_ok("/v1/sessions/s-fork/chat").await;
     assert_eq!(chat["turns"].as_array().unwrap().len(), 2, "the copied turn, then its own");
     assert_eq!(chat["origin"], json!({"kind": "fork", "chat": "ahp-chat:/s-src", "turnId": "t-1"}));
@@ -832,6 +835,9 @@ worker = "{}"
     let summary = host.summary(&child).await;
     assert_eq!(summary.agent_id, "helper");
     assert_eq!(summary.status, SessionStatus::Idle);
+    let parent = summary.parent.expect("a child names its parent");
+    assert_eq!((parent.session_id.as_str(), parent.tool_call_id.as_str()), ("s-boss", "call_h"));
+    assert_eq!(host.summary("s-boss").await.parent, None);
     assert_eq!(transcript(&host.messages(&child).await), ["user: What is six times seven?", "assistant: 42"]);
     assert_eq!(child_model.request_count(), 1);
     assert_eq!(child_model.last_request().body["model"], "gpt-helper");

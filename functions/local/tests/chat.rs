@@ -90,6 +90,8 @@ async fn summary(State(fake): State<Fake>, Path(id): Path<String>) -> Response {
         last_seq: state.last_seq,
         messages: 0,
         created_at: Timestamp(0),
+        parent: None,
+        forked_from: None,
     })
     .into_response()
 }

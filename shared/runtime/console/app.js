@@ -404,15 +404,14 @@ async function loadEvents(id, signal, after = 0) {
   }
 }
 
-/** What a session's log says about its turns, its messages' turns, forks and sub-agents. */
+/** What a session's log says about its turns, its messages' turns, forks and sub-agents (where
+ * it came from is the summary's `forked_from` and `parent`). */
 class SessionLog {
   constructor() {
     this.last = 0;
     this.turns = new Map(); // turn id -> {id, status, startSeq, endSeq, startedAt, endedAt, error}
     this.messageTurn = new Map(); // message id -> turn id that recorded it
     this.current = null;
-    this.fork = null; // {session_id, turn_id} for a fork
-    this.parent = null; // {session_id, tool_call_id} for a sub-agent's session
     this.children = new Map(); // tool call id -> child session id
     this.forks = new Map(); // turn id -> fork session ids
   }
@@ -426,10 +425,6 @@ class SessionLog {
     if (seq <= this.last) return false;
     this.last = seq;
     switch (e.type) {
-      case "session_created":
-        this.fork = e.init.fork || null;
-        this.parent = e.init.parent || null;
-        break;
       case "turn_started":
       case "turn_activated": {
         const id = e.turn ? e.turn.id : e.turn_id;
@@ -902,21 +897,23 @@ async function sessionView(id, branchId, signal) {
       ),
     );
     const from = [];
-    if (log.fork) {
+    const fork = sum.forked_from;
+    if (fork) {
       from.push(
         h(
           "p",
           { class: "origin", id: "forked-from" },
           "Forked from ",
-          h("a", { href: `#/sessions/${enc(log.fork.session_id)}` }, log.fork.session_id),
+          h("a", { href: `#/sessions/${enc(fork.session_id)}` }, fork.session_id),
           " after turn ",
-          h("a", { href: `#/sessions/${enc(log.fork.session_id)}/turns/${enc(log.fork.turn_id)}` }, log.fork.turn_id),
+          h("a", { href: `#/sessions/${enc(fork.session_id)}/turns/${enc(fork.turn_id)}` }, fork.turn_id),
         ),
       );
     }
-    if (log.parent) {
+    const parent = sum.parent;
+    if (parent) {
       from.push(
-        h("p", { class: "origin", id: "parent-session" }, "Sub-agent session of ", h("a", { href: `#/sessions/${enc(log.parent.session_id)}` }, log.parent.session_id), ` (its call ${log.parent.tool_call_id})`),
+        h("p", { class: "origin", id: "parent-session" }, "Sub-agent session of ", h("a", { href: `#/sessions/${enc(parent.session_id)}` }, parent.session_id), ` (its call ${parent.tool_call_id})`),
       );
     }
     origin.replaceChildren(...from);

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use turnstone_engine::ids::{CallId, InterruptId, SessionId, TurnId};
 use turnstone_engine::protocol::{Message, StreamDelta};
-use turnstone_engine::session::{CallRecord, CallSpec, Event, Session};
+use turnstone_engine::session::{CallRecord, CallSpec, Event, ForkOrigin, ParentLink, Session};
 use turnstone_engine::time::Timestamp;
 
 pub use crate::store::{LoggedEvent, SessionListing};
@@ -119,6 +119,12 @@ pub struct SessionSummary {
     /// How many messages the session's tree holds, on every branch.
     pub messages: usize,
     pub created_at: Timestamp,
+    /// The session that started this one as a sub-agent, and its tool call this one answers.
+    #[serde(default)]
+    pub parent: Option<ParentLink>,
+    /// The session and turn this one was forked from (`POST .../forks`).
+    #[serde(default)]
+    pub forked_from: Option<ForkOrigin>,
 }
 
 /// What a session is doing.
@@ -228,6 +234,8 @@ impl SessionSummary {
             last_seq: s.events_applied(),
             messages: s.tree().len(),
             created_at: s.created_at(),
+            parent: s.init().and_then(|init| init.parent.clone()),
+            forked_from: s.init().and_then(|init| init.fork.clone()),
         }
     }
 }

@@ -63,6 +63,7 @@ impl Default for Defaults {
 
 /// How a child session is tied to the parent that spawned it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct ParentLink {
     /// The parent session.
     pub session_id: SessionId,
