@@ -4,6 +4,8 @@
 
 const KEY_STORAGE = "turnstone.apiKey";
 const LIST_REFRESH_MS = 3000;
+/** How often an open session checks its summary for events its stream did not bring. */
+const SESSION_POLL_MS = 5000;
 const PAGE_SIZE = 25;
 
 // ---------- DOM helpers ----------
@@ -965,6 +967,18 @@ async function sessionView(id, branchId, signal) {
 
   const first = await refresh();
   if (!first) return;
+  // A stream that cannot flow (API Gateway buffers a Lambda's answer, so on AWS the stream
+  // route answers only when it times out) must not freeze the view: every few seconds the
+  // summary says whether the log moved on without a frame.
+  const poll = setInterval(async () => {
+    try {
+      const sum = await api(`/v1/sessions/${enc(id)}`, { signal });
+      if (sum.last_seq > log.last) refreshSoon();
+    } catch (err) {
+      if (!signal.aborted) console.warn("summary poll:", err);
+    }
+  }, SESSION_POLL_MS);
+  signal.addEventListener("abort", () => clearInterval(poll));
   // From the summary's last event: whatever happened after it was read comes as frames, each
   // one a refresh (the log may already hold them; the messages and summary may not).
   followStream(

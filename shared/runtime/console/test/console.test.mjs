@@ -455,6 +455,24 @@ async function run() {
   check(pageErrors.length === 0, `errors on the page: ${pageErrors.join("; ")}`);
   await gateContext.close();
 
+  step = "a session view stays live when its event stream cannot flow (as behind API Gateway)";
+  // API Gateway buffers a Lambda's answer, so on AWS the stream route never streams: the view
+  // must still show what happens, from its summary poll.
+  const buffered = await browser.newContext();
+  const bufferedPage = await buffered.newPage();
+  current = bufferedPage;
+  await bufferedPage.route("**/events/stream*", (r) => r.fulfill({ status: 504, contentType: "application/json", body: '{"message":"Service Unavailable"}' }));
+  await bufferedPage.goto(`${base}/#/sessions/${id}`);
+  await bufferedPage.locator("#conversation .msg.assistant").first().waitFor({ timeout: TIMEOUT });
+  const polled = await fetch(`${base}/v1/sessions/${id}/inputs`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ type: "client.message", agent_id: "demo", message: { role: "user", content: "sent while the stream is down" } }),
+  });
+  check(polled.status === 202, `the input answered ${polled.status}`);
+  await bufferedPage.locator("#conversation .msg.assistant", { hasText: "You said: sent while the stream is down" }).waitFor({ timeout: TIMEOUT });
+  await buffered.close();
+
   step = "the API key prompt on 401, kept in sessionStorage";
   // The host under test has no [auth]; a route answers 401 to requests without the key, as a
   // host with [auth] would, and lets the rest through.
