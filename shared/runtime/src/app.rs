@@ -89,7 +89,10 @@ pub struct App {
     limits: LimitsConfig,
     claim_ahead: bool,
     /// Effects claimed in a submit's commit, waiting for a queue worker of this process.
-    handoff: Mutex<HashMap<String, Effect>>,
+    handoff: Mutex<HashMap<String, Handoff>>,
+    /// The newest version this process committed per session (bounded; cleared when full): a
+    /// hand-off's state is used only while it is still that version.
+    committed: Mutex<HashMap<String, u64>>,
     /// The message nodes this host last saw per session: messages are immutable and only
     /// appended, so a load re-reads only the nodes after them (bounded; cleared when full).
     messages: Mutex<HashMap<String, Tree>>,
@@ -150,6 +153,7 @@ impl App {
             limits: parts.limits,
             claim_ahead: parts.claim_ahead,
             handoff: Mutex::new(HashMap::new()),
+            committed: Mutex::new(HashMap::new()),
             messages: Mutex::new(HashMap::new()),
             entropy: AtomicU64::new(seed),
             created: broadcast::channel(CREATED_BUFFER).0,
@@ -431,6 +435,7 @@ impl App {
                 Commit { session: &session, events: &events, wake_at, wake_queued: mode.in_run || announced };
             match self.store.commit(session_id, version, commit).await {
                 Ok(version) => {
+                    self.remember_commit(session_id, version);
                     self.remember_messages(&session);
                     self.notify(session_id, &session, &events);
                     return Ok(Executed { session, events, version, claimed });
@@ -583,7 +588,9 @@ impl App {
         };
         if let Some(effect) = executed.claimed.clone() {
             // Claimed in the submit's commit: a queue worker of this process performs it.
-            self.handoff_lock().insert(session_id.to_owned(), effect);
+            // With the state that commit left, so the worker starts from it instead of a load.
+            let state = Some((executed.session.clone(), executed.version));
+            self.handoff_lock().insert(session_id.to_owned(), Handoff { effect, state });
             if let Err(e) = self.wake(session_id, "handoff").await {
                 tracing::warn!(session_id, error = %e, "could not enqueue a hand-off; its deadline retries it");
             }
@@ -699,12 +706,33 @@ impl App {
         Ok(turnstone_engine::session::turn_from_log(turn_id, &events))
     }
 
-    /// Takes the effect a submit claimed for `session_id`, if one waits.
-    pub(crate) fn take_handoff(&self, session_id: &str) -> Option<Effect> {
-        self.handoff_lock().remove(session_id)
+    /// Takes the effect a submit claimed for `session_id`, if one waits, with the state its
+    /// commit left unless this process committed the session again since (a run that came
+    /// first may have moved on: then the state is dropped, and the worker loads).
+    pub(crate) fn take_handoff(&self, session_id: &str) -> Option<Handoff> {
+        let mut handoff = self.handoff_lock().remove(session_id)?;
+        let newest = self.committed_lock().get(session_id).copied();
+        if handoff.state.as_ref().map(|(_, version)| *version) != newest {
+            handoff.state = None;
+        }
+        Some(handoff)
     }
 
-    fn handoff_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Effect>> {
+    fn remember_commit(&self, session_id: &str, version: u64) {
+        let mut committed = self.committed_lock();
+        if committed.len() >= Self::MESSAGE_CACHE_SESSIONS && !committed.contains_key(session_id) {
+            committed.clear();
+        }
+        let newest = committed.entry(session_id.to_owned()).or_insert(version);
+        *newest = (*newest).max(version);
+    }
+
+    fn committed_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        // A poisoned map is still a valid map: an entry only ever grows.
+        self.committed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn handoff_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handoff>> {
         // A poisoned map is still a valid map: entries are only hints (claims time out).
         self.handoff.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -731,6 +759,14 @@ fn command_seed(n: u64) -> u64 {
 /// one process or in two containers with the same pid, never mint the same ids.
 fn app_seed(now: Timestamp) -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(now.0)
+}
+
+/// An effect a submit claimed, for a queue worker of this process to perform, and the state
+/// the submit's commit left (a hint: commits are version-checked, so a state that went stale
+/// only costs a reload).
+pub(crate) struct Handoff {
+    pub effect: Effect,
+    pub state: Option<(Session, u64)>,
 }
 
 /// How a commit is made.

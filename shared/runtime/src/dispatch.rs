@@ -71,8 +71,13 @@ impl Dispatcher {
                 None => return Ok(()),
             }
         }
-        // An effect already claimed (by the last commit, or by a submit of this process).
-        let mut claimed = self.app.take_handoff(session_id);
+        // An effect already claimed (by the last commit, or by a submit of this process, which
+        // hands over the state its commit left: no load before the effect).
+        let mut claimed = None;
+        if let Some(handoff) = self.app.take_handoff(session_id) {
+            claimed = Some(handoff.effect);
+            known = known.or(handoff.state);
+        }
         for _ in 0..MAX_EFFECTS_PER_RUN {
             let (session, version) = match known.take() {
                 Some(known) => known,
