@@ -93,6 +93,10 @@ pub struct App {
     /// The newest version this process committed per session (bounded; cleared when full): a
     /// hand-off's state is used only while it is still that version.
     committed: Mutex<HashMap<String, u64>>,
+    /// The records of the turns this process's commits ended lately, as those commits left
+    /// them (bounded; cleared when full): a long-poll woken by a turn's end answers from here
+    /// instead of loading the session again.
+    ended: Mutex<HashMap<(String, TurnId), TurnRecord>>,
     /// The message nodes this host last saw per session: messages are immutable and only
     /// appended, so a load re-reads only the nodes after them (bounded; cleared when full).
     messages: Mutex<HashMap<String, Tree>>,
@@ -154,6 +158,7 @@ impl App {
             claim_ahead: parts.claim_ahead,
             handoff: Mutex::new(HashMap::new()),
             committed: Mutex::new(HashMap::new()),
+            ended: Mutex::new(HashMap::new()),
             messages: Mutex::new(HashMap::new()),
             entropy: AtomicU64::new(seed),
             created: broadcast::channel(CREATED_BUFFER).0,
@@ -479,6 +484,15 @@ impl App {
                 _ => None,
             })
             .collect();
+        if !ended_turns.is_empty() {
+            let mut ended = self.ended_lock();
+            if ended.len() >= Self::MESSAGE_CACHE_SESSIONS {
+                ended.clear();
+            }
+            for turn in ended_turns.iter().filter_map(|id| session.turn(id)) {
+                ended.insert((session_id.to_owned(), turn.id.clone()), turn.clone());
+            }
+        }
         self.metrics.observe(session, events, self.clock.now());
         crate::trace::turn_ended(session, events, self.clock.now());
         let shows = events.iter().any(turnstone_ahp::shows_in_chat);
@@ -680,6 +694,17 @@ impl App {
             Ok(vec![command.clone()])
         })
         .await
+    }
+
+    /// The record of turn `turn_id` (its own id, not an alias) as the commit of this process
+    /// that ended it left it, if that was lately; None tells the caller to load.
+    pub fn ended_turn(&self, session_id: &str, turn_id: &TurnId) -> Option<TurnRecord> {
+        self.ended_lock().get(&(session_id.to_owned(), turn_id.clone())).cloned()
+    }
+
+    fn ended_lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, TurnId), TurnRecord>> {
+        // A poisoned map is still a valid map: an entry is an ended turn's record.
+        self.ended.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A turn's record: from the head, or rebuilt from the log for an older turn.

@@ -357,6 +357,10 @@ async fn turn(
             }
         }
         mark = progress.borrow_and_update().mark();
+        // Ended by a commit of this process: its record as that commit left it, no load.
+        if let Some(ended) = state.app.ended_turn(&id, &turn.id) {
+            return Ok(Json(ended));
+        }
         session = state.app.session(&id).await?;
     }
 }
