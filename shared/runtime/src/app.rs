@@ -2,10 +2,9 @@
 //! commits the result, and tells the queue and the notifier. The HTTP router, the dispatcher,
 //! the local host and the Lambda functions all go through [`App`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use crate::clock::Clock;
 use crate::config::LimitsConfig;
 use crate::error::{Error, Result};
 use crate::llm::ModelProvider;
+use crate::memo::Memo;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::queue::{Queue, WakeUp};
@@ -89,17 +89,17 @@ pub struct App {
     limits: LimitsConfig,
     claim_ahead: bool,
     /// Effects claimed in a submit's commit, waiting for a queue worker of this process.
-    handoff: Mutex<HashMap<String, Handoff>>,
+    handoff: Memo<String, Handoff>,
     /// The newest version this process committed per session (bounded; cleared when full): a
     /// hand-off's state is used only while it is still that version.
-    committed: Mutex<HashMap<String, u64>>,
+    committed: Memo<String, u64>,
     /// The records of the turns this process's commits ended lately, as those commits left
     /// them (bounded; cleared when full): a long-poll woken by a turn's end answers from here
     /// instead of loading the session again.
-    ended: Mutex<HashMap<(String, TurnId), TurnRecord>>,
+    ended: Memo<(String, TurnId), TurnRecord>,
     /// The message nodes this host last saw per session: messages are immutable and only
     /// appended, so a load re-reads only the nodes after them (bounded; cleared when full).
-    messages: Mutex<HashMap<String, Tree>>,
+    messages: Memo<String, Tree>,
     entropy: AtomicU64,
     /// Sessions this process created, as they are committed (for catalogs that announce them,
     /// such as AHP's `root/sessionAdded`).
@@ -156,10 +156,10 @@ impl App {
             defaults: parts.defaults,
             limits: parts.limits,
             claim_ahead: parts.claim_ahead,
-            handoff: Mutex::new(HashMap::new()),
-            committed: Mutex::new(HashMap::new()),
-            ended: Mutex::new(HashMap::new()),
-            messages: Mutex::new(HashMap::new()),
+            handoff: Memo::new(),
+            committed: Memo::new(),
+            ended: Memo::new(),
+            messages: Memo::new(),
             entropy: AtomicU64::new(seed),
             created: broadcast::channel(CREATED_BUFFER).0,
             removed: broadcast::channel(CREATED_BUFFER).0,
@@ -208,8 +208,8 @@ impl App {
                 None => None,
             };
             if self.store.dispose(&id).await? {
-                self.messages_lock().remove(id.as_str());
-                self.handoff_lock().remove(id.as_str());
+                self.messages.remove(id.as_str());
+                self.handoff.remove(id.as_str());
                 let removed = Removed { session_id: id.clone(), owner };
                 self.notifier.root(crate::notify::RootNotice::SessionRemoved(removed.clone()));
                 // Nobody listening is fine.
@@ -322,7 +322,7 @@ impl App {
     /// Loads a session, or a fresh uncreated one with version 0. Only the messages this host
     /// has not seen yet are read.
     pub async fn load(&self, session_id: &str) -> Result<(Session, u64)> {
-        let known = self.messages_lock().get(session_id).cloned();
+        let known = self.messages.get(session_id);
         if let Some(known) = known {
             let Some((loaded, new)) = self.store.load_since(session_id, known.len() as u64).await? else {
                 return Ok((Session::new(session_id), 0));
@@ -344,20 +344,8 @@ impl App {
         })
     }
 
-    /// How many sessions' messages a host remembers before it starts over.
-    const MESSAGE_CACHE_SESSIONS: usize = 4096;
-
     fn remember_messages(&self, session: &Session) {
-        let mut cache = self.messages_lock();
-        if cache.len() >= Self::MESSAGE_CACHE_SESSIONS && !cache.contains_key(session.id().as_str()) {
-            cache.clear();
-        }
-        cache.insert(session.id().to_string(), session.tree().clone());
-    }
-
-    fn messages_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tree>> {
-        // A poisoned cache is still a valid cache: entries are only prefixes of immutable data.
-        self.messages.lock().unwrap_or_else(|p| p.into_inner())
+        self.messages.insert(session.id().to_string(), session.tree().clone());
     }
 
     /// Loads `session_id`, asks `build` for the commands to run against it, handles them in
@@ -484,14 +472,8 @@ impl App {
                 _ => None,
             })
             .collect();
-        if !ended_turns.is_empty() {
-            let mut ended = self.ended_lock();
-            if ended.len() >= Self::MESSAGE_CACHE_SESSIONS {
-                ended.clear();
-            }
-            for turn in ended_turns.iter().filter_map(|id| session.turn(id)) {
-                ended.insert((session_id.to_owned(), turn.id.clone()), turn.clone());
-            }
+        for turn in ended_turns.iter().filter_map(|id| session.turn(id)) {
+            self.ended.insert((session_id.to_owned(), turn.id.clone()), turn.clone());
         }
         self.metrics.observe(session, events, self.clock.now());
         crate::trace::turn_ended(session, events, self.clock.now());
@@ -604,7 +586,7 @@ impl App {
             // Claimed in the submit's commit: a queue worker of this process performs it.
             // With the state that commit left, so the worker starts from it instead of a load.
             let state = Some((executed.session.clone(), executed.version));
-            self.handoff_lock().insert(session_id.to_owned(), Handoff { effect, state });
+            self.handoff.insert(session_id.to_owned(), Handoff { effect, state });
             if let Err(e) = self.wake(session_id, "handoff").await {
                 tracing::warn!(session_id, error = %e, "could not enqueue a hand-off; its deadline retries it");
             }
@@ -699,12 +681,7 @@ impl App {
     /// The record of turn `turn_id` (its own id, not an alias) as the commit of this process
     /// that ended it left it, if that was lately; None tells the caller to load.
     pub fn ended_turn(&self, session_id: &str, turn_id: &TurnId) -> Option<TurnRecord> {
-        self.ended_lock().get(&(session_id.to_owned(), turn_id.clone())).cloned()
-    }
-
-    fn ended_lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, TurnId), TurnRecord>> {
-        // A poisoned map is still a valid map: an entry is an ended turn's record.
-        self.ended.lock().unwrap_or_else(|p| p.into_inner())
+        self.ended.get(&(session_id.to_owned(), turn_id.clone()))
     }
 
     /// A turn's record: from the head, or rebuilt from the log for an older turn.
@@ -735,8 +712,8 @@ impl App {
     /// commit left unless this process committed the session again since (a run that came
     /// first may have moved on: then the state is dropped, and the worker loads).
     pub(crate) fn take_handoff(&self, session_id: &str) -> Option<Handoff> {
-        let mut handoff = self.handoff_lock().remove(session_id)?;
-        let newest = self.committed_lock().get(session_id).copied();
+        let mut handoff = self.handoff.remove(session_id)?;
+        let newest = self.committed.get(session_id);
         if handoff.state.as_ref().map(|(_, version)| *version) != newest {
             handoff.state = None;
         }
@@ -744,22 +721,7 @@ impl App {
     }
 
     fn remember_commit(&self, session_id: &str, version: u64) {
-        let mut committed = self.committed_lock();
-        if committed.len() >= Self::MESSAGE_CACHE_SESSIONS && !committed.contains_key(session_id) {
-            committed.clear();
-        }
-        let newest = committed.entry(session_id.to_owned()).or_insert(version);
-        *newest = (*newest).max(version);
-    }
-
-    fn committed_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        // A poisoned map is still a valid map: an entry only ever grows.
-        self.committed.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn handoff_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Handoff>> {
-        // A poisoned map is still a valid map: entries are only hints (claims time out).
-        self.handoff.lock().unwrap_or_else(|p| p.into_inner())
+        self.committed.update(session_id.to_owned(), |newest| newest.map_or(version, |n| version.max(*n)));
     }
 
     /// Loads an existing session.
