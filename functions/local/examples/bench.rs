@@ -409,6 +409,10 @@ impl Store for CountingStore {
     async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
         self.inner.dispose(session_id).await
     }
+
+    fn exclusive(&self) -> bool {
+        self.inner.exclusive()
+    }
 }
 
 /// A model provider, timed.

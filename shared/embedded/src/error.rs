@@ -16,6 +16,18 @@ pub enum SqliteError {
         #[source]
         source: std::io::Error,
     },
+    /// Another process has the store open (its lock file is held): two processes writing one
+    /// store would each serve stale reads from what they committed themselves.
+    #[error("store {path} is open in another process (it holds {lock}); stop that one first")]
+    InUse { path: PathBuf, lock: PathBuf },
+    /// The store's lock file could not be opened or locked.
+    #[error("cannot lock the store with {lock}: {source}")]
+    Lock {
+        lock: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// SQLite itself failed.
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),

@@ -89,10 +89,15 @@ pub struct App {
     limits: LimitsConfig,
     claim_ahead: bool,
     /// Effects claimed in a submit's commit, waiting for a queue worker of this process.
-    handoff: Memo<String, Handoff>,
-    /// The newest version this process committed per session (bounded; cleared when full): a
-    /// hand-off's state is used only while it is still that version.
-    committed: Memo<String, u64>,
+    handoff: Memo<String, ClaimedAhead>,
+    /// What this process knows of each session's newest commit (bounded; cleared when full):
+    /// a hand-off starts from it while it is still the state the submit's claim left, and
+    /// where this app is the store's only writer (`sole_writer`) loads are served from it.
+    committed: Memo<String, Newest>,
+    /// Every commit to the store goes through this app: one process serves the API and runs
+    /// the dispatcher (`Parts::claim_ahead`), and the store is written by this process only
+    /// ([`Store::exclusive`]). The state this app committed last is then the stored one.
+    sole_writer: bool,
     /// The records of the turns this process's commits ended lately, as those commits left
     /// them (bounded; cleared when full): a long-poll woken by a turn's end answers from here
     /// instead of loading the session again.
@@ -147,6 +152,7 @@ impl App {
     /// An app whose ids come from `seed` instead of the OS's entropy: a simulation replays a
     /// seed to the same ids. Two apps over one store must be given different seeds.
     pub fn with_seed(parts: Parts, seed: u64) -> Arc<Self> {
+        let sole_writer = parts.claim_ahead && parts.store.exclusive();
         Arc::new(App {
             store: parts.store,
             queue: parts.queue,
@@ -158,6 +164,7 @@ impl App {
             claim_ahead: parts.claim_ahead,
             handoff: Memo::new(),
             committed: Memo::new(),
+            sole_writer,
             ended: Memo::new(),
             messages: Memo::new(),
             entropy: AtomicU64::new(seed),
@@ -210,6 +217,7 @@ impl App {
             if self.store.dispose(&id).await? {
                 self.messages.remove(id.as_str());
                 self.handoff.remove(id.as_str());
+                self.committed.remove(id.as_str());
                 let removed = Removed { session_id: id.clone(), owner };
                 self.notifier.root(crate::notify::RootNotice::SessionRemoved(removed.clone()));
                 // Nobody listening is fine.
@@ -322,6 +330,16 @@ impl App {
     /// Loads a session, or a fresh uncreated one with version 0. Only the messages this host
     /// has not seen yet are read.
     pub async fn load(&self, session_id: &str) -> Result<(Session, u64)> {
+        if self.sole_writer
+            && let Some(Newest { version, session: Some(session) }) = self.committed.get(session_id)
+        {
+            return Ok((session, version));
+        }
+        self.load_stored(session_id).await
+    }
+
+    /// [`App::load`] from the store, whatever this app committed.
+    async fn load_stored(&self, session_id: &str) -> Result<(Session, u64)> {
         let known = self.messages.get(session_id);
         if let Some(known) = known {
             let Some((loaded, new)) = self.store.load_since(session_id, known.len() as u64).await? else {
@@ -379,10 +397,13 @@ impl App {
         // A commit creating the session was refused: if the session still does not exist, no
         // racing create won, the store keeps the id of a disposed session.
         let mut create_refused = false;
+        // A commit conflicted: what this app committed is not the newest, read the store.
+        let mut conflicted = false;
         for _ in 0..MAX_CONFLICT_RETRIES + usize::from(known.is_some()) {
             let hinted = known.is_some();
             let (session, version) = match known.take() {
                 Some(known) => known,
+                None if conflicted => self.load_stored(session_id).await?,
                 None => self.load(session_id).await?,
             };
             if create_refused && !session.is_created() {
@@ -426,18 +447,30 @@ impl App {
             };
             let commit =
                 Commit { session: &session, events: &events, wake_at, wake_queued: mode.in_run || announced };
-            match self.store.commit(session_id, version, commit).await {
+            // Dropped before the outcome is known (the caller went away), the commit may
+            // still land: this app then no longer knows the newest state.
+            let pending = PendingCommit { committed: &self.committed, session_id, expected: version };
+            let outcome = self.store.commit(session_id, version, commit).await;
+            std::mem::forget(pending);
+            match outcome {
                 Ok(version) => {
-                    self.remember_commit(session_id, version);
+                    self.remember_commit(session_id, &session, version);
                     self.remember_messages(&session);
                     self.notify(session_id, &session, &events);
                     return Ok(Executed { session, events, version, claimed });
                 }
-                Err(StoreError::Conflict { .. }) => create_refused = version == 0,
+                Err(StoreError::Conflict { .. }) => {
+                    create_refused = version == 0;
+                    conflicted = true;
+                }
                 // The head forgot these ids, the store did not: handle again knowing them (an
                 // old turn id then names its turn, a reused call id is a no-op).
                 Err(StoreError::IdsUsed { ids, .. }) => used.extend(ids),
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    // A failed commit may have landed all the same (a lost answer).
+                    forget_newest(&self.committed, session_id, version);
+                    return Err(e.into());
+                }
             }
         }
         Err(Error::Contended(session_id.to_owned()))
@@ -583,10 +616,10 @@ impl App {
             Err(e) => return Err(e),
         };
         if let Some(effect) = executed.claimed.clone() {
-            // Claimed in the submit's commit: a queue worker of this process performs it.
-            // With the state that commit left, so the worker starts from it instead of a load.
-            let state = Some((executed.session.clone(), executed.version));
-            self.handoff.insert(session_id.to_owned(), Handoff { effect, state });
+            // Claimed in the submit's commit: a queue worker of this process performs it,
+            // starting from the state that commit left (see `take_handoff`).
+            let version = executed.version;
+            self.handoff.insert(session_id.to_owned(), ClaimedAhead { effect, version });
             if let Err(e) = self.wake(session_id, "handoff").await {
                 tracing::warn!(session_id, error = %e, "could not enqueue a hand-off; its deadline retries it");
             }
@@ -712,16 +745,22 @@ impl App {
     /// commit left unless this process committed the session again since (a run that came
     /// first may have moved on: then the state is dropped, and the worker loads).
     pub(crate) fn take_handoff(&self, session_id: &str) -> Option<Handoff> {
-        let mut handoff = self.handoff.remove(session_id)?;
-        let newest = self.committed.get(session_id);
-        if handoff.state.as_ref().map(|(_, version)| *version) != newest {
-            handoff.state = None;
-        }
-        Some(handoff)
+        let ClaimedAhead { effect, version } = self.handoff.remove(session_id)?;
+        let state = match self.committed.get(session_id) {
+            Some(Newest { version: newest, session: Some(session) }) if newest == version => {
+                Some((session, version))
+            }
+            _ => None,
+        };
+        Some(Handoff { effect, state })
     }
 
-    fn remember_commit(&self, session_id: &str, version: u64) {
-        self.committed.update(session_id.to_owned(), |newest| newest.map_or(version, |n| version.max(*n)));
+    /// Keeps the state a commit left, unless this app knows of a newer commit.
+    fn remember_commit(&self, session_id: &str, session: &Session, version: u64) {
+        self.committed.update(session_id.to_owned(), |newest| match newest {
+            Some(newest) if newest.version > version => newest.clone(),
+            _ => Newest { version, session: Some(session.clone()) },
+        });
     }
 
     /// Loads an existing session.
@@ -749,11 +788,50 @@ fn app_seed(now: Timestamp) -> u64 {
 }
 
 /// An effect a submit claimed, for a queue worker of this process to perform, and the state
-/// the submit's commit left (a hint: commits are version-checked, so a state that went stale
-/// only costs a reload).
+/// the submit's commit left if no commit of this process came after it (a hint: commits are
+/// version-checked, so a state that went stale only costs a reload).
 pub(crate) struct Handoff {
     pub effect: Effect,
     pub state: Option<(Session, u64)>,
+}
+
+/// What an app knows of a session's newest commit: its version, and the state it left if the
+/// commit was this app's and its outcome is known.
+#[derive(Debug, Clone)]
+struct Newest {
+    version: u64,
+    session: Option<Session>,
+}
+
+/// Forgets the state of `session_id`: a commit expecting version `expected` may have landed
+/// without this app learning of it, so nothing older than its version is the newest.
+fn forget_newest(committed: &Memo<String, Newest>, session_id: &str, expected: u64) {
+    committed.update(session_id.to_owned(), |newest| Newest {
+        version: newest.map_or(0, |n| n.version).max(expected + 1),
+        session: None,
+    });
+}
+
+/// A commit on its way to the store; dropped with its caller before the outcome is known, it
+/// forgets the session's newest state (see [`forget_newest`]). Forgotten (`mem::forget`)
+/// once the outcome is known.
+struct PendingCommit<'a> {
+    committed: &'a Memo<String, Newest>,
+    session_id: &'a str,
+    expected: u64,
+}
+
+impl Drop for PendingCommit<'_> {
+    fn drop(&mut self) {
+        forget_newest(self.committed, self.session_id, self.expected);
+    }
+}
+
+/// An effect a submit's commit claimed, and the version that commit made.
+#[derive(Debug, Clone)]
+struct ClaimedAhead {
+    effect: Effect,
+    version: u64,
 }
 
 /// How a commit is made.

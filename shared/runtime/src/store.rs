@@ -264,6 +264,13 @@ pub trait Store: Send + Sync + 'static {
     /// the same name). Returns whether there was a session to dispose; disposing again does
     /// nothing more.
     async fn dispose(&self, session_id: &str) -> Result<bool, StoreError>;
+
+    /// Whether no other process writes to this store while this handle is open (the
+    /// embedded store holds a lock on its file). A host whose one app is then the only
+    /// writer serves loads from what it committed itself.
+    fn exclusive(&self) -> bool {
+        false
+    }
 }
 
 impl Commit<'_> {

@@ -67,6 +67,7 @@
 
 mod schema;
 
+use std::fs::{File, TryLockError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -161,6 +162,9 @@ struct Inner {
     options: SqliteOptions,
     clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
+    /// The lock held on `<path>.lock` while the store is open (file-backed stores only);
+    /// declared last so it is released after the writer thread has finished.
+    _lock: Option<File>,
 }
 
 /// The counters, written by the writer thread.
@@ -179,6 +183,25 @@ impl std::fmt::Debug for SqliteStore {
             .field("path", &self.inner.path)
             .field("durability", &self.inner.options.durability)
             .finish_non_exhaustive()
+    }
+}
+
+/// Takes the lock that keeps other processes out of the store at `path`: an exclusive lock on
+/// `<path>.lock`, which the OS releases when the process ends, however it ends.
+fn lock_file(path: &Path) -> Result<File, SqliteError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock = PathBuf::from(name);
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock)
+        .map_err(|source| SqliteError::Lock { lock: lock.clone(), source })?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(SqliteError::InUse { path: path.to_owned(), lock }),
+        Err(TryLockError::Error(source)) => Err(SqliteError::Lock { lock, source }),
     }
 }
 
@@ -208,11 +231,13 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|source| SqliteError::CreateDir { path: dir.to_owned(), source })?;
         }
+        let lock = lock_file(&path)?;
         let mut writer = Connection::open(&path)?;
         let sync_full = options.durability == Durability::Full;
         schema::configure_writer(&writer, options.busy_timeout, sync_full, true)?;
         schema::ensure(&mut writer, &path)?;
-        let store = Self::from_parts(path, writer, Some(Mutex::new(Vec::new())), options, clock)?;
+        let readers = Some(Mutex::new(Vec::new()));
+        let store = Self::from_parts(path, writer, readers, options, clock, Some(lock))?;
         // Open one reader now so that a file readers cannot open fails here, not on first use.
         let reader = store.open_reader()?;
         store.return_reader(reader);
@@ -227,7 +252,7 @@ impl SqliteStore {
         let mut writer = Connection::open_in_memory()?;
         schema::configure_writer(&writer, options.busy_timeout, false, false)?;
         schema::ensure(&mut writer, &path)?;
-        Self::from_parts(path, writer, None, options, Arc::new(SystemClock))
+        Self::from_parts(path, writer, None, options, Arc::new(SystemClock), None)
     }
 
     fn from_parts(
@@ -236,6 +261,7 @@ impl SqliteStore {
         readers: Option<Mutex<Vec<Connection>>>,
         options: SqliteOptions,
         clock: Arc<dyn Clock>,
+        lock: Option<File>,
     ) -> Result<Self, SqliteError> {
         let counters = Arc::new(Counters::default());
         let writer = Writer::start(writer, Arc::clone(&counters))?;
@@ -248,6 +274,7 @@ impl SqliteStore {
                 options,
                 clock,
                 counters,
+                _lock: lock,
             }),
         })
     }
@@ -996,5 +1023,10 @@ impl Store for SqliteStore {
             Ok(deleted > 0)
         })
         .await
+    }
+
+    /// A file-backed store holds its lock file; one in memory no other process can reach.
+    fn exclusive(&self) -> bool {
+        true
     }
 }

@@ -18,7 +18,7 @@ use turnstone_runtime::store::{
 };
 
 use super::endpoints::SimSleep;
-use super::{Fate, Life, Queued, World};
+use super::{Fate, Host, Life, Queued, World};
 
 /// Runs `f` to completion on this thread. A store's operation is one step of the simulation:
 /// the SQLite store answers from its own threads, and waiting for them here (rather than
@@ -162,6 +162,12 @@ impl Store for SimStore {
     async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
         self.life.gate().await;
         block(self.world.store().dispose(session_id))
+    }
+
+    /// A local host's process is the only one at a time (a restart drops the dead one's
+    /// futures); split processes share the store.
+    fn exclusive(&self) -> bool {
+        self.world.host == Host::Local
     }
 }
 
