@@ -45,6 +45,8 @@ use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
 use turnstone_runtime::llm::{ModelProvider, ProviderError};
 use turnstone_runtime::pool::Pool;
+// The binary's allocator (declared in its library), so the host is measured as it runs.
+use turnstone as _;
 use turnstone_runtime::store::{
     Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
