@@ -2,6 +2,9 @@
 //! committed itself, and a commit whose caller went away before its answer never leaves it
 //! serving the state before that commit.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
