@@ -136,6 +136,9 @@ async function api(path, { method = "GET", body, signal } = {}) {
 async function followStream(path, after, onFrame, signal) {
   let last = after;
   while (!signal.aborted) {
+    // "open" once the host follows the session for this reader (it subscribes before it
+    // answers): token deltas are not kept, so only from then on do they reach the view.
+    document.body.dataset.stream = "connecting";
     try {
       const res = await fetch(`${path}?after=${last}`, {
         headers: { Accept: "text/event-stream", ...authHeaders() },
@@ -146,6 +149,7 @@ async function followStream(path, after, onFrame, signal) {
         continue;
       }
       if (!res.ok || !res.body) throw new Error(`stream answered ${res.status}`);
+      document.body.dataset.stream = "open";
       const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
       for (;;) {

@@ -152,6 +152,9 @@ async function run() {
   await assistant("You said: hello console").waitFor({ timeout: TIMEOUT });
 
   step = "send /long and watch the streamed reply";
+  // Deltas are not kept: send only once the view's stream is followed (the scripted model
+  // streams its whole answer at once, so it could finish before a late stream connects).
+  await page.locator('body[data-stream="open"]').waitFor({ state: "attached", timeout: TIMEOUT });
   await page.fill("#composer-input", "/long");
   await page.keyboard.press("Control+Enter");
   await assistant("Sentence 12 of a long answer").waitFor({ timeout: TIMEOUT });
