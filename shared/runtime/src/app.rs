@@ -447,11 +447,14 @@ impl App {
             };
             let commit =
                 Commit { session: &session, events: &events, wake_at, wake_queued: mode.in_run || announced };
-            // Dropped before the outcome is known (the caller went away), the commit may
-            // still land: this app then no longer knows the newest state.
+            // Until the store answers for sure, the commit may land unseen (see `PendingCommit`).
             let pending = PendingCommit { committed: &self.committed, session_id, expected: version };
             let outcome = self.store.commit(session_id, version, commit).await;
-            std::mem::forget(pending);
+            // Landed, or refused having written nothing; any other error may hide a landed
+            // write (a lost answer), and `pending` forgets the state as it drops.
+            if matches!(outcome, Ok(_) | Err(StoreError::Conflict { .. } | StoreError::IdsUsed { .. })) {
+                pending.settled();
+            }
             match outcome {
                 Ok(version) => {
                     self.remember_commit(session_id, &session, version);
@@ -466,11 +469,7 @@ impl App {
                 // The head forgot these ids, the store did not: handle again knowing them (an
                 // old turn id then names its turn, a reused call id is a no-op).
                 Err(StoreError::IdsUsed { ids, .. }) => used.extend(ids),
-                Err(e) => {
-                    // A failed commit may have landed all the same (a lost answer).
-                    forget_newest(&self.committed, session_id, version);
-                    return Err(e.into());
-                }
+                Err(e) => return Err(e.into()),
             }
         }
         Err(Error::Contended(session_id.to_owned()))
@@ -803,27 +802,30 @@ struct Newest {
     session: Option<Session>,
 }
 
-/// Forgets the state of `session_id`: a commit expecting version `expected` may have landed
-/// without this app learning of it, so nothing older than its version is the newest.
-fn forget_newest(committed: &Memo<String, Newest>, session_id: &str, expected: u64) {
-    committed.update(session_id.to_owned(), |newest| Newest {
-        version: newest.map_or(0, |n| n.version).max(expected + 1),
-        session: None,
-    });
-}
-
-/// A commit on its way to the store; dropped with its caller before the outcome is known, it
-/// forgets the session's newest state (see [`forget_newest`]). Forgotten (`mem::forget`)
-/// once the outcome is known.
+/// A commit on its way to the store. Dropped before the store answered for sure (its caller
+/// went away, or the store failed in a way that may hide a landed write), it makes the app
+/// forget the session's state: the commit expecting version `expected` may have landed, so
+/// nothing older than its version is the newest, and loads read the store until the app's
+/// next successful commit.
 struct PendingCommit<'a> {
     committed: &'a Memo<String, Newest>,
     session_id: &'a str,
     expected: u64,
 }
 
+impl PendingCommit<'_> {
+    /// The store answered for sure: nothing to forget.
+    fn settled(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for PendingCommit<'_> {
     fn drop(&mut self) {
-        forget_newest(self.committed, self.session_id, self.expected);
+        self.committed.update(self.session_id.to_owned(), |newest| Newest {
+            version: newest.map_or(0, |n| n.version).max(self.expected + 1),
+            session: None,
+        });
     }
 }
 
