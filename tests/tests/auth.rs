@@ -34,6 +34,8 @@ jwt_secret_env = "JWT"
 jwt_issuer = "https://id.test"
 jwt_audience = "turnstone"
 jwt_metadata_claims = ["plan"]
+# A token's `sub` is the client key of that name: "owner by JWT" below is alice.
+jwt_sub_is_api_key_name = true
 
 [auth.machines]
 w-demo = ["demo"]
@@ -42,7 +44,7 @@ w-other = ["other"]
 
 fn env(name: &str) -> Option<String> {
     let value = match name {
-        "KEYS" => "alice:key-alice,bob:key-bob",
+        "KEYS" => "alice:key-alice,bob:key-bob,root:key-root-client",
         "MACHINES" => "w-demo:key-w-demo,w-other:key-w-other",
         "ADMINS" => "root:key-root",
         "JWT" => JWT_SECRET,
@@ -128,9 +130,12 @@ async fn every_session_route_answers_only_its_owner() {
         ("machine of the agent", host.with_token("key-w-demo")),
         ("machine of another agent", host.with_token("key-w-other")),
         ("admin", host.with_token("key-root")),
+        // A client key named as the admin key is: another identity (client:root, admin:root).
+        ("client named as the admin", host.with_token("key-root-client")),
         ("no key", (*host).clone()),
         ("bad key", host.with_token("key-alice-but-wrong")),
         ("expired JWT", host.with_token(jwt("alice", -3600, json!({})))),
+        ("JWT not valid yet", host.with_token(jwt("alice", 7200, json!({"nbf": now_secs() + 3600})))),
         ("JWT of another issuer", host.with_token({
             let claims = json!({"sub": "alice", "iss": "https://evil.test", "aud": "turnstone", "exp": now_secs() + 300});
             jsonwebtoken::encode(&Header::default(), &claims, &EncodingKey::from_secret(JWT_SECRET.as_bytes()))
@@ -174,7 +179,10 @@ async fn every_session_route_answers_only_its_owner() {
                 "owner" | "owner by JWT" => *owner,
                 "machine of the agent" => *machine,
                 "admin" => *admin,
-                "other client" | "other client by JWT" | "machine of another agent" => not_found,
+                "other client"
+                | "other client by JWT"
+                | "machine of another agent"
+                | "client named as the admin" => not_found,
                 "expired JWT" => expired,
                 _ => unauthorized,
             };
@@ -201,7 +209,7 @@ async fn every_session_route_answers_only_its_owner() {
         host.with_token("key-root").summary("as1").await.last_seq
     );
     let summary: SessionSummary = alice.summary("as1").await;
-    assert_eq!(summary.owner.as_deref(), Some("alice"));
+    assert_eq!(summary.owner.as_deref(), Some("client:alice"));
     assert!(summary.active_turn.is_none(), "nobody else started a turn: {summary:?}");
 
     // Only the owner disposes of it: to everyone else it does not exist (an admin reads only).
@@ -246,7 +254,7 @@ async fn listing_shows_each_caller_its_own() {
     assert_eq!(ids(list(&bob, "").await), ["b1"]);
     let root = host.with_token("key-root");
     assert_eq!(ids(list(&root, "").await), ["a1", "a2", "b1"]);
-    assert_eq!(ids(list(&root, "?owner=bob").await), ["b1"]);
+    assert_eq!(ids(list(&root, "?owner=client:bob").await), ["b1"]);
     let (status, body) = host.with_token("key-w-demo").get("/v1/sessions").await;
     assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")), "{body}");
     let (status, body) = host.get("/v1/sessions").await;
@@ -261,11 +269,11 @@ async fn a_jwt_client_owns_its_sessions_and_its_claims_reach_the_worker_identity
     let (status, body) = carol.submit("c1", &message("demo", "hi")).await;
     assert_eq!(status, 202, "{body}");
     let summary = carol.summary("c1").await;
-    assert_eq!(summary.owner.as_deref(), Some("carol"));
+    assert_eq!(summary.owner.as_deref(), Some("client:carol"));
     let created = &carol.events("c1", 0).await[0].event;
     assert_eq!(created["type"], "session_created");
     // Only the claims the config names are kept.
-    assert_eq!(created["init"]["identity"], json!({"id": "carol", "metadata": {"plan": "pro"}}));
+    assert_eq!(created["init"]["identity"], json!({"id": "client:carol", "metadata": {"plan": "pro"}}));
     // A machine key cannot start sessions.
     let (status, body) = host.with_token("key-w-demo").submit("m1", &message("demo", "hi")).await;
     assert_eq!((status, body["error"]["code"].as_str()), (404, Some("session_not_found")), "{body}");

@@ -1397,7 +1397,7 @@ async fn a_spawn_under_a_foreign_sessions_id_fails_the_delegation_and_leaves_it_
     let transcript = transcript(&host.messages("s-boss2").await);
     assert_eq!(transcript.len(), 4, "{transcript:?}");
     assert!(
-        transcript[2].starts_with("tool helper/call_h: ") && transcript[2].contains("already exists"),
+        transcript[2].starts_with("tool helper/call_h: ") && transcript[2].contains("is not available"),
         "the delegation fails with the reason: {transcript:?}"
     );
     // Nothing reached the foreign session.

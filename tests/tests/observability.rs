@@ -231,3 +231,29 @@ async fn a_turn_keeps_its_trace_id_across_a_retried_delivery() {
     assert_eq!(traceparent(model_calls[0].header("traceparent")).0, seen[0].0);
     host.stop().await;
 }
+
+/// Labels come only from the configuration and the providers' known usage fields: a reply
+/// naming its own model and inventing usage fields adds no series (each would be a metric the
+/// host keeps for good, so a hostile provider or worker could grow the host without bound).
+#[tokio::test(flavor = "multi_thread")]
+async fn metric_labels_come_only_from_the_configuration_and_known_usage_fields() {
+    let openai = FakeOpenAi::start().await;
+    let body = json!({
+        "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "attacker-model-1",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hello."}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 2, "attacker_field_1": 5, "attacker_field_2": 6},
+    });
+    openai.push(Reply::raw(200, "application/json", body.to_string()));
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(&config(&openai, ""), dir.path()).await;
+    let turn = host.submit_ok("s-labels", &message("hi")).await;
+    host.wait_turn("s-labels", &turn).await;
+    let text = host.http().get(format!("{}/metrics", host.url())).send().await.unwrap().text().await.unwrap();
+    assert!(!text.contains("attacker"), "{text}");
+    let got = samples(&text);
+    assert_eq!(
+        got.get(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="prompt_tokens"}"#),
+        Some(&7.0)
+    );
+    host.stop().await;
+}

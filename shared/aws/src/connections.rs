@@ -2,15 +2,16 @@
 //!
 //! | `PK`                | `SK`                | item                                                |
 //! |---------------------|---------------------|-----------------------------------------------------|
-//! | `W#<connection id>` | `W`                 | a WebSocket connection: `caller` (JSON), `client_id`, `chats` (the sessions it subscribed to), `ttl` |
-//! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `ttl` |
+//! | `W#<connection id>` | `W`                 | a WebSocket connection: `caller` (JSON, with its token's expiry), `client_id`, `chats` (the sessions it subscribed to), `ttl` |
+//! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `expires_at` (its caller's token's expiry, if any), `ttl` |
 //! | `R`                 | `W#<connection id>` | a subscription to the root channel: `caller` (JSON), `ttl` |
 //!
 //! A subscription lives in its session's partition, so whichever function commits the session
 //! finds its subscribers with one strongly consistent query (`SK` beginning with `W#`, after
 //! every other item of a session). Both items carry `ttl` (epoch seconds, the table's TTL
 //! attribute): API Gateway closes a connection after 2 hours at most, and a `$disconnect`
-//! that never came leaves nothing behind for long.
+//! that never came leaves nothing behind for long. A connection whose token expires sooner has
+//! its records expire with it.
 //!
 //! Root subscriptions share one fixed partition, so a function that commits a session's
 //! creation finds them all with one strongly consistent query, and checks each caller without
@@ -46,6 +47,8 @@ const CLIENT_ID: &str = "client_id";
 const CHATS: &str = "chats";
 /// A subscription's position (N).
 const SERVER_SEQ: &str = "server_seq";
+/// When a subscription's caller's token expires (N, epoch seconds).
+const EXPIRES_AT: &str = "expires_at";
 
 /// The registry on a DynamoDB table.
 #[derive(Debug, Clone)]
@@ -72,7 +75,6 @@ impl DynamoRegistry {
         items::key(session, format!("{SUBSCRIPTION_PREFIX}{id}"))
     }
 
-    /// When records written now expire.
     /// Writes `item` whole.
     async fn put(&self, item: items::Item) -> Result<(), RegistryError> {
         self.client
@@ -118,9 +120,12 @@ impl DynamoRegistry {
         }
     }
 
-    fn expiry() -> AttributeValue {
+    /// When records written now for a caller whose token expires at `expires_at` expire: with
+    /// the connection (2 hours), or with the token if that is sooner.
+    fn expiry(expires_at: Option<u64>) -> AttributeValue {
         let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
-        items::n(now + CONNECTION_LIFETIME_SECS)
+        let lifetime = now + CONNECTION_LIFETIME_SECS;
+        items::n(expires_at.map_or(lifetime, |at| at.min(lifetime)))
     }
 }
 
@@ -134,7 +139,7 @@ impl Registry for DynamoRegistry {
     async fn connect(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
         let mut item = Self::connection_key(id);
         item.insert(CALLER.to_owned(), items::s(caller_to_json(caller)));
-        item.insert(TTL.to_owned(), Self::expiry());
+        item.insert(TTL.to_owned(), Self::expiry(caller.expires_at()));
         self.put(item).await
     }
 
@@ -151,7 +156,11 @@ impl Registry for DynamoRegistry {
         let Some(item) = out.item else { return Ok(None) };
         let caller = caller_from_json(items::get_s(&item, CALLER).unwrap_or_default())?;
         let client_id = items::get_s(&item, CLIENT_ID).unwrap_or_default().to_owned();
-        Ok(Some(ConnectionRecord { caller, client_id }))
+        let chats = match item.get(CHATS) {
+            Some(AttributeValue::Ss(chats)) => chats.iter().map(|c| SessionId::from(c.as_str())).collect(),
+            _ => Vec::new(),
+        };
+        Ok(Some(ConnectionRecord { caller, client_id, chats }))
     }
 
     async fn set_client_id(&self, id: &str, client_id: &str) -> Result<(), RegistryError> {
@@ -182,7 +191,13 @@ impl Registry for DynamoRegistry {
         Ok(())
     }
 
-    async fn subscribe(&self, id: &str, session: &SessionId, server_seq: u64) -> Result<(), RegistryError> {
+    async fn subscribe(
+        &self,
+        id: &str,
+        session: &SessionId,
+        server_seq: u64,
+        expires_at: Option<u64>,
+    ) -> Result<(), RegistryError> {
         // The connection names the session first, so a disconnect always finds the
         // subscription; a connection that is gone is not subscribed.
         self.client
@@ -199,7 +214,10 @@ impl Registry for DynamoRegistry {
             .map_err(|e| failed("UpdateItem", e))?;
         let mut item = Self::subscription_key(id, session);
         item.insert(SERVER_SEQ.to_owned(), items::n(server_seq));
-        item.insert(TTL.to_owned(), Self::expiry());
+        if let Some(at) = expires_at {
+            item.insert(EXPIRES_AT.to_owned(), items::n(at));
+        }
+        item.insert(TTL.to_owned(), Self::expiry(expires_at));
         self.put(item).await
     }
 
@@ -257,7 +275,7 @@ impl Registry for DynamoRegistry {
     async fn subscribe_root(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
         let mut item = Self::root_key(id);
         item.insert(CALLER.to_owned(), items::s(caller_to_json(caller)));
-        item.insert(TTL.to_owned(), Self::expiry());
+        item.insert(TTL.to_owned(), Self::expiry(caller.expires_at()));
         self.put(item).await
     }
 
@@ -288,7 +306,11 @@ impl Registry for DynamoRegistry {
         Ok(found
             .into_iter()
             .filter_map(|(connection_id, item)| {
-                Some(Subscriber { connection_id, server_seq: items::get_u64(&item, SERVER_SEQ)? })
+                Some(Subscriber {
+                    connection_id,
+                    server_seq: items::get_u64(&item, SERVER_SEQ)?,
+                    expires_at: items::get_u64(&item, EXPIRES_AT),
+                })
             })
             .collect())
     }

@@ -1,5 +1,6 @@
 //! Frames to AHP connections through API Gateway's Management API (`PostToConnection`,
-//! `POST /@connections/{id}` with the frame as the body): the WebSocket API's connections
+//! `POST /@connections/{id}` with the frame as the body; `DeleteConnection` to close one whose
+//! token expired): the WebSocket API's connections
 //! reached from any function that has `execute-api:ManageConnections` on it.
 
 use async_trait::async_trait;
@@ -44,5 +45,18 @@ impl Frames for ManagementFrames {
 
     fn max_frame(&self) -> usize {
         MAX_MESSAGE
+    }
+
+    /// `DeleteConnection` (`DELETE /@connections/{id}`): API Gateway closes the socket. One
+    /// that is gone already (410) is closed.
+    async fn close(&self, id: &str) -> Result<(), RegistryError> {
+        match self.client.delete_connection().connection_id(id).send().await {
+            Ok(_) => Ok(()),
+            Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 410) => Ok(()),
+            Err(e) => Err(RegistryError(format!(
+                "DeleteConnection {id} failed: {}",
+                aws_sdk_apigatewaymanagement::error::DisplayErrorContext(e)
+            ))),
+        }
     }
 }

@@ -52,6 +52,8 @@ const BOB_KEY: &str = "k3y-bob";
 struct Management {
     frames: Mutex<Vec<(String, String)>>,
     gone: Mutex<HashSet<String>>,
+    /// Connections closed with `DeleteConnection`.
+    closed: Mutex<Vec<String>>,
 }
 
 impl Management {
@@ -86,11 +88,32 @@ async fn post_to_connection(
     (StatusCode::OK, headers, String::new())
 }
 
+/// `DeleteConnection`: `DELETE /{stage}/@connections/{id}` answers 204 with no body, or 410
+/// `GoneException` for a connection that is not open (API Gateway Management API reference,
+/// DeleteConnection).
+async fn delete_connection(
+    State(management): State<Arc<Management>>,
+    Path((_stage, id)): Path<(String, String)>,
+) -> (StatusCode, HeaderMap, String) {
+    let mut headers = HeaderMap::new();
+    if management.gone.lock().unwrap().contains(&id) {
+        headers.insert("content-type", "application/json".parse().unwrap());
+        headers.insert("x-amzn-errortype", "GoneException".parse().unwrap());
+        return (StatusCode::GONE, headers, r#"{"message":null}"#.to_owned());
+    }
+    management.gone.lock().unwrap().insert(id.clone());
+    management.closed.lock().unwrap().push(id);
+    (StatusCode::NO_CONTENT, headers, String::new())
+}
+
 /// Serves the fake Management API; its endpoint as the functions are given it (with the stage).
 async fn management() -> (Arc<Management>, String) {
     let management = Arc::new(Management::default());
     let router = axum::Router::new()
-        .route("/{stage}/@connections/{id}", axum::routing::post(post_to_connection))
+        .route(
+            "/{stage}/@connections/{id}",
+            axum::routing::post(post_to_connection).delete(delete_connection),
+        )
         .with_state(Arc::clone(&management));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -719,4 +742,80 @@ async fn root_subscribers_hear_of_the_sessions_they_may_read() {
         sessions_added(&world.management.frames_of("root-b")[before.1..]).is_empty(),
         "none after unsubscribe"
     );
+}
+
+/// A `$connect` event whose URL carries `query` (`?tkn=...`, where a browser's WebSocket puts
+/// its token), with `authorization` on the upgrade if given.
+fn connect_with_query(
+    connection: &str,
+    authorization: Option<&str>,
+    query: &[(&str, &str)],
+) -> ApiGatewayWebsocketProxyRequest {
+    let mut event = serde_json::to_value(connect_event(connection, authorization)).unwrap();
+    let single: serde_json::Map<String, Value> =
+        query.iter().map(|(k, v)| ((*k).to_owned(), json!(v))).collect();
+    let multi: serde_json::Map<String, Value> =
+        query.iter().map(|(k, v)| ((*k).to_owned(), json!([v]))).collect();
+    event["queryStringParameters"] = Value::Object(single);
+    event["multiValueQueryStringParameters"] = Value::Object(multi);
+    serde_json::from_value(event).unwrap()
+}
+
+/// `$connect` takes the token from `tkn` when the upgrade has no `Authorization` header; a
+/// connection whose token expired (its records carry the expiry, as `$connect` and `subscribe`
+/// record a JWT's) is pushed nothing, its messages are refused with -32007, and its records go.
+#[tokio::test]
+async fn connections_take_tkn_and_end_with_their_token() {
+    let world = World::new().await;
+    let registry = Arc::clone(world.ahp.ahp.as_ref().unwrap().registry());
+    assert_eq!(world.event(connect_with_query("q-bad", None, &[("tkn", "nope")])).await, 401);
+    assert_eq!(world.event(connect_with_query("q-both", Some("Bearer nope"), &[("tkn", KEY)])).await, 401);
+    assert_eq!(world.event(connect_with_query("q1", None, &[("tkn", KEY)])).await, 200);
+    world.request("q1", "initialize", initialize()).await;
+    let created = world
+        .request("q1", "createSession", json!({"channel": "ahp-session:/s1", "provider": "helper"}))
+        .await;
+    assert_eq!(created["result"], Value::Null, "{created}");
+    world.request("q1", "subscribe", json!({"channel": "ahp-chat:/s1"})).await;
+    let record = registry.connection("q1").await.unwrap().unwrap();
+    assert_eq!(record.chats, vec![turnstone_engine::ids::SessionId::from("s1")], "{record:?}");
+    assert_eq!(
+        registry.subscribers(&"s1".into()).await.unwrap()[0].expires_at,
+        None,
+        "a key does not expire"
+    );
+
+    // Alice again, by a token that expired 10 s ago, subscribed to s1's chat and the root.
+    #[allow(clippy::disallowed_methods)] // a token's expiry is wall-clock time
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let past = now - 10;
+    let turnstone_runtime::auth::Caller::Client { identity, .. } =
+        turnstone_runtime::auth::Caller::client(turnstone_runtime::auth::Kind::Client, "alice")
+    else {
+        unreachable!()
+    };
+    let expired = turnstone_runtime::auth::Caller::Client { identity, expires_at: Some(past) };
+    registry.connect("old", &expired).await.unwrap();
+    registry.subscribe("old", &"s1".into(), 0, Some(past)).await.unwrap();
+    registry.subscribe_root("old", &expired).await.unwrap();
+    let subscribers = registry.subscribers(&"s1".into()).await.unwrap();
+    assert_eq!(subscribers.iter().find(|s| s.connection_id == "old").unwrap().expires_at, Some(past));
+
+    // A turn reaches q1 and nothing reaches `old`, whose records are removed.
+    let seen = world.management.frames_of("q1").len();
+    world.turn("q1", "s1", "t1", "hello").await;
+    assert!(world.management.frames_of("q1").len() > seen, "the turn was pushed to q1");
+    assert!(world.management.frames_of("old").is_empty(), "nothing is pushed past the expiry");
+    assert!(registry.connection("old").await.unwrap().is_none(), "its records are removed");
+    let subscribers = registry.subscribers(&"s1".into()).await.unwrap();
+    assert_eq!(subscribers.iter().map(|s| s.connection_id.as_str()).collect::<Vec<_>>(), ["q1"]);
+    assert!(registry.root_subscribers().await.unwrap().is_empty());
+    assert_eq!(*world.management.closed.lock().unwrap(), ["old"], "API Gateway is told to close it");
+
+    // A message on an expired connection is refused with -32007, and the connection is gone.
+    registry.connect("old2", &expired).await.unwrap();
+    let refused = world.request("old2", "listSessions", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert_eq!(refused["error"]["code"], -32007, "{refused}");
+    assert!(registry.connection("old2").await.unwrap().is_none());
+    assert_eq!(*world.management.closed.lock().unwrap(), ["old", "old2"]);
 }

@@ -78,7 +78,7 @@ async fn a_function_starts_from_ssm_and_secrets_manager_and_runs_a_turn() {
     let auth = deployment.http.auth.as_ref().expect("[auth] from the configuration");
     let alice = auth.authenticate(Some("Bearer k3y-alice")).unwrap();
     assert!(
-        matches!(&alice, Caller::Client(identity) if identity.id.as_deref() == Some("alice")),
+        matches!(&alice, Caller::Client { identity, .. } if identity.id.as_deref() == Some("client:alice")),
         "{alice:?}"
     );
 

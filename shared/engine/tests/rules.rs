@@ -873,11 +873,34 @@ fn send(session_id: &str, text: &str) -> Action {
 }
 
 /// A worker session `p` with a turn running and a live client.messages decision.
+/// A worker agent's session `p` in a turn; its agent declares the sub-agent `helper`.
 fn worker_in_turn() -> Harness {
-    let mut h = harness("p", init("w", Some(agent("m")), true));
+    let mut config = agent("m");
+    config.sub_agents = Some(vec![SubAgent { id: "helper".into(), description: None }]);
+    let mut h = harness("p", init("w", Some(config), true));
     h.accept();
     h.exec(message("w", "go"));
     h
+}
+
+#[test]
+fn a_spawn_of_an_agent_the_config_does_not_declare_is_an_invalid_response() {
+    let mut h = worker_in_turn();
+    let mut other = spawn("c", "t1", None);
+    if let Action::SubAgentSpawn(a) = &mut other {
+        a.agent_id = "billing".into();
+    }
+    h.answer(respond(vec![spawn("ok", "t0", None), other]));
+    assert_invalid_response(&h, "actions[1].agent_id");
+    let error = h.last_turn().error.clone().unwrap();
+    assert!(error.contains("\"billing\" is not one of this agent's sub_agents (helper)"), "{error}");
+    // An agent that declares no sub-agents may spawn none.
+    let mut h = harness("p", init("w", Some(agent("m")), true));
+    h.accept();
+    h.exec(message("w", "go"));
+    h.answer(respond(vec![spawn("c", "t1", None)]));
+    assert_invalid_response(&h, "actions[0].agent_id");
+    assert!(h.last_turn().error.clone().unwrap().contains("it declares none"));
 }
 
 fn assert_invalid_response(h: &Harness, path: &str) {
@@ -941,12 +964,14 @@ fn a_spawn_the_runtime_refuses_settles_the_delegation_and_the_turn_goes_on() {
     // The runtime's check: the existing session is someone else's child (or a top-level one).
     let foreign = harness("foreign", init("helper", Some(agent("m")), false));
     let why = spawned.check_existing(&foreign.session).unwrap_err();
-    assert!(why.contains("\"foreign\"") && why.contains("a top-level session"), "{why}");
+    assert!(why.contains("\"foreign\"") && why.contains("not available"), "{why}");
+    // Nothing of the other session: not its agent, not that it has no parent.
+    assert!(!why.contains("helper") && !why.contains("top-level"), "{why}");
     let mut ours = init("helper", Some(agent("m")), false);
     ours.parent = Some(spawned.parent.clone());
     assert_eq!(spawned.check_existing(&harness("foreign", ours).session), Ok(()), "a redelivered spawn");
     let (target, command) =
-        spawned.failed(why.replace("already exists", "exists and is not this session's child"));
+        spawned.failed(why.replace("not available", "not available: not this session's child"));
     assert_eq!(target, "p");
     h.exec(command);
     h.exec(Command::OutboxDelivered { seq });

@@ -1,6 +1,7 @@
 //! The `ahp` function: the Agent Host Protocol behind API Gateway's WebSocket API. Each
 //! invocation is one event of one connection: `$connect` (the upgrade, authenticated by its
-//! `Authorization` header; refused with 401), `$default` (one JSON-RPC message, answered through
+//! `Authorization` header or, without one, by the `tkn` query parameter a browser's WebSocket
+//! carries its token in; refused with 401), `$default` (one JSON-RPC message, answered through
 //! the Management API) or `$disconnect`.
 
 use std::sync::Arc;
@@ -23,8 +24,8 @@ pub async fn handle(
     let route = context.route_key.as_deref().unwrap_or("$default");
     let response = match route {
         "$connect" => {
-            let authorization = request.headers.get("authorization").and_then(|v| v.to_str().ok());
-            match gateway.connect(connection_id, authorization).await {
+            let (authorization, token) = credentials(&request);
+            match gateway.connect(connection_id, authorization, token).await {
                 Ok(()) => answer(200, ""),
                 Err(ConnectError::Unauthorized(e)) => answer(401, &e.to_string()),
                 Err(e) => {
@@ -55,6 +56,13 @@ pub async fn handle(
     response
 }
 
+/// The upgrade's `Authorization` header and its `tkn` query parameter (the gateway prefers the
+/// header when both are there).
+fn credentials(request: &ApiGatewayWebsocketProxyRequest) -> (Option<&str>, Option<&str>) {
+    let authorization = request.headers.get("authorization").and_then(|v| v.to_str().ok());
+    (authorization, request.query_string_parameters.first("tkn"))
+}
+
 fn answer(status: i64, body: &str) -> ApiGatewayProxyResponse {
     // Non-exhaustive: built from its default.
     let mut response = ApiGatewayProxyResponse::default();
@@ -78,4 +86,57 @@ pub async fn run_ahp(app: Arc<App>, gateway: Arc<Gateway>) -> Result<(), lambda_
         },
     ))
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    // Test code: a failed unwrap is a failed test.
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// A `$connect` event as API Gateway sends it, with `query` (`tkn=...`) on the upgrade's URL.
+    fn connect(authorization: Option<&str>, query: &[(&str, &str)]) -> ApiGatewayWebsocketProxyRequest {
+        let mut headers = serde_json::json!({"Host": "abc123.execute-api.us-east-1.amazonaws.com"});
+        if let Some(authorization) = authorization {
+            headers["Authorization"] = serde_json::json!(authorization);
+        }
+        let single: serde_json::Map<String, serde_json::Value> =
+            query.iter().map(|(k, v)| ((*k).to_owned(), serde_json::json!(v))).collect();
+        let multi: serde_json::Map<String, serde_json::Value> =
+            query.iter().map(|(k, v)| ((*k).to_owned(), serde_json::json!([v]))).collect();
+        serde_json::from_value(serde_json::json!({
+            "headers": headers,
+            "queryStringParameters": single,
+            "multiValueQueryStringParameters": multi,
+            "requestContext": {
+                "routeKey": "$connect",
+                "eventType": "CONNECT",
+                "extendedRequestId": "Ab1CdEfGhIjKlMn=",
+                "requestTime": "09/Feb/2025:10:00:00 +0000",
+                "messageDirection": "IN",
+                "stage": "dev",
+                "connectedAt": 1739095200000_i64,
+                "requestTimeEpoch": 1739095200123_i64,
+                "identity": {"sourceIp": "203.0.113.7", "userAgent": "ahp-test"},
+                "requestId": "Ab1CdEfGhIjKlMn=",
+                "domainName": "abc123.execute-api.us-east-1.amazonaws.com",
+                "connectionId": "c1",
+                "apiId": "abc123"
+            },
+            "isBase64Encoded": false
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_token_comes_from_the_header_or_the_tkn_parameter() {
+        assert_eq!(credentials(&connect(Some("Bearer k1"), &[])), (Some("Bearer k1"), None));
+        assert_eq!(credentials(&connect(None, &[("tkn", "k2")])), (None, Some("k2")));
+        assert_eq!(
+            credentials(&connect(Some("Bearer k1"), &[("tkn", "k2")])),
+            (Some("Bearer k1"), Some("k2"))
+        );
+        assert_eq!(credentials(&connect(None, &[("other", "x")])), (None, None));
+    }
 }

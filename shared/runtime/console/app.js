@@ -17,6 +17,8 @@ function h(tag, attrs = {}, ...children) {
     if (value === undefined || value === null || value === false) continue;
     if (name.startsWith("on")) el.addEventListener(name.slice(2), value);
     else if (name === "class") el.className = value;
+    // Through the CSSOM: the page's Content-Security-Policy refuses style attributes.
+    else if (name === "style") el.style.cssText = value;
     else if (name === "dataset") Object.assign(el.dataset, value);
     else if (name in el && typeof value !== "string") el[name] = value;
     else el.setAttribute(name, value === true ? "" : String(value));

@@ -45,6 +45,30 @@ pub enum Placement {
     Steer,
 }
 
+/// The body of `POST /v1/sessions`: a new session of an agent, with no turn yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionRequest {
+    /// The agent the session runs.
+    pub agent_id: String,
+    /// The new session's id; omitted: `s-<32 hex>`, minted from the OS's randomness. Session
+    /// ids are global (one namespace for every owner), so an id others must not guess is
+    /// best left to the host.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schemars(schema_with = "crate::openapi::new_session_id"))]
+    pub session_id: Option<SessionId>,
+}
+
+/// `201` (created) or `200` (the caller's own session of that id existed already) to
+/// `POST /v1/sessions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+pub struct CreatedSession {
+    pub session_id: SessionId,
+    pub agent_id: String,
+}
+
 /// The body of `POST /v1/sessions/{id}/forks`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
@@ -52,7 +76,7 @@ pub enum Placement {
 pub struct ForkRequest {
     /// The completed turn the fork's history runs through.
     pub turn_id: TurnId,
-    /// The new session's id; omitted: `fork-<16 hex>`.
+    /// The new session's id; omitted: `fork-<32 hex>`.
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schemars(schema_with = "crate::openapi::new_session_id"))]
     pub session_id: Option<SessionId>,

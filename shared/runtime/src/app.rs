@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 use turnstone_engine::ids::{SessionId, TurnId};
-use turnstone_engine::protocol::{AgentConfig, ClientInput, WorkerIdentity};
+use turnstone_engine::protocol::{Action, AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
-    Budget, CallSpec, Command, Ctx, Defaults, Effect, Event, Plan, Rejection, Session, SessionInit, Tree,
-    TurnOrigin, TurnRecord, UsedId, UsedIds, handle,
+    Budget, CallSpec, Command, Ctx, Defaults, Effect, Event, ParentLink, Plan, Rejection, Session,
+    SessionInit, Tree, TurnOrigin, TurnRecord, UsedId, UsedIds, handle,
 };
 use turnstone_engine::time::Timestamp;
 
 use crate::api::{Placement, Submitted};
-use crate::auth::{Access, Caller};
+use crate::auth::{Access, Caller, Settler};
 use crate::clock::Clock;
 use crate::config::LimitsConfig;
 use crate::error::{Error, Result};
@@ -153,6 +153,7 @@ impl App {
     /// seed to the same ids. Two apps over one store must be given different seeds.
     pub fn with_seed(parts: Parts, seed: u64) -> Arc<Self> {
         let sole_writer = parts.claim_ahead && parts.store.exclusive();
+        let metrics = Metrics::for_models(parts.agents.values().map(|agent| agent.declared.model.clone()));
         Arc::new(App {
             store: parts.store,
             queue: parts.queue,
@@ -170,7 +171,7 @@ impl App {
             entropy: AtomicU64::new(seed),
             created: broadcast::channel(CREATED_BUFFER).0,
             removed: broadcast::channel(CREATED_BUFFER).0,
-            metrics: Metrics::default(),
+            metrics,
         })
     }
 
@@ -229,25 +230,38 @@ impl App {
         Ok(disposed)
     }
 
-    /// The sub-agent sessions session `session_id` started, from its log.
+    /// The sub-agent sessions session `session_id` started: of the sessions its log's
+    /// delegations name, those whose recorded parent is this session and that delegation's
+    /// call. A delegation whose spawn failed or was refused (the id was another session's)
+    /// names a session that is not its child, and that session is left alone.
     async fn children(&self, session_id: &str) -> Result<Vec<SessionId>> {
         const PAGE: usize = 1000;
-        let mut children = Vec::new();
+        let mut named = Vec::new();
         let mut after = 0;
         loop {
             let events = self.store.events_after(session_id, after, PAGE).await?;
             for logged in &events {
                 if let Event::CallCreated { call } = &logged.event
-                    && let CallSpec::SubAgent { session_id, .. } = &call.spec
+                    && let CallSpec::SubAgent { session_id: child, .. } = &call.spec
                 {
-                    children.push(session_id.clone());
+                    let link = ParentLink { session_id: session_id.into(), tool_call_id: call.id.clone() };
+                    named.push((child.clone(), link));
                 }
             }
             match events.last() {
                 Some(last) if events.len() == PAGE => after = last.seq,
-                _ => return Ok(children),
+                _ => break,
             }
         }
+        let mut children = Vec::new();
+        for (child, link) in named {
+            if let Some(loaded) = self.store.load(&child).await?
+                && loaded.session.parent() == Some(&link)
+            {
+                children.push(child);
+            }
+        }
+        Ok(children)
     }
 
     /// What this process committed, counted (`GET /metrics`, EMF lines on Lambda).
@@ -268,6 +282,11 @@ impl App {
     /// The clock.
     pub fn now(&self) -> Timestamp {
         self.clock.now()
+    }
+
+    /// The host's limits (`[limits]`).
+    pub fn limits(&self) -> &LimitsConfig {
+        &self.limits
     }
 
     /// An agent by id.
@@ -672,6 +691,37 @@ impl App {
     ) -> Result<Executed> {
         self.command_where(session_id, None, Mode::default(), command, |session| caller.may(access, session))
             .await
+    }
+
+    /// Settles a call of session `session_id` with `action` (`calls/settle`), if `caller` may:
+    /// it must reach the session ([`Access::Settle`]) and answer calls of the call's side
+    /// ([`Caller::may_settle`]): a client settles only client-handled calls, a machine key
+    /// only those its worker runs. A refused settle writes nothing. A call the session does
+    /// not have is left to the engine to refuse (`unknown_call`).
+    pub async fn settle_as(&self, session_id: &str, caller: &Caller, action: Action) -> Result<Executed> {
+        let call_id = match &action {
+            Action::ToolResult(a) => a.id.clone(),
+            Action::ToolError(a) | Action::LlmError(a) => a.id.clone(),
+            Action::LlmResult(a) => a.id.clone(),
+            _ => None,
+        };
+        self.execute_with(session_id, None, Mode::default(), |session| {
+            if !session.is_created() || !caller.may(Access::Settle, session) {
+                return Err(Error::SessionNotFound(session_id.to_owned()));
+            }
+            if let Some(call) = call_id.as_ref().and_then(|id| session.call(id)) {
+                let (settler, whose) = if call.is_client_tool() {
+                    (Settler::Client, "a client tool's call, answered by the session's client")
+                } else {
+                    (Settler::Worker, "run by the agent's worker, answered with its machine key")
+                };
+                if !caller.may_settle(settler) {
+                    return Err(Error::SettleForbidden { call_id: call.id.to_string(), whose });
+                }
+            }
+            Ok(vec![Command::Settle { action: action.clone() }])
+        })
+        .await
     }
 
     /// Runs one command against an existing session.

@@ -142,6 +142,8 @@ pub fn http(config: &Config, secrets: &Secrets) -> HttpConfig {
     HttpConfig {
         max_body_bytes: config.server.max_body_bytes,
         auth: Authenticator::new(config.auth.as_ref(), secrets).map(Arc::new),
+        expose_internal_events: config.server.expose_internal_events,
+        streams_per_caller: config.limits.streams_per_caller,
         ..HttpConfig::default()
     }
 }

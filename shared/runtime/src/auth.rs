@@ -3,11 +3,17 @@
 //! With `[auth]` configured, every request presents `Authorization: Bearer <token>`, and the
 //! token is one of:
 //! - a **client key** (`api_keys_env`) or an **HS256 JWT** (`jwt_secret_env`, `sub` is the
-//!   identity, `exp` required, `iss`/`aud` checked when configured): a client, which owns the
-//!   sessions it creates and can reach no other;
+//!   identity, `exp` required, `nbf` checked, `iss`/`aud` checked when configured): a client,
+//!   which owns the sessions it creates and can reach no other;
 //! - a **machine key** (`machine_keys_env`): a worker, which may only settle calls
-//!   (`calls/settle`) of sessions whose agent it serves (`[auth.machines]`);
+//!   (`calls/settle`) of sessions whose agent it serves (`[auth.machines]`), and only the
+//!   calls its worker runs;
 //! - an **admin key** (`admin_keys_env`): may read every session, and owns what it creates.
+//!
+//! Identities are typed: a session's owner is `client:<key name>`, `jwt:<sub>` or
+//! `admin:<key name>` ([`owner_id`]), so names of different kinds never meet. A JWT's subject
+//! is the client key of the same name (`client:<sub>`) only with `[auth]
+//! jwt_sub_is_api_key_name = true`.
 //!
 //! A session the caller may not reach answers exactly as one that does not exist (404
 //! `session_not_found`), so ids do not leak. Without `[auth]` (loopback development) every
@@ -22,13 +28,47 @@ use turnstone_engine::session::Session;
 
 use crate::config::{AuthConfig, Secrets};
 
+/// The kind of an identity. Names of different kinds never meet: a client key, an admin key
+/// and a JWT subject may all be called `root` and are three identities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A client key (`api_keys_env`), or a JWT when `jwt_sub_is_api_key_name` says so.
+    Client,
+    /// An HS256 JWT's `sub`.
+    Jwt,
+    /// An admin key.
+    Admin,
+}
+
+impl Kind {
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::Client => "client",
+            Kind::Jwt => "jwt",
+            Kind::Admin => "admin",
+        }
+    }
+}
+
+/// `kind:name`: the owner id a session records (`WorkerIdentity.id`, the summary's `owner`,
+/// `?owner=`). The kind comes first and ends at the first `:`, so no name of one kind can
+/// spell another kind's id.
+pub fn owner_id(kind: Kind, name: &str) -> String {
+    format!("{}:{name}", kind.prefix())
+}
+
 /// A verified caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
     /// No `[auth]`: everything is allowed, sessions have no owner.
     Anyone,
-    /// A client (API key or JWT): owns the sessions it creates.
-    Client(WorkerIdentity),
+    /// A client (API key or JWT): owns the sessions it creates. `identity.id` is its typed
+    /// owner id ([`owner_id`]).
+    Client {
+        identity: WorkerIdentity,
+        /// When its token stops being valid (a JWT's `exp`, Unix seconds); `None`: a key.
+        expires_at: Option<u64>,
+    },
     /// A worker's machine key: settles calls of the agents it serves.
     Machine { name: String, agents: AgentScope },
     /// An admin key: reads every session.
@@ -57,7 +97,7 @@ impl AgentScope {
 pub enum Listing {
     /// Every session (optionally filtered by `?owner=`).
     Any,
-    /// Only those this identity owns.
+    /// Only those this owner id owns.
     OwnedBy(String),
     /// None: the caller is not a client.
     Nothing,
@@ -79,39 +119,87 @@ impl Listing {
 pub enum Access {
     /// Summary, messages, turns, events, the event stream.
     Read,
-    /// Inputs and cancel.
+    /// Inputs, cancel, forks, disposal.
     Drive,
-    /// `calls/settle`.
+    /// `calls/settle`. Which calls a caller may settle is [`Caller::may_settle`]'s.
     Settle,
 }
 
+/// Who may settle a call: its handler's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settler {
+    /// A client-handled call (`handler: "client"`, or a tool the client brought): the
+    /// session's owner answers it.
+    Client,
+    /// A call the worker runs (a worker tool, a worker-run model call): the agent's machine
+    /// keys answer it.
+    Worker,
+}
+
 impl Caller {
+    /// A client identified by a key or a token of `kind` (`Client` or `Jwt`).
+    pub fn client(kind: Kind, name: &str) -> Caller {
+        Caller::Client {
+            identity: WorkerIdentity { id: Some(owner_id(kind, name)), metadata: None },
+            expires_at: None,
+        }
+    }
+
     /// The identity that owns a session this caller creates; `None` for callers that cannot
     /// create sessions (machines).
     pub fn owner(&self) -> Option<WorkerIdentity> {
         match self {
             Caller::Anyone => Some(WorkerIdentity::default()),
-            Caller::Client(identity) => Some(identity.clone()),
-            Caller::Admin { name } => Some(WorkerIdentity { id: Some(name.clone()), metadata: None }),
+            Caller::Client { identity, .. } => Some(identity.clone()),
+            Caller::Admin { name } => {
+                Some(WorkerIdentity { id: Some(owner_id(Kind::Admin, name)), metadata: None })
+            }
             Caller::Machine { .. } => None,
+        }
+    }
+
+    /// Who this caller is, as one string per identity (for per-caller caps); `None` for the
+    /// open host's caller, who is everyone.
+    pub fn key(&self) -> Option<String> {
+        match self {
+            Caller::Anyone => None,
+            Caller::Client { identity, .. } => identity.id.clone(),
+            Caller::Machine { name, .. } => Some(format!("machine:{name}")),
+            Caller::Admin { name } => Some(owner_id(Kind::Admin, name)),
+        }
+    }
+
+    /// When this caller's credential expires (Unix seconds): a socket it opened is closed
+    /// then. `None`: it does not expire.
+    pub fn expires_at(&self) -> Option<u64> {
+        match self {
+            Caller::Client { expires_at, .. } => *expires_at,
+            _ => None,
         }
     }
 
     /// Whether this caller may `access` `session` (which exists).
     pub fn may(&self, access: Access, session: &Session) -> bool {
         let owns = || {
-            let me = match self {
-                Caller::Client(identity) => identity.id.as_deref(),
-                Caller::Admin { name } => Some(name.as_str()),
-                Caller::Anyone | Caller::Machine { .. } => None,
-            };
-            me.is_some() && session.init().and_then(|i| i.identity.id.as_deref()) == me
+            let me = self.owner().and_then(|o| o.id);
+            me.is_some() && session.init().and_then(|i| i.identity.id.as_deref()) == me.as_deref()
         };
         match self {
             Caller::Anyone => true,
-            Caller::Client(_) => owns(),
+            Caller::Client { .. } => owns(),
             Caller::Admin { .. } => access == Access::Read || owns(),
             Caller::Machine { agents, .. } => access == Access::Settle && agents.serves(session.agent_id()),
+        }
+    }
+
+    /// Whether this caller, which may [`Access::Settle`] in the session, may settle a call
+    /// that `settler` answers. The owner answers its client's calls, the agent's machine keys
+    /// its worker's; an open host lets anyone answer anything.
+    pub fn may_settle(&self, settler: Settler) -> bool {
+        match self {
+            Caller::Anyone => true,
+            Caller::Client { .. } | Caller::Admin { .. } => settler == Settler::Client,
+            Caller::Machine { .. } => settler == Settler::Worker,
         }
     }
 
@@ -119,7 +207,7 @@ impl Caller {
     pub fn listing(&self) -> Listing {
         match self {
             Caller::Anyone | Caller::Admin { .. } => Listing::Any,
-            Caller::Client(identity) => identity.id.clone().map_or(Listing::Nothing, Listing::OwnedBy),
+            Caller::Client { identity, .. } => identity.id.clone().map_or(Listing::Nothing, Listing::OwnedBy),
             Caller::Machine { .. } => Listing::Nothing,
         }
     }
@@ -134,6 +222,8 @@ pub enum AuthError {
     Invalid,
     #[error("the token has expired")]
     Expired,
+    #[error("the token is not valid yet (nbf)")]
+    NotYetValid,
 }
 
 /// Checks bearer tokens against the configured keys and JWT settings.
@@ -148,7 +238,14 @@ struct Jwt {
     key: DecodingKey,
     validation: Validation,
     metadata_claims: Vec<String>,
+    /// The kind a token's `sub` names: [`Kind::Jwt`], or [`Kind::Client`] when
+    /// `jwt_sub_is_api_key_name` makes a subject the client key of that name.
+    kind: Kind,
 }
+
+/// The shortest HS256 secret accepted, in bytes: the hash's own output size (RFC 7518 section
+/// 3.2: "A key of the same size as the hash output ... or larger MUST be used").
+pub const MIN_JWT_SECRET_BYTES: usize = 32;
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -175,6 +272,8 @@ impl Authenticator {
             let mut validation = Validation::new(Algorithm::HS256);
             validation.leeway = 30;
             validation.set_required_spec_claims(&["exp", "sub"]);
+            // A token not valid yet is refused as one past its `exp` is.
+            validation.validate_nbf = true;
             if let Some(issuer) = &auth.jwt_issuer {
                 validation.set_issuer(&[issuer]);
             }
@@ -186,6 +285,7 @@ impl Authenticator {
                 key: DecodingKey::from_secret(secret.as_bytes()),
                 validation,
                 metadata_claims: auth.jwt_metadata_claims.clone(),
+                kind: if auth.jwt_sub_is_api_key_name { Kind::Client } else { Kind::Jwt },
             }
         });
         Some(Authenticator {
@@ -200,15 +300,21 @@ impl Authenticator {
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, AuthError> {
         let token = authorization
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
             .ok_or(AuthError::Missing)?;
+        self.authenticate_token(token)
+    }
+
+    /// The caller presenting `token` itself (a key or a JWT), however it arrived: the
+    /// `Authorization` header, or where a browser's WebSocket puts it (the `tkn` query
+    /// parameter). The same checks apply either way.
+    pub fn authenticate_token(&self, token: &str) -> Result<Caller, AuthError> {
+        let token = Some(token.trim()).filter(|t| !t.is_empty()).ok_or(AuthError::Missing)?;
         // Every key is compared, whatever matched first, so timing does not tell which list or
         // which position holds a key.
         let mut found: Option<Caller> = None;
         for (name, key) in &self.clients {
             if constant_time_eq(key.as_bytes(), token.as_bytes()) && found.is_none() {
-                found = Some(Caller::Client(WorkerIdentity { id: Some(name.clone()), metadata: None }));
+                found = Some(Caller::client(Kind::Client, name));
             }
         }
         for (name, key, agents) in &self.machines {
@@ -237,6 +343,7 @@ impl Jwt {
         let claims = jsonwebtoken::decode::<BTreeMap<String, Value>>(token, &self.key, &self.validation)
             .map_err(|e| match e.kind() {
                 ErrorKind::ExpiredSignature => AuthError::Expired,
+                ErrorKind::ImmatureSignature => AuthError::NotYetValid,
                 _ => AuthError::Invalid,
             })?
             .claims;
@@ -255,7 +362,9 @@ impl Jwt {
             })
             .collect();
         let metadata = (!metadata.is_empty()).then_some(metadata);
-        Ok(Caller::Client(WorkerIdentity { id: Some(sub.to_owned()), metadata }))
+        let expires_at = claims.get("exp").and_then(Value::as_u64);
+        let identity = WorkerIdentity { id: Some(owner_id(self.kind, sub)), metadata };
+        Ok(Caller::Client { identity, expires_at })
     }
 }
 

@@ -334,17 +334,24 @@ impl Dispatcher {
                 // A session that already has the child's id is left alone unless it is this
                 // delegation's own child (a redelivered spawn).
                 let mut refused: Option<String> = None;
-                let created = self
-                    .app
-                    .execute(&spawn.session_id, |s| {
-                        if s.is_created() {
-                            refused = spawn.check_existing(s).err();
-                            return Ok(Vec::new());
-                        }
-                        let base = self.app.session_init(&spawn.agent_id, spawn.identity.clone())?;
-                        Ok(vec![spawn.command(base)])
-                    })
-                    .await;
+                // A sub-agent's session is one of its owner's sessions: it counts toward
+                // `sessions_per_owner` as any other.
+                let created = match self.app.admit(&spawn.session_id, &spawn.identity).await {
+                    Err(e) if e.is_retryable() => return Err(e),
+                    Err(e) => Err(e),
+                    Ok(()) => {
+                        self.app
+                            .execute(&spawn.session_id, |s| {
+                                if s.is_created() {
+                                    refused = spawn.check_existing(s).err();
+                                    return Ok(Vec::new());
+                                }
+                                let base = self.app.session_init(&spawn.agent_id, spawn.identity.clone())?;
+                                Ok(vec![spawn.command(base)])
+                            })
+                            .await
+                    }
+                };
                 let failure = match created {
                     Err(e) => Some(format!("cannot start sub-agent {:?}: {e}", spawn.agent_id)),
                     Ok(_) => refused,

@@ -37,6 +37,10 @@ pub enum Error {
     /// The caller owns as many sessions as `[limits] sessions_per_owner` allows.
     #[error("this owner has {limit} sessions, the most allowed (limits.sessions_per_owner)")]
     TooManySessions { limit: usize },
+    /// The caller may reach the session but not settle this call: a client's calls are the
+    /// client's to answer, a worker's calls its machine keys'.
+    #[error("call {call_id:?} is {whose}; this caller may not settle it")]
+    SettleForbidden { call_id: String, whose: &'static str },
     /// Concurrent writers kept winning; the operation gave up.
     #[error("session {0:?} is too busy: gave up after repeated concurrent updates")]
     Contended(String),

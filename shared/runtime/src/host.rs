@@ -46,6 +46,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let Engine { app, dispatcher } = engine;
+    // Without `[auth]`, this host answers only this machine (see `http::OpenHost`).
+    let mut http = http;
+    if http.auth.is_none() {
+        http.open_host = Some(crate::http::OpenHost { addr: listener.local_addr()? });
+    }
     match dispatcher.recover(100_000).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(sessions = n, "resuming sessions with pending work"),

@@ -22,6 +22,7 @@ pub mod net;
 pub mod notify;
 #[cfg(feature = "openapi")]
 pub mod openapi;
+pub mod per_caller;
 pub mod pool;
 pub mod queue;
 pub mod store;

@@ -70,9 +70,29 @@ struct Started {
     at: Timestamp,
 }
 
+/// The usage fields counted as token kinds: the providers' documented top-level counts
+/// (OpenAI's `prompt_tokens`, `completion_tokens`, `total_tokens`; Anthropic's `input_tokens`,
+/// `output_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`). A reply is not
+/// trusted to name metrics: any other field is not counted, so labels stay bounded.
+const USAGE_KINDS: [&str; 7] = [
+    "prompt_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+];
+
+/// The model label of a call whose model is not one the configuration names.
+const OTHER_MODEL: &str = "other";
+
 /// The host's counters. Cheap to update (one lock per commit).
 #[derive(Default)]
 pub struct Metrics {
+    /// The model names the configuration gives its agents: the only `model` labels, besides
+    /// [`OTHER_MODEL`] (a reply's `model` and a worker's choice are not trusted to name one).
+    models: std::collections::BTreeSet<String>,
     /// Since the process started (Prometheus).
     total: Mutex<Counts>,
     /// Since the last EMF drain, with the latencies themselves.
@@ -95,6 +115,22 @@ struct Delta {
 }
 
 impl Metrics {
+    /// Counters whose `model` labels are among `models` (the configured agents' models).
+    pub fn for_models(models: impl IntoIterator<Item = String>) -> Self {
+        Metrics { models: models.into_iter().collect(), ..Metrics::default() }
+    }
+
+    /// The `model` label of LLM call `call_id` of `session`: the model it asked for, if the
+    /// configuration names it.
+    fn model_label(&self, session: &Session, call_id: &CallId) -> String {
+        let asked = session.call(call_id).and_then(|call| match &call.spec {
+            CallSpec::LlmCall { action, .. } => action.model.clone(),
+            _ => None,
+        });
+        let asked = asked.or_else(|| session.current_agent().map(|agent| agent.model.clone()));
+        asked.filter(|model| self.models.contains(model)).unwrap_or_else(|| OTHER_MODEL.to_owned())
+    }
+
     /// Counts the events of one commit of `session`, committed at `now`.
     pub fn observe(&self, session: &Session, events: &[Event], now: Timestamp) {
         let agent = session.agent_id().to_owned();
@@ -150,12 +186,14 @@ impl Metrics {
                     let value = outcome.as_ref().ok();
                     self.attempt_ended(session, call_id, *attempt, value, result, now, &label, &mut delta);
                     if let Some(CallValue::Llm(response)) = value {
-                        let labels = label(&[("model", response.model.clone())]);
+                        let labels = label(&[("model", self.model_label(session, call_id))]);
                         if let Some(Value::Object(usage)) = &response.usage {
-                            for (name, n) in usage.iter().filter_map(|(k, v)| Some((k, v.as_u64()?))) {
-                                let mut labels = labels.clone();
-                                labels.push(("kind", name.clone()));
-                                delta.tokens.push((labels, n));
+                            for kind in USAGE_KINDS {
+                                if let Some(n) = usage.get(kind).and_then(Value::as_u64) {
+                                    let mut labels = labels.clone();
+                                    labels.push(("kind", kind.to_owned()));
+                                    delta.tokens.push((labels, n));
+                                }
                             }
                         }
                         let mut usage = turnstone_engine::session::Usage::default();

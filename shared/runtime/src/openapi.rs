@@ -24,8 +24,8 @@ use serde_json::{Map, Value, json};
 use turnstone_engine::protocol::{Action, ClientInput, MessageTree};
 
 use crate::api::{
-    ActivePath, CancelRequest, Cancelled, Disposed, ErrorBody, EventPage, ForkRequest, Forked, SessionPage,
-    SessionSummary, Settled, Submitted, TokenDelta, Turn,
+    ActivePath, CancelRequest, Cancelled, CreateSessionRequest, CreatedSession, Disposed, ErrorBody,
+    EventPage, ForkRequest, Forked, SessionPage, SessionSummary, Settled, Submitted, TokenDelta, Turn,
 };
 
 /// The command that rewrites `openapi.json` from the code.
@@ -138,7 +138,11 @@ fn error_responses() -> Vec<(u16, &'static str, &'static str)> {
         (
             403,
             "Forbidden",
-            "The key may not do this: `forbidden` (a machine key only settles calls; with auth on, only an admin key reads `/metrics`).",
+            "The caller may not do this: `forbidden` (a machine key only settles calls; with auth \
+             on, only an admin key reads `/metrics`), `settle_forbidden` (a client settles only \
+             its client tools' calls, a machine key only the calls its worker runs), \
+             `cross_origin` (a host without `[auth]` takes state-changing requests and WebSocket \
+             upgrades only from its own pages).",
         ),
         (
             404,
@@ -160,7 +164,25 @@ fn error_responses() -> Vec<(u16, &'static str, &'static str)> {
             "The body is not a valid message of its type, or over a limit: `invalid_request`, \
              `param` naming the field (e.g. `message.role`); `agent_mismatch`.",
         ),
+        (
+            415,
+            "UnsupportedMediaType",
+            "On a host without `[auth]`, a body that is not declared JSON (`Content-Type: \
+             application/json`): `unsupported_media_type`.",
+        ),
+        (
+            421,
+            "MisdirectedRequest",
+            "On a host without `[auth]`, a `Host` that is neither a loopback name nor the host's \
+             own address: `misdirected_request`.",
+        ),
         (426, "UpgradeRequired", "Not a WebSocket upgrade: `websocket_required`."),
+        (
+            429,
+            "TooManyRequests",
+            "The caller holds as many as its limit allows open: `too_many_streams` \
+             (`[limits] streams_per_caller`), `too_many_sockets` (`sockets_per_caller`).",
+        ),
         (500, "InternalServerError", "The session's log could not be projected: `internal`."),
         (
             503,
@@ -187,6 +209,8 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
     let cancel = schema(|g| g.subschema_for::<CancelRequest>());
     let cancelled = schema(|g| g.subschema_for::<Cancelled>());
     let fork = schema(|g| g.subschema_for::<ForkRequest>());
+    let create_session = schema(|g| g.subschema_for::<CreateSessionRequest>());
+    let created = schema(|g| g.subschema_for::<CreatedSession>());
     let forked = schema(|g| g.subschema_for::<Forked>());
     let page = schema(|g| g.subschema_for::<SessionPage>());
     // Named in the event stream's description; listed under `components/schemas` by this.
@@ -222,6 +246,26 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             auth: true,
             links: Value::Null,
             example: None,
+        },
+        Op {
+            method: "post",
+            path: "/v1/sessions",
+            id: "createSession",
+            summary: "Create a session, with no turn yet",
+            description: "Owned by the caller. Session ids are global: without `session_id` the \
+                host mints one no one can guess (`s-<32 hex>`). An id of the caller's own session \
+                answers 200 with it (a retried create); an id taken by a session the caller may \
+                not reach answers 404, as every route does.",
+            params: vec![],
+            body: Some((create_session, true)),
+            ok: vec![
+                (201, "Created.", json_content(created.clone())),
+                (200, "The caller's session of that id exists already.", json_content(created)),
+            ],
+            errors: &[400, 401, 404, 409, 413, 422, 503],
+            auth: true,
+            links: Value::Null,
+            example: Some(json!({ "agent_id": "demo" })),
         },
         Op {
             method: "get",
@@ -386,7 +430,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
                 "The event stream.",
                 Some(json!({ "text/event-stream": { "schema": { "type": "string" } } })),
             )],
-            errors: &[400, 401, 404, 503],
+            errors: &[400, 401, 404, 429, 503],
             auth: true,
             links: Value::Null,
             example: None,
@@ -424,7 +468,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             params: vec![session_param()],
             body: Some((action, true)),
             ok: vec![(202, "Accepted.", json_content(settled))],
-            errors: &[400, 401, 404, 409, 413, 422, 503],
+            errors: &[400, 401, 403, 404, 409, 413, 422, 503],
             auth: true,
             links: Value::Null,
             example: None,
@@ -471,7 +515,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             params: vec![],
             body: None,
             ok: vec![(101, "Switching to the WebSocket.", None)],
-            errors: &[401, 426],
+            errors: &[401, 426, 429],
             auth: true,
             links: Value::Null,
             example: None,
@@ -596,7 +640,14 @@ pub fn document() -> Value {
             }
             responses.insert(status.to_string(), response);
         }
-        for status in op.errors {
+        // What a host without `[auth]` refuses before any route runs (`http::OpenHost`).
+        let changes_state = op.method != "get" || op.path == "/v1/ahp";
+        let open_host: &[u16] = match (changes_state, op.body.is_some()) {
+            (true, true) => &[403, 415, 421],
+            (true, false) => &[403, 421],
+            (false, _) => &[421],
+        };
+        for status in op.errors.iter().chain(open_host) {
             let name = errors.iter().find(|(s, ..)| s == status).map_or("", |(_, name, _)| *name);
             responses.insert(status.to_string(), json!({ "$ref": format!("#/components/responses/{name}") }));
         }

@@ -21,6 +21,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     apply_flags(&mut config, &args);
     let secrets = config.resolve_secrets(|name| std::env::var(name).ok())?;
     let addr = args.addr.unwrap_or(config.server.addr);
+    if config.auth.is_none() && !addr.ip().is_loopback() {
+        if !config.server.allow_anonymous {
+            anyhow::bail!(
+                "refusing to listen on {addr} without [auth]: every caller could read and drive every \
+                 session. Listen on loopback (127.0.0.1), configure [auth], or set [server] \
+                 allow_anonymous = true to serve anyone who can reach {addr}"
+            );
+        }
+        tracing::warn!(
+            target: LOG_TARGET,
+            "listening on {addr} with no [auth] (allow_anonymous = true): anyone who reaches it may read and drive every session"
+        );
+    }
     let (backing, data) = match config.server.backend {
         Backend::Local => {
             let data_dir = args.data_dir.clone().unwrap_or_else(|| config.server.data_dir.clone());

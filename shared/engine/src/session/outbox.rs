@@ -117,27 +117,19 @@ impl Spawn {
     }
 
     /// Whether `existing`, a session that already has the child's id, is this delegation's
-    /// child (a redelivered spawn: nothing to do). `Err` says why not (another parent, another
-    /// tool call, another agent, or no parent at all): report it with [`Spawn::failed`] and
-    /// do not touch `existing`.
+    /// child (a redelivered spawn: nothing to do). `Err` is what the parent is told: only that
+    /// the id is not available, never whose it is; report it with [`Spawn::failed`] and do not
+    /// touch `existing`.
     pub fn check_existing(&self, existing: &Session) -> Result<(), String> {
         let ours = existing.parent() == Some(&self.parent) && existing.agent_id() == self.agent_id;
         if ours {
             return Ok(());
         }
-        let whose = match existing.parent() {
-            Some(link) => {
-                format!("the child of session {:?} for tool call {:?}", link.session_id, link.tool_call_id)
-            }
-            None => "a top-level session".to_owned(),
-        };
+        // Nothing of the other session (whose it is, its agent, its parent): it may be
+        // another tenant's.
         Err(format!(
-            "cannot spawn sub-agent session {:?}: it already exists as {whose} (agent {:?}), \
-             not as session {:?}'s child for tool call {:?}",
-            self.session_id,
-            existing.agent_id(),
-            self.parent.session_id,
-            self.parent.tool_call_id
+            "cannot spawn sub-agent session {:?}: the session id is not available; use another",
+            self.session_id
         ))
     }
 

@@ -268,6 +268,24 @@ impl Tx {
                     if !crate::ids::is_safe(a.session_id.as_str()) {
                         return Err(at("session_id", format!("must be {}", crate::ids::SAFE_ID)));
                     }
+                    // Only an agent the config in force declares: a worker cannot start
+                    // sessions of agents it was not given.
+                    let declared = agent.and_then(|config| config.sub_agents.as_deref()).unwrap_or_default();
+                    if !declared.iter().any(|sub| sub.id == a.agent_id) {
+                        let names: Vec<&str> = declared.iter().map(|sub| sub.id.as_str()).collect();
+                        return Err(at(
+                            "agent_id",
+                            format!(
+                                "{:?} is not one of this agent's sub_agents ({})",
+                                a.agent_id,
+                                if names.is_empty() {
+                                    "it declares none".to_owned()
+                                } else {
+                                    names.join(", ")
+                                }
+                            ),
+                        ));
+                    }
                     let depth = self.session.ancestry().len() + 1;
                     if depth > limits.sub_agent_depth {
                         return Err(at(

@@ -2,40 +2,65 @@
 //! each to [`super::methods`], and holds the connection's subscriptions in this process (each
 //! chat channel runs as its own task that writes into the connection's one outgoing queue, so a
 //! response goes out before the actions of the subscription it opened).
+//!
+//! The connection ends when the client leaves, when its caller's token expires (closed with
+//! [`CLOSE_TOKEN_EXPIRED`], `token expired`, at the expiry), or when the client sends a message
+//! over the socket's limit (closed with [`CLOSE_TOO_BIG`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use ahp_types::common::Uri;
 use async_trait::async_trait;
-use axum::extract::ws::{Message, WebSocket};
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use super::AhpHost;
 use super::channels::{Control, Live, follow};
 use super::methods::{self, Refused, Subscribed, Transport};
 use super::rpc::RpcError;
 use super::sessions::{self, not_found};
+use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, time_left};
 use crate::auth::Caller;
 
 /// Frames queued for the client before the channels wait for it (back-pressure, not loss).
 const OUT_BUFFER: usize = 1024;
 /// Commands queued per chat channel.
 const CONTROL_BUFFER: usize = 16;
+/// How long a close frame of the host's may wait for the client to take the frames before it.
+const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Serves one upgraded connection of `caller` until either side ends it.
 pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller) {
     let (mut sink, mut stream) = socket.split();
     let (out, mut queued) = mpsc::channel::<String>(OUT_BUFFER);
-    let writer = tokio::spawn(async move {
-        while let Some(text) = queued.recv().await {
-            if sink.send(Message::Text(text.into())).await.is_err() {
-                return;
+    // How the host ends the connection, if it does: its close frame goes out next.
+    let (closing, mut closed) = oneshot::channel::<CloseFrame>();
+    let mut writer = tokio::spawn(async move {
+        let close = loop {
+            tokio::select! {
+                biased;
+                close = &mut closed => break close.ok(),
+                text = queued.recv() => match text {
+                    Some(text) => {
+                        if sink.send(Message::Text(text.into())).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => break None,
+                },
+            }
+        };
+        match close {
+            Some(frame) => {
+                let _ = sink.send(Message::Close(Some(frame))).await;
+            }
+            None => {
+                let _ = sink.close().await;
             }
         }
-        let _ = sink.close().await;
     });
     let mut connection = Connection {
         host: Arc::clone(&host),
@@ -44,22 +69,65 @@ pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller) {
         client_id: String::new(),
         subscriptions: HashMap::new(),
     };
-    while let Some(Ok(message)) = stream.next().await {
-        let text = match message {
-            Message::Text(text) => text,
-            Message::Close(_) => break,
-            // Pings are answered by the WebSocket layer; AHP speaks text only.
-            _ => continue,
+    // The caller's token bounds the connection: at its expiry the host closes it.
+    let expires_at = caller.expires_at();
+    let expiry = tokio::time::sleep(expires_at.map_or(Duration::ZERO, time_left));
+    tokio::pin!(expiry);
+    let close = loop {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            () = &mut expiry, if expires_at.is_some() => break Some(token_expired()),
         };
+        let text = match next {
+            Some(Ok(Message::Text(text))) => text,
+            Some(Ok(Message::Close(_))) | None => break None,
+            // Pings are answered by the WebSocket layer; AHP speaks text only.
+            Some(Ok(_)) => continue,
+            Some(Err(e)) if too_big(&e) => {
+                tracing::info!(error = %e, "an AHP client sent a message over the limit; its socket is closed");
+                break Some(CloseFrame { code: CLOSE_TOO_BIG, reason: "message too big".into() });
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "an AHP connection failed");
+                break None;
+            }
+        };
+        if expires_at.is_some_and(|at| time_left(at).is_zero()) {
+            break Some(token_expired());
+        }
         if !methods::handle(&host, &caller, &mut connection, text.as_str()).await
             || connection.out.is_closed()
         {
-            break;
+            break None;
+        }
+    };
+    drop(connection);
+    match close {
+        Some(frame) => {
+            // Whatever is still queued is not sent: the connection ends now.
+            let _ = closing.send(frame);
+            if tokio::time::timeout(CLOSE_WITHIN, &mut writer).await.is_err() {
+                writer.abort();
+            }
+        }
+        None => {
+            // The writer sends what is queued and ends once every channel task (aborted with
+            // the connection) let go; `closing` lives until then, so it does not cut that short.
+            let _ = writer.await;
+            drop(closing);
         }
     }
-    drop(connection);
-    // The writer ends once every channel task (aborted with the connection) let go.
-    let _ = writer.await;
+}
+
+fn token_expired() -> CloseFrame {
+    CloseFrame { code: CLOSE_TOKEN_EXPIRED, reason: "token expired".into() }
+}
+
+/// Whether a read failed on a message (or a frame) over the socket's limit. The WebSocket
+/// layer's error type is not public, so it is told by its text (tungstenite's `Capacity`
+/// error: "Space limit exceeded: Message too long: N > M").
+fn too_big(e: &axum::Error) -> bool {
+    e.to_string().contains("Message too long")
 }
 
 /// A subscription the connection holds.
@@ -107,6 +175,10 @@ impl Transport for Connection {
 
     fn client_id(&self) -> &str {
         &self.client_id
+    }
+
+    fn subscriptions_besides(&self, channel: &str) -> usize {
+        self.subscriptions.len() - usize::from(self.subscriptions.contains_key(channel))
     }
 
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {

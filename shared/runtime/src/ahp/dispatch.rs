@@ -15,6 +15,7 @@ use turnstone_engine::protocol::{ClientInput, ToolHandler, parse};
 use turnstone_engine::session::{CallSpec, Command, Session};
 
 use super::AhpHost;
+use super::rpc::RpcError;
 use super::sessions::{reachable, session_id};
 use crate::api::Placement;
 use crate::auth::{Access, Caller};
@@ -205,10 +206,12 @@ async fn submit(
     host.app.submit(id, input, placement, caller).await.map(|_| ()).map_err(refusal)
 }
 
-/// The engine's reason, in its words.
+/// The engine's reason, in its words (the session is the caller's own: it was reachable); a
+/// failure inside the host is told as an internal error, its detail logged.
 fn refusal(e: Error) -> Refusal {
     match e {
-        Error::SessionNotFound(id) => format!("no session {id}"),
+        Error::SessionNotFound(id) | Error::SessionDisposed(id) => format!("no session {id}"),
+        Error::Store(_) | Error::Queue(_) => RpcError::internal(e).message,
         e => e.to_string(),
     }
 }
@@ -219,4 +222,19 @@ fn action_type(action: &StateAction) -> String {
         .ok()
         .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_owned))
         .unwrap_or_else(|| "this action".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    #[test]
+    fn a_store_failure_is_not_told_to_the_client() {
+        let failed = Error::Store(StoreError::Backend("disk I/O error at /var/lib/turnstone/s.db".into()));
+        let reason = refusal(failed);
+        assert!(reason.starts_with("internal error (ref "), "{reason}");
+        assert!(!reason.contains("/var/lib"), "{reason}");
+        assert_eq!(refusal(Error::SessionNotFound("s1".to_owned())), "no session s1");
+    }
 }

@@ -67,6 +67,10 @@ pub(crate) trait Transport: Send {
     /// The client id from `initialize` or `reconnect` (empty before).
     fn client_id(&self) -> &str;
 
+    /// How many subscriptions the connection holds besides `channel` (a new subscription of
+    /// which replaces the one it holds), for `[limits] subscriptions_per_socket`.
+    fn subscriptions_besides(&self, channel: &str) -> usize;
+
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError>;
 
     /// Sends one frame; `false` once the client is gone.
@@ -143,6 +147,22 @@ pub(crate) async fn handle(
     }
 }
 
+/// Refuses a request that would leave the connection holding `wanted` subscriptions when that
+/// is past `[limits] subscriptions_per_socket`.
+fn within_subscription_limit(host: &AhpHost, wanted: usize) -> Result<(), RpcError> {
+    let limit = host.app.limits().subscriptions_per_socket;
+    if wanted <= limit {
+        return Ok(());
+    }
+    Err(RpcError::new(
+        ahp_error_codes::PERMISSION_DENIED,
+        format!(
+            "a connection holds at most {limit} subscriptions (limits.subscriptions_per_socket); \
+             unsubscribe from one first"
+        ),
+    ))
+}
+
 fn too_large(size: usize, max: usize) -> RpcError {
     RpcError::new(
         json_rpc_error_codes::INTERNAL_ERROR,
@@ -162,6 +182,7 @@ async fn request(
         "initialize" => initialize(host, caller, transport, rpc::params(params)?).await,
         "reconnect" => {
             let params: ReconnectParams = rpc::params(params)?;
+            within_subscription_limit(host, params.subscriptions.len())?;
             transport.set_client_id(params.client_id.clone()).await?;
             transport.drop_subscription(None).await;
             let (result, subscribed) = reconnect(host, caller, &params, transport.follows()).await?;
@@ -181,6 +202,7 @@ async fn request(
         "ping" => just(Value::Null),
         "subscribe" => {
             let params: SubscribeParams = rpc::params(params)?;
+            within_subscription_limit(host, transport.subscriptions_besides(&params.channel) + 1)?;
             let channel = resolve(host, caller, &params.channel).await?;
             let turns = params.view.and_then(|v| v.turns).and_then(|t| usize::try_from(t).ok());
             let (snapshot, subscribed) = open(host, caller, channel, transport.follows()).await?;
@@ -355,6 +377,7 @@ async fn initialize(
         )
         .with_data(rpc::to_value(&data)?));
     };
+    within_subscription_limit(host, params.initial_subscriptions.as_ref().map_or(0, Vec::len))?;
     transport.set_client_id(params.client_id).await?;
     let mut snapshots = Vec::new();
     let mut subscribed = Vec::new();

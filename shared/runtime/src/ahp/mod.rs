@@ -33,6 +33,28 @@
 //!
 //! Origins (`clientId`, `clientSeq`) of accepted client actions are kept in memory
 //! ([`origins`]): a replay from the log or another host echoes those actions without one.
+//!
+//! # Who is on a socket, and for how long
+//!
+//! The upgrade is authenticated like every request, by `Authorization: Bearer <token>` or,
+//! where a client cannot set headers (a browser's `WebSocket`, VS Code's agent host client), by
+//! the token in the `tkn` query parameter (`GET /v1/ahp?tkn=<token>`); the same checks apply,
+//! and the header wins when both are present. A token that expires (a JWT's `exp`) bounds the
+//! socket: at its expiry the host closes it with close code **4401** and reason `token expired`
+//! ([`CLOSE_TOKEN_EXPIRED`]; AHP and VS Code name no code for it, and 4401 is the private-use
+//! range's echo of HTTP 401), and an upgrade with a token already past its `exp` is answered 401.
+//! Behind API Gateway the connection's records carry the expiry: pushes to it stop then (its
+//! records are removed, as a closed connection's are), and a message on it is answered with
+//! -32007 (`AuthRequired`) and ends it.
+//!
+//! # Bounds
+//!
+//! A message (and a frame) is at most `[server] max_body_bytes`, the request body limit: a
+//! larger one closes the socket with 1009 (message too big). One authenticated caller holds at
+//! most `[limits] sockets_per_caller` sockets on a host (the next upgrade is answered 429
+//! `too_many_sockets`; the open host's anonymous caller has no cap), and one socket at most
+//! `[limits] subscriptions_per_socket` subscriptions (a `subscribe` past it is a JSON-RPC error
+//! naming the limit).
 
 mod channels;
 mod connection;
@@ -49,29 +71,76 @@ mod stored;
 pub(crate) mod turns;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::app::App;
+use crate::auth::Caller;
+use crate::clock::{Clock, SystemClock};
+use crate::per_caller::{PerCaller, Slot};
 
 pub use channels::{ProjectError, project_log};
 pub use connection::serve;
 pub use push::{Pusher, Pushes};
 pub use stored::{ConnectError, Gateway};
 
+/// The close code of a socket whose token expired (with reason `token expired`).
+pub const CLOSE_TOKEN_EXPIRED: u16 = 4401;
+/// The close code of a socket that sent a message over the limit (RFC 6455's "message too big").
+pub const CLOSE_TOO_BIG: u16 = 1009;
+
 /// What every AHP connection of one host shares.
 pub struct AhpHost {
     app: Arc<App>,
     /// Origins of accepted client actions, for their echoes.
     origins: origins::Origins,
+    /// The sockets open on this host, per caller identity ([`AhpHost::open_socket`]).
+    sockets: PerCaller,
 }
 
 impl AhpHost {
     /// The AHP host of `app`.
     pub fn new(app: Arc<App>) -> Arc<Self> {
-        Arc::new(AhpHost { app, origins: origins::Origins::default() })
+        let sockets = PerCaller::new(app.limits().sockets_per_caller);
+        Arc::new(AhpHost { app, origins: origins::Origins::default(), sockets })
     }
 
     /// The app behind it.
     pub fn app(&self) -> &Arc<App> {
         &self.app
+    }
+
+    /// Counts a socket `caller` opens against `[limits] sockets_per_caller` until the slot is
+    /// dropped (when the socket ends, or when its upgrade never completes); `Err(limit)` when
+    /// the caller holds that many already. The open host's anonymous caller is not counted.
+    pub fn open_socket(&self, caller: &Caller) -> Result<Slot, usize> {
+        self.sockets.acquire(caller).ok_or(self.sockets.limit())
+    }
+}
+
+/// How long until a credential that expires at `expires_at` (Unix seconds) does, by the wall
+/// clock (a token's `exp` is wall-clock time); zero once it has.
+pub(crate) fn time_left(expires_at: u64) -> Duration {
+    let now = u64::try_from(SystemClock.now().0).unwrap_or(0);
+    Duration::from_millis(expires_at.saturating_mul(1000).saturating_sub(now))
+}
+
+/// Whether a credential that expires at `expires_at` has: a token is not valid on or after its
+/// `exp` (RFC 7519, section 4.1.4). `None` never expires.
+pub(crate) fn expired(expires_at: Option<u64>) -> bool {
+    expires_at.is_some_and(|at| time_left(at).is_zero())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_is_on_or_after_exp() {
+        let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
+        assert!(expired(Some(now)));
+        assert!(expired(Some(now.saturating_sub(5))));
+        assert!(!expired(Some(now + 60)));
+        assert!(!expired(None));
+        assert!(time_left(now + 60) > Duration::from_secs(58));
     }
 }

@@ -57,6 +57,13 @@
 //!   by a later invocation, after this one gave up), a follower gets it as the log projects it,
 //!   a second part, until it reconnects. An engine-hosted agent records the reply in the same
 //!   commit as the call's result, so this cannot happen there.
+//!
+//! # Expiry
+//!
+//! A subscriber whose caller's token expired (the subscription records the expiry,
+//! [`Subscriber::expires_at`]; a root subscriber's caller carries it) is pushed nothing more:
+//! the pusher that finds it so treats the connection as gone, removes its records and closes it
+//! ([`Frames::close`]). A stream's followers are checked before each batch.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -70,10 +77,10 @@ use turnstone_ahp::chat_uri;
 use turnstone_engine::ids::{CallId, SessionId, TurnId};
 use turnstone_engine::protocol::{StreamDelta, ToolCallDelta};
 
-use super::AhpHost;
 use super::channels::{ChatFeed, ProjectError};
 use super::registry::{Frames, Posted, Registry, RegistryError, Subscriber};
 use super::rpc;
+use super::{AhpHost, expired};
 use crate::app::App;
 use crate::auth::Access;
 use crate::error::Result;
@@ -143,6 +150,8 @@ struct Live {
     candidates: Vec<Subscriber>,
     /// Connections that got the stream from its start, and the position each was moved to.
     followers: HashMap<String, u64>,
+    /// When the followers' tokens expire, for those whose do.
+    expiry: HashMap<String, u64>,
 }
 
 impl Pushes {
@@ -202,6 +211,13 @@ impl Pushes {
         };
         for subscriber in subscribers {
             let id = &subscriber.connection_id;
+            if expired(subscriber.expires_at) {
+                if let Some(live) = live.as_deref_mut() {
+                    live.forget(id);
+                }
+                self.gone(id).await?;
+                continue;
+            }
             if let Some(live) = live.as_deref_mut()
                 && let Some(&last) = live.followers.get(id)
             {
@@ -261,7 +277,14 @@ impl Pushes {
                 let Some(feed) = cached.feed.clone() else { return Ok(()) };
                 let start = feed.position.server_seq();
                 let candidates = subscribers.into_iter().filter(|s| s.server_seq <= start).collect();
-                let live = Live { feed, start, actions: Vec::new(), candidates, followers: HashMap::new() };
+                let live = Live {
+                    feed,
+                    start,
+                    actions: Vec::new(),
+                    candidates,
+                    followers: HashMap::new(),
+                    expiry: HashMap::new(),
+                };
                 cached.stream = Some(Stream::Live(Box::new(live)));
             }
         }
@@ -295,6 +318,10 @@ impl Pushes {
         }
         for candidate in std::mem::take(&mut live.candidates) {
             let id = &candidate.connection_id;
+            if expired(candidate.expires_at) {
+                self.gone(id).await?;
+                continue;
+            }
             // Only a connection that stands where the stream began may get its first actions:
             // one that got anything numbered after (another function's action) did not see the
             // parts created, and gets the reply from the log.
@@ -302,7 +329,16 @@ impl Pushes {
             let mut actions = cached.between(&host.app, session, from, live.start).await?;
             actions.extend(live.after(live.start, end));
             live.followers.insert(id.clone(), end);
+            if let Some(at) = candidate.expires_at {
+                live.expiry.insert(id.clone(), at);
+            }
             self.send(host, session, id, actions).await?;
+        }
+        let lapsed: Vec<String> =
+            live.expiry.iter().filter(|(_, at)| expired(Some(**at))).map(|(id, _)| id.clone()).collect();
+        for id in lapsed {
+            live.forget(&id);
+            self.gone(&id).await?;
         }
         let behind: Vec<(String, u64)> = live
             .followers
@@ -363,11 +399,19 @@ impl Pushes {
                 };
                 let frame = super::sessions::added_frame(&session);
                 for subscriber in subscribers.iter().filter(|s| s.caller.may(Access::Read, &session)) {
+                    if expired(subscriber.caller.expires_at()) {
+                        self.gone(&subscriber.connection_id).await?;
+                        continue;
+                    }
                     self.post(&subscriber.connection_id, &frame).await?;
                 }
             }
             RootNotice::SessionRemoved(removed) => {
                 for subscriber in &subscribers {
+                    if expired(subscriber.caller.expires_at()) {
+                        self.gone(&subscriber.connection_id).await?;
+                        continue;
+                    }
                     if let Some(frame) = super::sessions::removed(&subscriber.caller, removed) {
                         self.post(&subscriber.connection_id, &frame).await?;
                     }
@@ -423,6 +467,18 @@ impl Pushes {
         Ok(posted)
     }
 
+    /// Connection `connection` is done (its token expired): its records are removed, and it is
+    /// closed where the frames' way out can close it.
+    pub(crate) async fn gone(&self, connection: &str) -> std::result::Result<(), RegistryError> {
+        tracing::info!(connection, "an AHP connection's token expired: it is pushed nothing more");
+        self.registry.disconnect(connection).await?;
+        if let Err(e) = self.frames.close(connection).await {
+            // Its records are gone: whatever it sends next is dropped.
+            tracing::warn!(connection, error = %e, "an AHP connection whose token expired could not be closed");
+        }
+        Ok(())
+    }
+
     /// Session `session`'s chat as its log makes it now.
     pub(crate) async fn chat(&self, session: &SessionId) -> std::result::Result<ChatState, PushError> {
         let Some(host) = self.host() else { return Err(PushError::Detached) };
@@ -447,6 +503,12 @@ impl Pushes {
 }
 
 impl Live {
+    /// Stops streaming to connection `id`.
+    fn forget(&mut self, id: &str) {
+        self.followers.remove(id);
+        self.expiry.remove(id);
+    }
+
     /// Where the live feed stands.
     fn end(&self) -> u64 {
         self.feed.position.server_seq()

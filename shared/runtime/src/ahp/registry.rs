@@ -5,6 +5,10 @@
 //! A chat subscription is recorded with its position, the `serverSeq` of the last action the
 //! connection got on that chat (or of its snapshot): whoever pushes actions first moves the
 //! position past them ([`Registry::advance`]), so no action goes to a connection twice.
+//!
+//! A connection whose caller's token expires carries the expiry in its records (the caller's,
+//! and each chat subscription's), so a pusher finds it with the subscribers it reads anyway:
+//! past it, the connection is treated as gone (its records are removed, [`Frames::close`]).
 
 use std::collections::BTreeMap;
 
@@ -26,6 +30,8 @@ pub struct ConnectionRecord {
     pub caller: Caller,
     /// From `initialize` or `reconnect` (empty before).
     pub client_id: String,
+    /// The sessions whose chats it subscribed to.
+    pub chats: Vec<SessionId>,
 }
 
 /// A connection subscribed to a chat, and where it stands.
@@ -34,6 +40,8 @@ pub struct Subscriber {
     pub connection_id: String,
     /// The `serverSeq` of the last action the connection got on the chat (or of its snapshot).
     pub server_seq: u64,
+    /// When the connection's token expires (Unix seconds): nothing is pushed to it from then.
+    pub expires_at: Option<u64>,
 }
 
 /// A connection subscribed to the root channel, and who it is.
@@ -63,8 +71,14 @@ pub trait Registry: Send + Sync + 'static {
     async fn disconnect(&self, id: &str) -> Result<(), RegistryError>;
 
     /// Records connection `id`'s subscription to session `session`'s chat at `server_seq`
-    /// (replacing one it held).
-    async fn subscribe(&self, id: &str, session: &SessionId, server_seq: u64) -> Result<(), RegistryError>;
+    /// (replacing one it held), with its caller's expiry ([`Subscriber::expires_at`]).
+    async fn subscribe(
+        &self,
+        id: &str,
+        session: &SessionId,
+        server_seq: u64,
+        expires_at: Option<u64>,
+    ) -> Result<(), RegistryError>;
 
     async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
 
@@ -122,6 +136,14 @@ pub trait Frames: Send + Sync + 'static {
 
     /// The largest frame a connection takes.
     fn max_frame(&self) -> usize;
+
+    /// Closes connection `id` (API Gateway's `DeleteConnection`), once its records are
+    /// removed. By default nothing is done: whatever the connection sends next finds no
+    /// record and is dropped, and API Gateway ends it when it idles.
+    async fn close(&self, id: &str) -> Result<(), RegistryError> {
+        let _ = id;
+        Ok(())
+    }
 }
 
 /// A caller as a registry records it (JSON): who it is, never its credentials.
@@ -134,6 +156,9 @@ enum Recorded {
         id: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         metadata: Option<BTreeMap<String, String>>,
+        /// When its token expires (Unix seconds); pushes stop then.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<u64>,
     },
     Machine {
         name: String,
@@ -149,7 +174,11 @@ enum Recorded {
 pub fn caller_to_json(caller: &Caller) -> String {
     let recorded = match caller {
         Caller::Anyone => Recorded::Anyone,
-        Caller::Client(who) => Recorded::Client { id: who.id.clone(), metadata: who.metadata.clone() },
+        Caller::Client { identity, expires_at } => Recorded::Client {
+            id: identity.id.clone(),
+            metadata: identity.metadata.clone(),
+            expires_at: *expires_at,
+        },
         Caller::Machine { name, agents } => Recorded::Machine {
             name: name.clone(),
             agents: match agents {
@@ -169,7 +198,9 @@ pub fn caller_from_json(json: &str) -> Result<Caller, RegistryError> {
         .map_err(|e| RegistryError(format!("a recorded caller is not readable: {e}")))?;
     Ok(match recorded {
         Recorded::Anyone => Caller::Anyone,
-        Recorded::Client { id, metadata } => Caller::Client(WorkerIdentity { id, metadata }),
+        Recorded::Client { id, metadata, expires_at } => {
+            Caller::Client { identity: WorkerIdentity { id, metadata }, expires_at }
+        }
         Recorded::Machine { name, agents } => {
             Caller::Machine { name, agents: agents.map_or(AgentScope::All, AgentScope::Only) }
         }
@@ -185,7 +216,11 @@ mod tests {
     fn callers_round_trip() {
         let callers = [
             Caller::Anyone,
-            Caller::Client(WorkerIdentity { id: Some("alice".to_owned()), metadata: None }),
+            Caller::client(crate::auth::Kind::Client, "alice"),
+            Caller::Client {
+                identity: WorkerIdentity { id: Some("jwt:carol".to_owned()), metadata: None },
+                expires_at: Some(1_900_000_000),
+            },
             Caller::Machine { name: "w".to_owned(), agents: AgentScope::Only(vec!["a".to_owned()]) },
             Caller::Machine { name: "w".to_owned(), agents: AgentScope::All },
             Caller::Admin { name: "root".to_owned() },

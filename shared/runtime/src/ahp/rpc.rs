@@ -79,8 +79,18 @@ impl RpcError {
         RpcError::invalid_params(format!("params.channel: {method} needs a subscribed chat channel"))
     }
 
-    pub fn internal(message: impl Into<String>) -> Self {
-        RpcError::new(json_rpc_error_codes::INTERNAL_ERROR, message)
+    /// -32603 for a failure inside the host (a store or registry error, a broken log): the
+    /// client gets `internal error` and a reference, never the detail (a store's errors may
+    /// name tables, files and other sessions); the detail is logged under that reference.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        use std::hash::BuildHasher;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // `RandomState` is keyed from the OS's randomness: references do not repeat across runs.
+        let reference = format!("{:016x}", std::hash::RandomState::new().hash_one(n));
+        tracing::error!(reference = %reference, error = %detail, "an AHP request failed inside the host");
+        RpcError::new(json_rpc_error_codes::INTERNAL_ERROR, format!("internal error (ref {reference})"))
+            .with_data(serde_json::json!({ "ref": reference }))
     }
 }
 
@@ -150,6 +160,17 @@ mod tests {
             Incoming::Invalid { id: None, .. }
         ));
         assert!(matches!(parse("nope"), Incoming::Invalid { id: None, .. }));
+    }
+
+    #[test]
+    fn internal_errors_hide_their_detail() {
+        let error = RpcError::internal("DynamoDB GetItem failed: table sessions-prod, session bob-b1");
+        assert_eq!(error.code, -32603);
+        assert!(error.message.starts_with("internal error (ref "), "{}", error.message);
+        assert!(!error.message.contains("bob-b1") && !error.message.contains("DynamoDB"));
+        let reference = error.data.as_ref().and_then(|d| d["ref"].as_str()).unwrap_or_default().to_owned();
+        assert!(error.message.contains(&reference) && reference.len() == 16, "{error:?}");
+        assert_ne!(RpcError::internal("again").data, error.data, "each failure has its own reference");
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! Sessions on the root channel: `listSessions`, `createSession`, `disposeSession`, the session
 //! channel's snapshot and `root/sessionAdded`. A session the caller may not read is not found
-//! and not listed, as in the HTTP API.
+//! and not listed, as in the HTTP API: every method answers a session of another owner exactly
+//! as one that does not exist (-32001 `no session <uri>`), `createSession` and a fork's
+//! `createChat` of such an id included (only a session the caller may read is said to exist
+//! already). Session ids are global (one namespace for every owner), so a client whose ids must
+//! not be guessed makes them random. A failure inside the host is answered as a generic internal
+//! error, its detail logged ([`RpcError::internal`]).
 
 use ahp_types::commands::{
     ChatSource, CreateChatParams, CreateSessionParams, ListSessionsParams, ListSessionsResult,
@@ -56,8 +61,41 @@ pub(crate) async fn reachable(
     }
 }
 
+/// -32603 with the detail logged, not sent ([`RpcError::internal`]).
 pub(crate) fn internal(e: impl std::fmt::Display) -> RpcError {
-    RpcError::internal(e.to_string())
+    RpcError::internal(e)
+}
+
+/// An engine error of a request on `uri`, answered as the HTTP API does: a session that does
+/// not exist, is not the caller's, or was disposed is not found; the caller's own mistakes and
+/// limits are named; a failure of the store or the queue is an internal error.
+pub(crate) fn answer(e: Error, uri: &str) -> RpcError {
+    match e {
+        Error::SessionNotFound(_) | Error::SessionDisposed(_) => not_found(uri),
+        // An id taken by a session the caller is not told about.
+        Error::Rejected(Rejection::AlreadyExists(_)) => not_found(uri),
+        Error::Rejected(rejection) => RpcError::invalid_params(rejection.to_string()),
+        Error::Invalid(problem) => RpcError::invalid_params(format!("{}: {}", problem.path, problem.message)),
+        Error::TurnNotFound { turn_id, .. } => {
+            RpcError::invalid_params(format!("no turn {turn_id} in {uri}"))
+        }
+        Error::UnknownAgent(agent) => {
+            RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, format!("no agent {agent:?}"))
+        }
+        Error::TooManySessions { .. } | Error::SettleForbidden { .. } => {
+            RpcError::new(ahp_error_codes::PERMISSION_DENIED, e.to_string())
+        }
+        Error::Contended(_) => RpcError::new(
+            ahp_error_codes::CONFLICT,
+            format!("{uri} is busy with concurrent updates; try again"),
+        ),
+        Error::Store(_) | Error::Queue(_) => internal(e),
+    }
+}
+
+/// Whether session `id` exists and `caller` may read it: only then is it said to exist.
+async fn visible(host: &AhpHost, caller: &Caller, id: &SessionId) -> bool {
+    reachable(host, caller, id, Access::Read, "").await.is_ok()
 }
 
 /// `listSessions`: the caller's sessions, most recently created first as the store lists them.
@@ -166,22 +204,20 @@ pub(crate) async fn create(
         return Err(RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, format!("no agent {provider:?}")));
     }
     match host.app.create_session(&id, &provider, caller).await {
-        Ok(_) => {}
-        Err(Error::Rejected(Rejection::AlreadyExists(_))) => {
-            return Err(RpcError::new(
+        Ok(_) => Ok(()),
+        // Said to exist only to a caller that may read it (its owner, an admin); to anyone else
+        // it is a session they cannot reach, answered as one that does not exist.
+        Err(Error::Rejected(Rejection::AlreadyExists(_))) if visible(host, caller, &id).await => {
+            Err(RpcError::new(
                 ahp_error_codes::SESSION_ALREADY_EXISTS,
                 format!("session {} already exists", params.channel),
-            ));
+            ))
         }
-        Err(Error::SessionNotFound(_)) => {
-            return Err(RpcError::new(
-                ahp_error_codes::PERMISSION_DENIED,
-                "this caller cannot create sessions",
-            ));
+        Err(Error::SessionNotFound(_)) if caller.owner().is_none() => {
+            Err(RpcError::new(ahp_error_codes::PERMISSION_DENIED, "this caller cannot create sessions"))
         }
-        Err(e) => return Err(internal(e)),
+        Err(e) => Err(answer(e, &params.channel)),
     }
-    Ok(())
 }
 
 /// `createChat` with a fork source: the new chat is a session of its own that continues the
@@ -218,11 +254,15 @@ pub(crate) async fn create_chat(
     let turn_id = TurnId::from(source.turn_id.as_str());
     match host.app.fork(&id, &turn_id, &fork_id, caller).await {
         Ok(_) => {}
-        Err(Error::Rejected(Rejection::AlreadyExists(_))) => {
+        // As `createSession`: only a session the caller may read is said to exist.
+        Err(Error::Rejected(Rejection::AlreadyExists(_))) if visible(host, caller, &fork_id).await => {
             return Err(RpcError::new(
                 ahp_error_codes::ALREADY_EXISTS,
                 format!("{} already exists, and is not this fork", params.chat),
             ));
+        }
+        Err(Error::Rejected(Rejection::AlreadyExists(_)) | Error::SessionDisposed(_)) => {
+            return Err(not_found(&params.chat));
         }
         Err(Error::TurnNotFound { .. }) => {
             return Err(RpcError::invalid_params(format!(
@@ -234,7 +274,7 @@ pub(crate) async fn create_chat(
             return Err(RpcError::invalid_params(format!("params.source.turnId: {}", problem.message)));
         }
         Err(Error::SessionNotFound(_)) => return Err(not_found(&params.channel)),
-        Err(e) => return Err(internal(e)),
+        Err(e) => return Err(answer(e, &params.channel)),
     }
     if let Some(message) = params.initial_message {
         let input = ClientInput::Message(ClientMessageInput {
@@ -243,7 +283,10 @@ pub(crate) async fn create_chat(
             message: DraftMessage::user(message.text),
             stream: Some(true),
         });
-        host.app.submit(&fork_id, input, Placement::Start, caller).await.map_err(internal)?;
+        host.app
+            .submit(&fork_id, input, Placement::Start, caller)
+            .await
+            .map_err(|e| answer(e, &params.chat))?;
     }
     Ok(())
 }
@@ -254,8 +297,7 @@ pub(crate) async fn dispose(host: &AhpHost, caller: &Caller, channel: &str) -> R
     let id = session_id(channel, "ahp-session").ok_or_else(|| not_found(channel))?;
     match host.app.dispose(&id, caller).await {
         Ok(_) => Ok(()),
-        Err(Error::SessionNotFound(_)) => Err(not_found(channel)),
-        Err(e) => Err(internal(e)),
+        Err(e) => Err(answer(e, channel)),
     }
 }
 
@@ -342,4 +384,27 @@ pub(crate) fn added_frame(session: &Session) -> String {
         "root/sessionAdded",
         &SessionAddedParams { channel: ROOT_RESOURCE_URI.to_owned(), summary },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    #[test]
+    fn engine_errors_answer_as_http_does() {
+        let uri = "ahp-session:/s1";
+        for gone in [
+            Error::SessionNotFound("s1".to_owned()),
+            Error::SessionDisposed("s1".to_owned()),
+            Error::Rejected(Rejection::AlreadyExists("s1".into())),
+        ] {
+            assert_eq!(answer(gone, uri), not_found(uri));
+        }
+        let failed = answer(Error::Store(StoreError::Backend("table sessions-prod: throttled".into())), uri);
+        assert_eq!(failed.code, -32603);
+        assert!(!failed.message.contains("sessions-prod"), "{}", failed.message);
+        let quota = answer(Error::TooManySessions { limit: 3 }, uri);
+        assert!(quota.message.contains("limits.sessions_per_owner"), "{}", quota.message);
+    }
 }

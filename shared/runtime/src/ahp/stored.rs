@@ -3,11 +3,18 @@
 //! (`$connect`, `$default`, `$disconnect` routes). The methods are those of the local host
 //! ([`super::methods`]); chat subscriptions are recorded with their position, and commits reach
 //! them as pushes ([`super::push`]).
+//!
+//! `$connect` takes the token from the `Authorization` header or, where a browser's
+//! `WebSocket` cannot set one, the `tkn` query parameter (the header wins when both are
+//! present), with the checks of the HTTP API. A connection whose token expires is done at its
+//! expiry: a message on it is answered with -32007 (`AuthRequired`, "the token has expired")
+//! and its records are removed (so what it sends next is dropped), and pushes skip it.
 
 use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, StateAction};
 use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
+use ahp_types::errors::ahp_error_codes;
 use async_trait::async_trait;
 use turnstone_engine::ids::SessionId;
 
@@ -15,9 +22,9 @@ use super::methods::{self, Refused, Subscribed, Transport};
 use super::position::Position;
 use super::push::Pushes;
 use super::registry::{ConnectionRecord, Posted, RegistryError};
-use super::rpc::{self, RpcError};
+use super::rpc::{self, Incoming, RpcError};
 use super::sessions::{internal, session_id};
-use super::turns;
+use super::{expired, turns};
 use crate::auth::{AuthError, Authenticator, Caller};
 
 /// Turns a `fetchTurns` loads at most (fewer when they do not fit in a frame).
@@ -48,17 +55,24 @@ impl Gateway {
         Gateway { pushes, auth }
     }
 
-    /// `$connect`: authenticates the upgrade's `Authorization` header, as the HTTP API does, and
-    /// records the connection and its caller.
+    /// `$connect`: authenticates the upgrade, as the HTTP API does, by its `Authorization`
+    /// header's value or, without one, by `token` (the `tkn` query parameter, as a browser's
+    /// `WebSocket` sends it), and records the connection and its caller (with its token's
+    /// expiry). A token past its expiry is refused: the connection would end at once.
     pub async fn connect(
         &self,
         connection_id: &str,
         authorization: Option<&str>,
+        token: Option<&str>,
     ) -> Result<(), ConnectError> {
-        let caller = match &self.auth {
-            Some(auth) => auth.authenticate(authorization)?,
-            None => Caller::Anyone,
+        let caller = match (&self.auth, authorization, token) {
+            (None, _, _) => Caller::Anyone,
+            (Some(auth), None, Some(token)) => auth.authenticate_token(token)?,
+            (Some(auth), authorization, _) => auth.authenticate(authorization)?,
         };
+        if expired(caller.expires_at()) {
+            return Err(ConnectError::Unauthorized(AuthError::Expired));
+        }
         self.pushes.registry.connect(connection_id, &caller).await?;
         Ok(())
     }
@@ -75,10 +89,30 @@ impl Gateway {
             return Ok(());
         };
         let caller = record.caller.clone();
+        if expired(caller.expires_at()) {
+            return self.expire(connection_id, body).await;
+        }
         let mut connection =
             Stored { pushes: Arc::clone(&self.pushes), id: connection_id.to_owned(), record };
         Box::pin(methods::handle(host, &caller, &mut connection, body)).await;
         Ok(())
+    }
+
+    /// A message on a connection whose token expired: a request is answered with -32007, and
+    /// the connection is gone (its records removed, so what it sends next is dropped).
+    async fn expire(&self, connection_id: &str, body: &str) -> Result<(), RegistryError> {
+        if let Incoming::Request { id, .. } = rpc::parse(body) {
+            let error = RpcError::new(
+                ahp_error_codes::AUTH_REQUIRED,
+                "the token has expired; connect again with a valid one",
+            );
+            self.pushes
+                .post(connection_id, &rpc::failure(id, error))
+                .await
+                .map_err(|e| RegistryError(e.to_string()))?;
+        }
+        tracing::info!(connection_id, "a message of an AHP connection whose token expired was refused");
+        self.pushes.gone(connection_id).await
     }
 
     /// `$disconnect`: removes the connection and its subscriptions.
@@ -144,6 +178,13 @@ impl Transport for Stored {
         &self.record.client_id
     }
 
+    /// The chats it subscribed to (the root's and the sessions' subscriptions are not counted
+    /// here: only chats cost pushes).
+    fn subscriptions_besides(&self, channel: &str) -> usize {
+        let same = session_id(channel, "ahp-chat");
+        self.record.chats.iter().filter(|chat| Some(*chat) != same.as_ref()).count()
+    }
+
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
         self.pushes.registry.set_client_id(&self.id, &client_id).await.map_err(internal)?;
         self.record.client_id = client_id;
@@ -175,8 +216,8 @@ impl Transport for Stored {
                 Subscribed::Session => continue,
             };
             let session = feed.session_id.clone();
-            let recorded =
-                self.pushes.registry.subscribe(&self.id, &session, feed.position.server_seq()).await;
+            let (at, expires_at) = (feed.position.server_seq(), self.record.caller.expires_at());
+            let recorded = self.pushes.registry.subscribe(&self.id, &session, at, expires_at).await;
             if let Err(e) = recorded {
                 tracing::warn!(connection_id = %self.id, error = %e, "an AHP subscription could not be recorded");
                 continue;

@@ -123,6 +123,9 @@ fn check_limits(limits: &LimitsConfig, problems: &mut Problems<'_>) {
         sub_agent_depth,
         sub_agent_fanout,
         sessions_per_owner,
+        streams_per_caller,
+        sockets_per_caller,
+        subscriptions_per_socket,
     } = *limits;
     for (name, value) in [
         ("messages_per_input", Some(messages_per_input)),
@@ -132,6 +135,9 @@ fn check_limits(limits: &LimitsConfig, problems: &mut Problems<'_>) {
         ("sub_agent_depth", Some(sub_agent_depth)),
         ("sub_agent_fanout", Some(sub_agent_fanout)),
         ("sessions_per_owner", sessions_per_owner),
+        ("streams_per_caller", Some(streams_per_caller)),
+        ("sockets_per_caller", Some(sockets_per_caller)),
+        ("subscriptions_per_socket", Some(subscriptions_per_socket)),
     ] {
         if value == Some(0) {
             problems.add(path(&["limits", name]), "must be at least 1");

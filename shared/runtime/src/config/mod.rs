@@ -7,6 +7,8 @@
 //! data_dir = "./turnstone-data" # relative to the working directory
 //! max_body_bytes = 1048576
 //! durability = "full"           # full | process: what a commit survives (see Durability)
+//! allow_anonymous = false       # without [auth]: refuse to listen beyond loopback
+//! expose_internal_events = false  # clients see worker state and system prompts in the log
 //!
 //! [defaults]                    # optional; engine default retry policies per kind of call
 //! llm = { timeout_secs = 120, max_retries = 2, backoff_base_secs = 1, backoff_max_secs = 30 }
@@ -34,6 +36,9 @@
 //! sub_agent_depth = 8           # how deep sub-agents nest
 //! sub_agent_fanout = 32         # delegations of one session open at once
 //! sessions_per_owner = 1000     # optional: sessions one owner may create (none: no limit)
+//! streams_per_caller = 64       # event streams one authenticated caller holds open
+//! sockets_per_caller = 16       # AHP WebSockets one authenticated caller holds open
+//! subscriptions_per_socket = 256  # sessions one AHP WebSocket follows
 //!
 //! [auth]                        # optional; absent: no auth (loopback development)
 //! api_keys_env = "TURNSTONE_API_KEYS"           # clients: `name:key,name:key`
@@ -43,6 +48,7 @@
 //! jwt_issuer = "https://id.example.com"         # optional: required `iss`
 //! jwt_audience = "turnstone"                    # optional: required `aud`
 //! jwt_metadata_claims = ["plan", "org"]         # optional: claims kept in the owner's metadata
+//! jwt_sub_is_api_key_name = false               # optional: a JWT `sub` is the client key of that name
 //! [auth.machines]                               # which agents each machine key serves
 //! billing-worker = ["billing"]                  # "*": every agent
 //! ```
@@ -111,10 +117,22 @@ pub struct LimitsConfig {
     pub queued_turns: usize,
     pub sub_agent_depth: usize,
     pub sub_agent_fanout: usize,
-    /// Sessions one owner may create; `None`: no limit. Checked when a session is created
-    /// (two creations at the same moment may both pass at the limit).
+    /// Sessions one owner may create, sub-agent sessions included; `None`: no limit. Checked
+    /// when a session is created (two creations at the same moment may both pass at the limit).
     pub sessions_per_owner: Option<usize>,
+    /// Event streams (`GET .../events/stream`) one authenticated caller may hold open at once.
+    pub streams_per_caller: usize,
+    /// AHP WebSockets one authenticated caller may hold open at once.
+    pub sockets_per_caller: usize,
+    /// Sessions one AHP WebSocket may subscribe to at once.
+    pub subscriptions_per_socket: usize,
 }
+
+/// The per-caller caps' defaults: a busy client's browser tabs and editor windows, well
+/// short of what one caller could use to starve the host.
+pub const STREAMS_PER_CALLER: usize = 64;
+pub const SOCKETS_PER_CALLER: usize = 16;
+pub const SUBSCRIPTIONS_PER_SOCKET: usize = 256;
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -134,6 +152,9 @@ impl Default for LimitsConfig {
             sub_agent_depth,
             sub_agent_fanout,
             sessions_per_owner: None,
+            streams_per_caller: STREAMS_PER_CALLER,
+            sockets_per_caller: SOCKETS_PER_CALLER,
+            subscriptions_per_socket: SUBSCRIPTIONS_PER_SOCKET,
         }
     }
 }
@@ -168,6 +189,13 @@ pub struct ServerConfig {
     pub backend: Backend,
     /// The table and queue of the `aws` backend (`[server.aws]`).
     pub aws: AwsBackend,
+    /// Without `[auth]`, whether `serve` may listen beyond loopback (default false: it refuses
+    /// to, since every caller could then do everything).
+    pub allow_anonymous: bool,
+    /// Whether clients see the log's internal events in full: a worker's `state` and the
+    /// agent's system prompt and tool definitions (default false: they are left out for
+    /// clients; admins always see them).
+    pub expose_internal_events: bool,
 }
 
 impl Default for ServerConfig {
@@ -179,6 +207,8 @@ impl Default for ServerConfig {
             durability: Durability::default(),
             backend: Backend::default(),
             aws: AwsBackend::default(),
+            allow_anonymous: false,
+            expose_internal_events: false,
         }
     }
 }
@@ -396,6 +426,9 @@ pub struct AuthConfig {
     pub jwt_audience: Option<String>,
     /// JWT claims copied into the session owner's `WorkerIdentity.metadata` (workers see them).
     pub jwt_metadata_claims: Vec<String>,
+    /// Whether a JWT's `sub` names the client key of that name (one identity, `client:<sub>`);
+    /// default false: JWT subjects are identities of their own (`jwt:<sub>`).
+    pub jwt_sub_is_api_key_name: bool,
     /// Machine key name -> the agents whose calls it may settle (`"*"`: every agent).
     pub machines: BTreeMap<String, Vec<String>>,
 }
@@ -532,7 +565,21 @@ impl Config {
             let machines = keys("machine_keys_env", &auth.machine_keys_env)?;
             let admins = keys("admin_keys_env", &auth.admin_keys_env)?;
             let jwt_secret = match &auth.jwt_secret_env {
-                Some(var) => Some(read(var, "auth.jwt_secret_env".to_owned(), "[auth]".to_owned())?),
+                Some(var) => {
+                    let secret = read(var, "auth.jwt_secret_env".to_owned(), "[auth]".to_owned())?;
+                    let min = crate::auth::MIN_JWT_SECRET_BYTES;
+                    if secret.len() < min {
+                        return Err(ConfigError::at(
+                            &self.file,
+                            "auth.jwt_secret_env",
+                            format!(
+                                "environment variable {var} holds {} bytes; an HS256 secret needs at least {min}",
+                                secret.len()
+                            ),
+                        ));
+                    }
+                    Some(secret)
+                }
                 None => None,
             };
             let all = clients.iter().chain(&machines).chain(&admins);

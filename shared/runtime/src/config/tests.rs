@@ -19,6 +19,8 @@ const FULL: &str = r#"[server]
 addr = "0.0.0.0:9000"
 data_dir = "/var/lib/turnstone"
 max_body_bytes = 2048
+allow_anonymous = true
+expose_internal_events = true
 durability = "process"
 backend = "aws"
 
@@ -152,6 +154,8 @@ fn a_full_example_parses_to_every_field() {
                 endpoint_url: Some("http://127.0.0.1:5000".to_owned()),
                 region: Some("eu-west-1".to_owned()),
             },
+            allow_anonymous: true,
+            expose_internal_events: true,
         }
     );
     let engine = Defaults::default();
@@ -320,13 +324,14 @@ fn unknown_keys_are_named_where_they_are() {
     );
     assert_eq!(
         err("[server]\nport = 8787\n"),
-        "turnstone.toml:2:1: server.port: unknown key \"port\"; expected one of: addr, data_dir, max_body_bytes, durability, backend, aws"
+        "turnstone.toml:2:1: server.port: unknown key \"port\"; expected one of: addr, data_dir, max_body_bytes, durability, backend, aws, \
+         allow_anonymous, expose_internal_events"
     );
     assert_eq!(
         err("[auth]\napi_keys = \"x\"\n"),
         "turnstone.toml:2:1: auth.api_keys: unknown key \"api_keys\" (did you mean \"api_keys_env\"?); \
          expected one of: api_keys_env, machine_keys_env, admin_keys_env, jwt_secret_env, jwt_issuer, \
-         jwt_audience, jwt_metadata_claims, machines"
+         jwt_audience, jwt_metadata_claims, jwt_sub_is_api_key_name, machines"
     );
 }
 
@@ -554,12 +559,7 @@ fn secrets_resolve_from_the_environment() {
     let names: Vec<&str> = secrets.client_keys().iter().map(|(name, _)| name.as_str()).collect();
     assert_eq!(names, ["alice", "ci"]);
     let auth = crate::auth::Authenticator::new(config.auth.as_ref(), &secrets).unwrap();
-    let client = |name: &str| {
-        Ok(crate::auth::Caller::Client(turnstone_engine::protocol::WorkerIdentity {
-            id: Some(name.to_owned()),
-            metadata: None,
-        }))
-    };
+    let client = |name: &str| Ok(crate::auth::Caller::client(crate::auth::Kind::Client, name));
     assert_eq!(auth.authenticate(Some("Bearer key-ci-2")), client("ci"));
     assert_eq!(auth.authenticate(Some("Bearer key-alice-1")), client("alice"));
     assert_eq!(auth.authenticate(Some("Bearer key-alice-")), Err(crate::auth::AuthError::Invalid));
@@ -609,6 +609,18 @@ fn a_missing_secret_names_the_variable_and_who_needs_it() {
         "turnstone.toml: llm.openai.api_key_env: environment variable OPENAI_API_KEY is empty \
          (llm \"openai\" needs it)"
     );
+}
+
+#[test]
+fn a_jwt_secret_shorter_than_the_hash_is_refused() {
+    let config = Config::parse("[auth]\njwt_secret_env = \"JWT\"\n", "t.toml").unwrap();
+    let short = "s".repeat(crate::auth::MIN_JWT_SECRET_BYTES - 1);
+    assert_eq!(
+        config.resolve_secrets(env(&[("JWT", &short)])).unwrap_err().to_string(),
+        "t.toml: auth.jwt_secret_env: environment variable JWT holds 31 bytes; an HS256 secret needs at least 32"
+    );
+    let long = "s".repeat(crate::auth::MIN_JWT_SECRET_BYTES);
+    assert_eq!(config.resolve_secrets(env(&[("JWT", &long)])).unwrap().jwt_secret(), Some(long.as_str()));
 }
 
 #[test]

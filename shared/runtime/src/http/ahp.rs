@@ -1,23 +1,36 @@
 //! `GET /v1/ahp`: the Agent Host Protocol over a WebSocket ([`crate::ahp`]). The upgrade is
-//! authenticated like every request: without a valid `Authorization` it is answered 401 and
-//! never upgraded.
+//! authenticated like every request, by its `Authorization` header or, where a client cannot
+//! set one (a browser's `WebSocket`, VS Code's agent host client), by the token in the `tkn`
+//! query parameter (the header wins when both are present): without a valid token it is
+//! answered 401 and never upgraded, as it is with a token already past its expiry (the socket
+//! would be closed at once). A caller holding `[limits] sockets_per_caller` sockets already is
+//! answered 429 `too_many_sockets`. Messages and frames are bounded by `[server]
+//! max_body_bytes`, as request bodies are.
 
 use std::sync::Arc;
 
-use axum::extract::State;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState, authenticate};
+use super::{ApiError, AppState, authenticate, unauthorized};
+use crate::auth::{AuthError, Caller};
+
+/// The query parameter a browser's WebSocket carries its token in.
+const TOKEN_PARAMETER: &str = "tkn";
 
 pub(super) async fn upgrade(
     State(state): State<AppState>,
     headers: HeaderMap,
+    RawQuery(query): RawQuery,
     upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let caller = authenticate(&state, &headers)?;
+    let caller = caller(&state, &headers, query.as_deref())?;
+    if crate::ahp::expired(caller.expires_at()) {
+        return Err(unauthorized(AuthError::Expired));
+    }
     let upgrade = upgrade.map_err(|rejection| {
         ApiError::new(
             StatusCode::UPGRADE_REQUIRED,
@@ -25,6 +38,36 @@ pub(super) async fn upgrade(
             format!("GET /v1/ahp speaks the Agent Host Protocol over a WebSocket: {}", rejection.body_text()),
         )
     })?;
+    let slot = state.ahp.open_socket(&caller).map_err(|limit| {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_sockets",
+            format!(
+                "this caller has {limit} AHP sockets open, the most allowed (limits.sockets_per_caller); \
+                 close one first"
+            ),
+        )
+    })?;
+    let max = state.config.max_body_bytes;
     let host = Arc::clone(&state.ahp);
-    Ok(upgrade.on_upgrade(move |socket| crate::ahp::serve(socket, host, caller)).into_response())
+    let upgrade = upgrade.max_message_size(max).max_frame_size(max);
+    Ok(upgrade
+        .on_upgrade(move |socket| async move {
+            // Counted until the socket ends (or, if the upgrade fails, until this is dropped).
+            let _slot = slot;
+            crate::ahp::serve(socket, host, caller).await;
+        })
+        .into_response())
+}
+
+/// The caller of the upgrade: by its `Authorization` header as every request's, or without
+/// one by the `tkn` query parameter, with the same checks.
+fn caller(state: &AppState, headers: &HeaderMap, query: Option<&str>) -> Result<Caller, ApiError> {
+    let token = query.and_then(|query| {
+        form_urlencoded::parse(query.as_bytes()).find(|(name, _)| name == TOKEN_PARAMETER).map(|(_, v)| v)
+    });
+    match (state.config.auth.as_ref(), headers.contains_key(axum::http::header::AUTHORIZATION), token) {
+        (Some(auth), false, Some(token)) => auth.authenticate_token(&token).map_err(unauthorized),
+        _ => authenticate(state, headers),
+    }
 }

@@ -39,6 +39,9 @@ impl From<Error> for ApiError {
             Error::TooManySessions { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "too_many_sessions", e.to_string())
             }
+            Error::SettleForbidden { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "settle_forbidden", e.to_string()).with_param("id")
+            }
             Error::Contended(_) => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "contended", e.to_string()),
             Error::Store(_) | Error::Queue(_) => {
                 tracing::error!(error = %e, "backend failure");

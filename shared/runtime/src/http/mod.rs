@@ -4,8 +4,10 @@ mod ahp;
 mod chat;
 mod console;
 mod error;
+mod open_host;
 pub mod openapi;
 mod query;
+mod redact;
 mod sse;
 
 use std::sync::Arc;
@@ -21,16 +23,18 @@ use axum::routing::{MethodRouter, get, post};
 use serde::Deserialize;
 use turnstone_engine::ids::{SessionId, TurnId};
 use turnstone_engine::protocol::{Action, ClientInput, parse_slice};
-use turnstone_engine::session::{Command, Event, Session};
+use turnstone_engine::session::{Command, Event, Rejection, Session};
 
 pub use crate::api::ApiError;
+pub use open_host::OpenHost;
 
 use crate::api::{
-    ActivePath, CancelRequest, Cancelled, Disposed, EventPage, ForkRequest, Placement, SessionPage,
-    SessionSummary, Settled, Submitted, Turn,
+    ActivePath, CancelRequest, Cancelled, CreateSessionRequest, CreatedSession, Disposed, EventPage,
+    ForkRequest, Placement, SessionPage, SessionSummary, Settled, Submitted, Turn,
 };
 use crate::app::App;
 use crate::auth::{Access, AuthError, Authenticator, Caller, Listing};
+
 use crate::store::SessionFilter;
 use query::ApiQuery;
 
@@ -45,6 +49,13 @@ pub struct HttpConfig {
     /// The longest a turn long-poll (`?wait=`) waits; longer waits are cut to it. Behind API
     /// Gateway, which ends a request at 30 s, it must stay below that.
     pub max_wait: Duration,
+    /// Set on a host without `[auth]` that listens itself: what keeps other machines and web
+    /// pages out ([`OpenHost`]). The long-running host sets it from its listener.
+    pub open_host: Option<OpenHost>,
+    /// Whether clients see internal events in full (`[server] expose_internal_events`).
+    pub expose_internal_events: bool,
+    /// Event streams one authenticated caller may hold open (`[limits] streams_per_caller`).
+    pub streams_per_caller: usize,
 }
 
 /// The longest a long-poll waits on a host of its own.
@@ -55,7 +66,14 @@ pub const MAX_WAIT_BEHIND_API_GATEWAY: Duration = Duration::from_secs(25);
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { max_body_bytes: 1 << 20, auth: None, max_wait: MAX_WAIT }
+        HttpConfig {
+            max_body_bytes: 1 << 20,
+            auth: None,
+            max_wait: MAX_WAIT,
+            open_host: None,
+            expose_internal_events: false,
+            streams_per_caller: crate::config::STREAMS_PER_CALLER,
+        }
     }
 }
 
@@ -65,27 +83,35 @@ struct AppState {
     config: Arc<HttpConfig>,
     /// What the connections of `GET /v1/ahp` share.
     ahp: Arc<crate::ahp::AhpHost>,
+    /// The event streams each caller holds open (`[limits] streams_per_caller`).
+    streams: Arc<crate::per_caller::PerCaller>,
 }
 
 /// The HTTP API.
 pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
     let limit = config.max_body_bytes;
+    let open_host = config.open_host.filter(|_| config.auth.is_none());
     let ahp = crate::ahp::AhpHost::new(Arc::clone(&app));
-    let state = AppState { app, config: Arc::new(config), ahp };
+    let streams = Arc::new(crate::per_caller::PerCaller::new(config.streams_per_caller));
+    let state = AppState { app, config: Arc::new(config), ahp, streams };
     let router =
         routes().into_iter().fold(axum::Router::new(), |router, (path, methods)| router.route(path, methods));
-    router
+    let router = router
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         // Bodies are read and limited by `body()`; this only stops axum's own 2 MB default.
         .layer(DefaultBodyLimit::max(limit.saturating_add(1)))
-        .with_state(state)
+        .with_state(state);
+    match open_host {
+        Some(open) => router.layer(axum::middleware::from_fn_with_state(open, open_host::guard)),
+        None => router,
+    }
 }
 
 /// Every route, by path. The router is built from this list and the OpenAPI document's paths
 /// are checked against it ([`route_paths`]), so neither can gain a route the other lacks.
 fn routes() -> Vec<(&'static str, MethodRouter<AppState>)> {
     vec![
-        ("/v1/sessions", get(list_sessions)),
+        ("/v1/sessions", get(list_sessions).post(create)),
         ("/v1/sessions/{id}", get(session_summary).delete(dispose)),
         ("/v1/sessions/{id}/inputs", post(submit)),
         ("/v1/sessions/{id}/messages", get(messages)),
@@ -115,10 +141,13 @@ pub fn route_paths() -> Vec<&'static str> {
 fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let Some(auth) = state.config.auth.as_ref() else { return Ok(Caller::Anyone) };
     let header = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    auth.authenticate(header).map_err(|e| {
-        let code = if e == AuthError::Expired { "token_expired" } else { "unauthorized" };
-        ApiError::new(StatusCode::UNAUTHORIZED, code, e.to_string())
-    })
+    auth.authenticate(header).map_err(unauthorized)
+}
+
+/// 401 for a request whose token was refused (`token_expired` for an expired token).
+fn unauthorized(e: AuthError) -> ApiError {
+    let code = if e == AuthError::Expired { "token_expired" } else { "unauthorized" };
+    ApiError::new(StatusCode::UNAUTHORIZED, code, e.to_string())
 }
 
 /// The session `id`, if it exists and `caller` may `access` it; otherwise 404, the same
@@ -203,7 +232,7 @@ async fn settle(
 ) -> Result<Response, ApiError> {
     let caller = authenticate(&state, &headers)?;
     let action: Action = body(&state, &bytes)?;
-    state.app.command_as(&id, &caller, Access::Settle, Command::Settle { action }).await?;
+    state.app.settle_as(&id, &caller, action).await?;
     Ok((StatusCode::ACCEPTED, Json(Settled { session_id: id })).into_response())
 }
 
@@ -240,15 +269,47 @@ async fn fork(
             check_id(fork_id.as_str())?;
             fork_id
         }
-        None => {
-            use std::hash::BuildHasher;
-            // `RandomState` is keyed from the OS's randomness.
-            format!("fork-{:016x}", std::hash::RandomState::new().hash_one(&id)).into()
-        }
+        None => mint_session_id("fork"),
     };
     let (forked, created) = state.app.fork(&id, &request.turn_id, &fork_id, &caller).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(forked)).into_response())
+}
+
+/// `prefix-<32 hex>`: a session id no one can guess, 128 bits from the OS's randomness (each
+/// `RandomState` is keyed from it).
+fn mint_session_id(prefix: &str) -> SessionId {
+    use std::hash::BuildHasher;
+    let half = || std::hash::RandomState::new().hash_one(prefix);
+    format!("{prefix}-{:016x}{:016x}", half(), half()).into()
+}
+
+/// `POST /v1/sessions`: a new session of an agent, owned by the caller, with no turn yet; 201,
+/// or 200 when the caller's own session of that id exists already (a retried create). An id
+/// taken by a session the caller may not reach answers 404, as every route does for it.
+async fn create(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    bytes: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let caller = authenticate(&state, &headers)?;
+    let request: CreateSessionRequest = body(&state, &bytes)?;
+    let session_id = match request.session_id {
+        Some(id) => {
+            check_id(&id)?;
+            id
+        }
+        None => mint_session_id("s"),
+    };
+    let (status, agent_id) = match state.app.create_session(&session_id, &request.agent_id, &caller).await {
+        Ok(_) => (StatusCode::CREATED, request.agent_id),
+        Err(crate::error::Error::Rejected(Rejection::AlreadyExists(_))) => {
+            let existing = reachable(&state, &caller, &session_id, Access::Drive).await?;
+            (StatusCode::OK, existing.agent_id().to_owned())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok((status, Json(CreatedSession { session_id, agent_id })).into_response())
 }
 
 /// Sessions with work due counted for the gauge, at most.
@@ -382,9 +443,16 @@ async fn events(
     let caller = authenticate(&state, &headers)?;
     reachable(&state, &caller, &id, Access::Read).await?;
     let limit = query.limit.unwrap_or(500).clamp(1, 1000);
-    let events =
+    let mut events =
         state.app.store().events_after(&id, query.after, limit).await.map_err(crate::error::Error::from)?;
     let next_after = events.last().map_or(query.after, |e| e.seq);
+    if !redact::sees_internals(&caller, state.config.expose_internal_events) {
+        for logged in &mut events {
+            if let std::borrow::Cow::Owned(shown) = redact::for_clients(&logged.event) {
+                logged.event = shown;
+            }
+        }
+    }
     Ok(Json(EventPage { events, next_after }))
 }
 

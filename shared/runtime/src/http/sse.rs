@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::Stream;
 use serde::Deserialize;
@@ -45,14 +45,29 @@ pub(super) async fn stream(
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let caller = authenticate(&state, &headers)?;
     reachable(&state, &caller, &id, Access::Read).await?;
+    // Held by the pump: given back when the stream ends, however it ends.
+    let slot = state.streams.acquire(&caller).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_streams",
+            format!(
+                "this caller holds {} event streams open, the most allowed (limits.streams_per_caller)",
+                state.streams.limit()
+            ),
+        )
+    })?;
     let resume =
         headers.get("last-event-id").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
     let after = resume.or(query.after).unwrap_or(0);
     // Follow before the first read, so nothing committed in between is missed.
     let notifier = state.app.notifier();
     let live = Live { progress: notifier.progress(&id).await?, deltas: notifier.deltas(&id) };
+    let internals = super::redact::sees_internals(&caller, state.config.expose_internal_events);
     let (tx, rx) = mpsc::channel::<SseEvent>(BUFFER);
-    tokio::spawn(pump(state, id.into_string(), after, live, tx));
+    tokio::spawn(async move {
+        pump(state, id.into_string(), after, live, internals, tx).await;
+        drop(slot);
+    });
     let frames =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (Ok(f), rx)) });
     Ok(Sse::new(frames).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)).text("keep-alive")))
@@ -65,7 +80,15 @@ struct Live {
     deltas: broadcast::Receiver<Delta>,
 }
 
-async fn pump(state: AppState, id: String, mut after: u64, mut live: Live, tx: mpsc::Sender<SseEvent>) {
+/// With `internals` false, the events go out as end users see them (`crate::redact`).
+async fn pump(
+    state: AppState,
+    id: String,
+    mut after: u64,
+    mut live: Live,
+    internals: bool,
+    tx: mpsc::Sender<SseEvent>,
+) {
     loop {
         // Catch up with the durable log (marking the progress seen first, so a commit during
         // the read is not missed).
@@ -79,7 +102,12 @@ async fn pump(state: AppState, id: String, mut after: u64, mut live: Live, tx: m
                 }
             };
             for logged in &events {
-                let data = serde_json::to_string(&logged.event).unwrap_or_default();
+                let event = if internals {
+                    std::borrow::Cow::Borrowed(&logged.event)
+                } else {
+                    super::redact::for_clients(&logged.event)
+                };
+                let data = serde_json::to_string(&*event).unwrap_or_default();
                 let frame =
                     SseEvent::default().id(logged.seq.to_string()).event(logged.event.name()).data(data);
                 if tx.send(frame).await.is_err() {
