@@ -8,9 +8,10 @@
 use jsonwebtoken::{EncodingKey, Header};
 use serde_json::{Value, json};
 use tempfile::TempDir;
+use turnstone_engine::protocol::Trigger;
 use turnstone_runtime::api::{SessionPage, SessionSummary};
 use turnstone_runtime::clock::{Clock, SystemClock};
-use turnstone_tests::{ApiClient, TestHost};
+use turnstone_tests::{ApiClient, FakeAnswer, FakeWorker, Gate, TestHost};
 
 const JWT_SECRET: &str = "jwt-secret-for-tests-only-0123456789";
 
@@ -294,5 +295,70 @@ async fn without_auth_everything_stays_open() {
     }
     let page: SessionPage = host.get_ok("/v1/sessions").await;
     assert_eq!(page.sessions.len(), 1);
+    host.stop().await;
+}
+
+/// Who may settle which call, for every kind of caller: a client tool's call is its session's
+/// client's to answer, a worker's call its agent's machine keys'. Each caller settles with an
+/// attempt that is not the call's: one allowed past the rules reaches the engine, which refuses
+/// it as `stale_attempt` (so nothing is settled and every caller sees the same calls); one the
+/// rules refuse never gets there.
+#[tokio::test(flavor = "multi_thread")]
+async fn who_may_settle_which_call() {
+    let gate = Gate::new();
+    let held = gate.clone();
+    let worker = FakeWorker::start(None, move |request, _| match &request.trigger {
+        // The worker tool runs until the test is done with it.
+        Trigger::ToolExecute(_) => FakeAnswer::held(&held, FakeAnswer::Status(500, "{}".to_owned())),
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let plain = "[agent.other]\nmodel = \"scripted\"\nllm = \"s\"\n";
+    assert!(CONFIG.contains(plain));
+    let tools = format!(
+        "[agent.other]\nmodel = \"scripted\"\nllm = \"s\"\nworker = \"{}\"\n\
+         [[agent.other.tools]]\nname = \"slow\"\n[[agent.other.tools]]\nname = \"ask\"\nhandler = \"client\"\n",
+        worker.url()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start_with_env(&CONFIG.replace(plain, &tools), dir.path(), env).await;
+    let alice = host.with_token("key-alice");
+    alice.submit_ok("st", &message("other", "/tool slow {}\n/tool ask {}")).await;
+    let execute =
+        worker.wait_for(std::time::Duration::from_secs(15), |r| r.trigger_name() == "tool.execute").await;
+    let Trigger::ToolExecute(slow) = &execute.request.trigger else { unreachable!() };
+    let summary = alice
+        .wait_summary("st", std::time::Duration::from_secs(15), |s| !s.pending_client_calls.is_empty())
+        .await;
+    let ask = summary.pending_client_calls[0].id.to_string();
+    let settle = |id: &str| json!({"type": "tool.result", "id": id, "attempt": 99, "result": "x"});
+    let passes = (409, "stale_attempt");
+    let (forbidden, not_found) = ((403, "settle_forbidden"), (404, "session_not_found"));
+    // (caller, token, the client tool's call, the worker's call)
+    let matrix: Vec<(&str, String, Expected, Expected)> = vec![
+        ("owner", "key-alice".into(), passes, forbidden),
+        ("owner by JWT", jwt("alice", 300, json!({})), passes, forbidden),
+        ("other client", "key-bob".into(), not_found, not_found),
+        ("client named as the admin", "key-root-client".into(), not_found, not_found),
+        ("machine of the agent", "key-w-other".into(), forbidden, passes),
+        ("machine of another agent", "key-w-demo".into(), not_found, not_found),
+        ("admin", "key-root".into(), not_found, not_found),
+        ("no key", String::new(), (401, "unauthorized"), (401, "unauthorized")),
+    ];
+    let mut mismatches = Vec::new();
+    for (who, token, client_call, worker_call) in &matrix {
+        let client = if token.is_empty() { (*host).clone() } else { host.with_token(token.clone()) };
+        for (call, expected) in [(ask.as_str(), client_call), (slow.id.as_str(), worker_call)] {
+            let got = outcome(&client, "POST", "/v1/sessions/st/calls/settle", Some(&settle(call))).await;
+            if (got.0, got.1.as_str()) != *expected {
+                mismatches.push(format!("{who} settling {call}: got {got:?}, expected {expected:?}"));
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
+    // Still open, both.
+    let summary = alice.summary("st").await;
+    assert_eq!(summary.pending_client_calls.len(), 1, "{summary:?}");
+    gate.open();
     host.stop().await;
 }
