@@ -5,6 +5,7 @@
 //! | `W#<connection id>` | `W`                 | a WebSocket connection: `caller` (JSON, with its token's expiry), `client_id`, `chats` (the sessions it subscribed to), `ttl` |
 //! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `expires_at` (its caller's token's expiry, if any), `ttl` |
 //! | `R`                 | `W#<connection id>` | a subscription to the root channel: `caller` (JSON), `ttl` |
+//! | `C#<caller key>`    | `W#<connection id>` | a connection counted among its caller's open ones (`[limits] sockets_per_caller`): `ttl` |
 //!
 //! A subscription lives in its session's partition, so whichever function commits the session
 //! finds its subscribers with one strongly consistent query (`SK` beginning with `W#`, after
@@ -69,6 +70,15 @@ impl DynamoRegistry {
     fn root_key(id: &str) -> items::Item {
         [(PK.to_owned(), items::s(ROOT)), (SK.to_owned(), items::s(format!("{SUBSCRIPTION_PREFIX}{id}")))]
             .into()
+    }
+
+    /// The item that counts connection `id` among its caller's (`Caller::key`) open ones.
+    fn counted_key(caller_key: &str, id: &str) -> items::Item {
+        [
+            (PK.to_owned(), items::s(format!("C#{caller_key}"))),
+            (SK.to_owned(), items::s(format!("{SUBSCRIPTION_PREFIX}{id}"))),
+        ]
+        .into()
     }
 
     fn subscription_key(id: &str, session: &SessionId) -> items::Item {
@@ -137,10 +147,46 @@ fn failed<E: std::error::Error + 'static>(operation: &str, e: E) -> RegistryErro
 #[async_trait]
 impl Registry for DynamoRegistry {
     async fn connect(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
+        let ttl = Self::expiry(caller.expires_at());
         let mut item = Self::connection_key(id);
         item.insert(CALLER.to_owned(), items::s(caller_to_json(caller)));
-        item.insert(TTL.to_owned(), Self::expiry(caller.expires_at()));
-        self.put(item).await
+        item.insert(TTL.to_owned(), ttl.clone());
+        self.put(item).await?;
+        if let Some(key) = caller.key() {
+            let mut counted = Self::counted_key(&key, id);
+            counted.insert(TTL.to_owned(), ttl);
+            self.put(counted).await?;
+        }
+        Ok(())
+    }
+
+    async fn open_connections(&self, caller_key: &str) -> Result<usize, RegistryError> {
+        // The table's TTL removes expired items late: those past their `ttl` are not counted.
+        let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
+        let (mut count, mut start) = (0, None);
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("#pk = :pk")
+                .filter_expression("#ttl > :now")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#ttl", TTL)
+                .expression_attribute_values(":pk", items::s(format!("C#{caller_key}")))
+                .expression_attribute_values(":now", items::n(now))
+                .select(aws_sdk_dynamodb::types::Select::Count)
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| failed("Query", e))?;
+            count += usize::try_from(out.count).unwrap_or(0);
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(count);
+            }
+        }
     }
 
     async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError> {
@@ -180,6 +226,17 @@ impl Registry for DynamoRegistry {
     }
 
     async fn disconnect(&self, id: &str) -> Result<(), RegistryError> {
+        if let Some(record) = self.connection(id).await?
+            && let Some(key) = record.caller.key()
+        {
+            self.client
+                .delete_item()
+                .table_name(&self.table)
+                .set_key(Some(Self::counted_key(&key, id)))
+                .send()
+                .await
+                .map_err(|e| failed("DeleteItem", e))?;
+        }
         self.unsubscribe_all(id).await?;
         self.client
             .delete_item()

@@ -819,3 +819,22 @@ async fn connections_take_tkn_and_end_with_their_token() {
     assert!(registry.connection("old2").await.unwrap().is_none());
     assert_eq!(*world.management.closed.lock().unwrap(), ["old", "old2"]);
 }
+
+/// `[limits] sockets_per_caller` behind API Gateway: the connections a caller holds are counted
+/// in the table (one item each, removed on `$disconnect`), so the cap holds across every
+/// function container; `$connect` past it is answered 429.
+#[tokio::test(flavor = "multi_thread")]
+async fn sockets_per_caller_hold_across_functions() {
+    let config = format!("{CONFIG}\n[limits]\nsockets_per_caller = 2\n");
+    let world = World::with_config(&config).await;
+    let alice = format!("Bearer {KEY}");
+    assert_eq!(world.event(connect_event("cap1", Some(&alice))).await, 200);
+    assert_eq!(world.event(connect_event("cap2", Some(&alice))).await, 200);
+    assert_eq!(world.event(connect_event("cap3", Some(&alice))).await, 429);
+    // Another caller's count is its own.
+    assert_eq!(world.event(connect_event("bob1", Some(&format!("Bearer {BOB_KEY}")))).await, 200);
+    // A closed connection gives its place back.
+    assert_eq!(world.event(disconnect_event("cap1")).await, 200);
+    assert_eq!(world.event(connect_event("cap4", Some(&alice))).await, 200);
+    assert_eq!(world.event(connect_event("cap5", Some(&alice))).await, 429);
+}

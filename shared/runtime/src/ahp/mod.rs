@@ -51,8 +51,10 @@
 //!
 //! A message (and a frame) is at most `[server] max_body_bytes`, the request body limit: a
 //! larger one closes the socket with 1009 (message too big). One authenticated caller holds at
-//! most `[limits] sockets_per_caller` sockets on a host (the next upgrade is answered 429
-//! `too_many_sockets`; the open host's anonymous caller has no cap), and one socket at most
+//! most `[limits] sockets_per_caller` sockets (the next upgrade is answered 429
+//! `too_many_sockets`; the open host's anonymous caller has no cap): counted in memory on the
+//! local host, and behind API Gateway in the registry ([`registry::Registry::open_connections`]),
+//! so the cap holds across every function. One socket holds at most
 //! `[limits] subscriptions_per_socket` subscriptions (a `subscribe` past it is a JSON-RPC error
 //! naming the limit).
 

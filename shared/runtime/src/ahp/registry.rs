@@ -59,8 +59,14 @@ pub struct RegistryError(pub String);
 /// Where connections and their chat subscriptions are recorded.
 #[async_trait]
 pub trait Registry: Send + Sync + 'static {
-    /// Records connection `id` of `caller`.
+    /// Records connection `id` of `caller`, and counts it among the caller's open ones
+    /// ([`Registry::open_connections`]).
     async fn connect(&self, id: &str, caller: &Caller) -> Result<(), RegistryError>;
+
+    /// How many connections the caller whose [`Caller::key`] is `caller_key` holds open (for
+    /// `[limits] sockets_per_caller`). Read before a connection is recorded, so two `$connect`s
+    /// of one caller at the same moment may both pass at the limit.
+    async fn open_connections(&self, caller_key: &str) -> Result<usize, RegistryError>;
 
     /// Connection `id`, if recorded.
     async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError>;

@@ -38,6 +38,11 @@ pub enum ConnectError {
     /// No valid `Authorization`: API Gateway answers the upgrade with 401.
     #[error(transparent)]
     Unauthorized(#[from] AuthError),
+    /// The caller holds `[limits] sockets_per_caller` connections already: 429.
+    #[error(
+        "this caller has {limit} AHP sockets open, the most allowed (limits.sockets_per_caller); close one first"
+    )]
+    TooManySockets { limit: usize },
     #[error(transparent)]
     Registry(#[from] RegistryError),
 }
@@ -72,6 +77,12 @@ impl Gateway {
         };
         if expired(caller.expires_at()) {
             return Err(ConnectError::Unauthorized(AuthError::Expired));
+        }
+        let limit = self.pushes.host().map(|host| host.app().limits().sockets_per_caller);
+        if let (Some(limit), Some(key)) = (limit, caller.key())
+            && self.pushes.registry.open_connections(&key).await? >= limit
+        {
+            return Err(ConnectError::TooManySockets { limit });
         }
         self.pushes.registry.connect(connection_id, &caller).await?;
         Ok(())
