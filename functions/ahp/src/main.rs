@@ -17,7 +17,7 @@ async fn main() -> Result<(), turnstone_lambda::Error> {
         )
         .into());
     };
-    let gateway = Arc::new(Gateway::new(pushes, deployment.http.auth));
+    let gateway = Arc::new(Gateway::new(pushes, &deployment.http));
     turnstone_lambda::ready(started);
     turnstone_lambda::websocket::run_ahp(deployment.engine.app, gateway).await
 }

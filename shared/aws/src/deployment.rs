@@ -117,7 +117,23 @@ impl Deployment {
         if let Some(pushes) = &ahp {
             pushes.attach(&engine.app);
         }
-        Ok(Deployment { engine, http: assemble::http(&config, &secrets), ahp })
+        // Reached from the internet: without `[auth]`, nobody is served unless the
+        // configuration says anyone may be.
+        let anonymous = config.auth.is_none();
+        if anonymous && config.server.allow_anonymous {
+            tracing::warn!(
+                "no [auth] and [server] allow_anonymous = true: anyone who reaches this deployment may read and drive every session"
+            );
+        } else if anonymous {
+            tracing::warn!(
+                "no [auth]: every request but /healthz is refused (503 auth_not_configured) until the configuration has one"
+            );
+        }
+        let http = HttpConfig {
+            refuse_anonymous: anonymous && !config.server.allow_anonymous,
+            ..assemble::http(&config, &secrets)
+        };
+        Ok(Deployment { engine, http, ahp })
     }
 }
 

@@ -241,7 +241,7 @@ impl World {
         };
         let ahp = Deployment::open(&settings, &sdk).await.unwrap();
         let dispatch = Deployment::open(&settings, &sdk).await.unwrap();
-        let gateway = Gateway::new(Arc::clone(ahp.ahp.as_ref().unwrap()), ahp.http.auth.clone());
+        let gateway = Gateway::new(Arc::clone(ahp.ahp.as_ref().unwrap()), &ahp.http);
         let (_, queue) = support::config(store.table(), &queue_url).connect_with(&clients).await.unwrap();
         World { ahp, gateway, dispatch, queue, management, next_id: AtomicU64::new(1) }
     }
@@ -837,4 +837,43 @@ async fn sockets_per_caller_hold_across_functions() {
     assert_eq!(world.event(disconnect_event("cap1")).await, 200);
     assert_eq!(world.event(connect_event("cap4", Some(&alice))).await, 200);
     assert_eq!(world.event(connect_event("cap5", Some(&alice))).await, 429);
+}
+
+/// The functions fail closed: without `[auth]` a deployment serves no one (503
+/// `auth_not_configured` on the API and on `$connect`, the health check aside), unless the
+/// configuration says `[server] allow_anonymous = true`.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_auth_the_functions_serve_no_one_unless_allowed() {
+    let anonymous = CONFIG.split("[auth]").next().unwrap().to_owned();
+    let post = |world: &World| {
+        let router =
+            turnstone_lambda::http::api_router(Arc::clone(&world.ahp.engine.app), world.ahp.http.clone());
+        let input = json!({"type": "client.message", "agent_id": "helper", "message": {"role": "user", "content": "hi"}});
+        let request = axum::http::Request::post("/v1/sessions/open1/inputs")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(input.to_string()))
+            .unwrap();
+        async move {
+            let response = router.oneshot(request).await.unwrap();
+            let status = response.status().as_u16();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            (status, serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null))
+        }
+    };
+    let world = World::with_config(&anonymous).await;
+    let (status, body) = post(&world).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("auth_not_configured")), "{body}");
+    let router =
+        turnstone_lambda::http::api_router(Arc::clone(&world.ahp.engine.app), world.ahp.http.clone());
+    let health =
+        router.oneshot(axum::http::Request::get("/healthz").body(axum::body::Body::empty()).unwrap());
+    assert_eq!(health.await.unwrap().status(), 200);
+    assert_eq!(world.event(connect_event("anon", None)).await, 503);
+    assert!(world.ahp.engine.app.session("open1").await.is_err(), "nothing was created");
+
+    // Said so in the configuration: open.
+    let world = World::with_config(&format!("[server]\nallow_anonymous = true\n{anonymous}")).await;
+    let (status, body) = post(&world).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(world.event(connect_event("anon", None)).await, 200);
 }

@@ -29,6 +29,7 @@ pub async fn handle(
                 Ok(()) => answer(200, ""),
                 Err(ConnectError::Unauthorized(e)) => answer(401, &e.to_string()),
                 Err(e @ ConnectError::TooManySockets { .. }) => answer(429, &e.to_string()),
+                Err(e @ ConnectError::AuthNotConfigured) => answer(503, &e.to_string()),
                 Err(e) => {
                     tracing::error!(connection_id, error = %e, "an AHP connection could not be recorded");
                     answer(500, "the connection could not be recorded")

@@ -38,6 +38,12 @@ pub enum ConnectError {
     /// No valid `Authorization`: API Gateway answers the upgrade with 401.
     #[error(transparent)]
     Unauthorized(#[from] AuthError),
+    /// No `[auth]`, and anonymous callers are not allowed (`[server] allow_anonymous`): 503.
+    #[error(
+        "this deployment has no [auth], so it serves no one: add an [auth] section to its configuration \
+         (or [server] allow_anonymous = true to let anyone in)"
+    )]
+    AuthNotConfigured,
     /// The caller holds `[limits] sockets_per_caller` connections already: 429.
     #[error(
         "this caller has {limit} AHP sockets open, the most allowed (limits.sockets_per_caller); close one first"
@@ -51,13 +57,16 @@ pub enum ConnectError {
 pub struct Gateway {
     pushes: Arc<Pushes>,
     auth: Option<Arc<Authenticator>>,
+    /// Without `[auth]`: refuse every connection (the HTTP API's `refuse_anonymous`).
+    refuse_anonymous: bool,
 }
 
 impl Gateway {
-    /// The host over `pushes` (attached to the app), authenticating with `auth` (`None`: no
-    /// `[auth]`, everyone may connect).
-    pub fn new(pushes: Arc<Pushes>, auth: Option<Arc<Authenticator>>) -> Self {
-        Gateway { pushes, auth }
+    /// The host over `pushes` (attached to the app), authenticating as the HTTP API of `http`
+    /// does: with its `auth`, and without one, letting everyone connect unless it refuses
+    /// anonymous callers.
+    pub fn new(pushes: Arc<Pushes>, http: &crate::http::HttpConfig) -> Self {
+        Gateway { pushes, auth: http.auth.clone(), refuse_anonymous: http.refuse_anonymous }
     }
 
     /// `$connect`: authenticates the upgrade, as the HTTP API does, by its `Authorization`
@@ -71,6 +80,7 @@ impl Gateway {
         token: Option<&str>,
     ) -> Result<(), ConnectError> {
         let caller = match (&self.auth, authorization, token) {
+            (None, _, _) if self.refuse_anonymous => return Err(ConnectError::AuthNotConfigured),
             (None, _, _) => Caller::Anyone,
             (Some(auth), None, Some(token)) => auth.authenticate_token(token)?,
             (Some(auth), authorization, _) => auth.authenticate(authorization)?,

@@ -2,7 +2,7 @@
 //! providers, agents and auth, one file for both deployments.
 //!
 //! ```toml
-//! [server]                      # optional; the local host only
+//! [server]                      # optional; the local host's (Lambda reads allow_anonymous, expose_internal_events)
 //! addr = "127.0.0.1:8787"
 //! data_dir = "./turnstone-data" # relative to the working directory
 //! max_body_bytes = 1048576

@@ -52,6 +52,9 @@ pub struct HttpConfig {
     /// Set on a host without `[auth]` that listens itself: what keeps other machines and web
     /// pages out ([`OpenHost`]). The long-running host sets it from its listener.
     pub open_host: Option<OpenHost>,
+    /// Set where no `[auth]` means nobody may call (a deployment reached from the internet,
+    /// without `[server] allow_anonymous`): every route but `/healthz` answers 503.
+    pub refuse_anonymous: bool,
     /// Whether clients see internal events in full (`[server] expose_internal_events`).
     pub expose_internal_events: bool,
     /// Event streams one authenticated caller may hold open (`[limits] streams_per_caller`).
@@ -71,6 +74,7 @@ impl Default for HttpConfig {
             auth: None,
             max_wait: MAX_WAIT,
             open_host: None,
+            refuse_anonymous: false,
             expose_internal_events: false,
             streams_per_caller: crate::config::STREAMS_PER_CALLER,
         }
@@ -91,6 +95,7 @@ struct AppState {
 pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
     let limit = config.max_body_bytes;
     let open_host = config.open_host.filter(|_| config.auth.is_none());
+    let refused = config.auth.is_none() && config.refuse_anonymous;
     let ahp = crate::ahp::AhpHost::new(Arc::clone(&app));
     let streams = Arc::new(crate::per_caller::PerCaller::new(config.streams_per_caller));
     let state = AppState { app, config: Arc::new(config), ahp, streams };
@@ -101,10 +106,11 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
         // Bodies are read and limited by `body()`; this only stops axum's own 2 MB default.
         .layer(DefaultBodyLimit::max(limit.saturating_add(1)))
         .with_state(state);
-    match open_host {
+    let router = match open_host {
         Some(open) => router.layer(axum::middleware::from_fn_with_state(open, open_host::guard)),
         None => router,
-    }
+    };
+    if refused { router.layer(axum::middleware::from_fn(open_host::refuse_all)) } else { router }
 }
 
 /// Every route, by path. The router is built from this list and the OpenAPI document's paths

@@ -11,6 +11,10 @@
 //!   with no preflight, but cannot set that type without one.
 //!
 //! With `[auth]` none of this applies: a browser page cannot attach the bearer token.
+//!
+//! A deployment reached from the internet (the Lambda functions) fails closed instead: with
+//! no `[auth]` and no `[server] allow_anonymous = true`, [`refuse_all`] answers every request
+//! but the health check 503 `auth_not_configured`.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -33,6 +37,21 @@ pub(super) async fn guard(State(open): State<OpenHost>, request: Request, next: 
         Ok(()) => next.run(request).await,
         Err(refusal) => refusal.into_response(),
     }
+}
+
+/// The middleware of a deployment that may not serve without `[auth]`: everything but
+/// `/healthz` is refused, saying what to configure.
+pub(super) async fn refuse_all(request: Request, next: Next) -> Response {
+    if request.uri().path() == "/healthz" {
+        return next.run(request).await;
+    }
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "auth_not_configured",
+        "this deployment has no [auth], so it serves no one: add an [auth] section to its \
+         configuration (or [server] allow_anonymous = true to let anyone in)",
+    )
+    .into_response()
 }
 
 impl OpenHost {
