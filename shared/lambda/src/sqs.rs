@@ -1,7 +1,9 @@
 //! The `dispatch` function: a batch of wake-ups from the SQS event source.
 //!
 //! Each session named in the batch is run once (a queue may carry several wake-ups for one
-//! session: the first run does all that is due), sessions concurrently. A record whose run
+//! session: the first run does all that is due), sessions concurrently. The wake-ups of one
+//! session are merged ([`WakeUp::merge`]): one announcing a commit that has not landed yet
+//! makes the run wait for it, whichever record of the batch carried it. A record whose run
 //! failed is reported as a batch item failure, so SQS delivers it again after the queue's
 //! visibility timeout and, after the redrive limit, moves it to the dead-letter queue; a
 //! record that is not a wake-up at all is reported the same way, so it ends in the
@@ -25,13 +27,15 @@ pub async fn handle_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchR
     for record in event.records {
         let message_id = record.message_id.unwrap_or_default();
         match record.body.as_deref().map(WakeUp::from_body) {
-            Some(Ok(wake_up)) => {
-                sessions
-                    .entry(wake_up.session_id.clone())
-                    .or_insert_with(|| (wake_up, Vec::new()))
-                    .1
-                    .push(message_id);
-            }
+            Some(Ok(wake_up)) => match sessions.get_mut(&wake_up.session_id) {
+                Some((merged, message_ids)) => {
+                    merged.merge(&wake_up);
+                    message_ids.push(message_id);
+                }
+                None => {
+                    sessions.insert(wake_up.session_id.clone(), (wake_up, vec![message_id]));
+                }
+            },
             Some(Err(e)) => {
                 tracing::error!(message_id, error = %e, "an SQS record is not a wake-up; it goes to the dead-letter queue");
                 failed.push(message_id);
@@ -62,6 +66,18 @@ pub async fn handle_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchR
     let mut response = SqsBatchResponse::default();
     response.batch_item_failures = failed
         .into_iter()
+        // An empty identifier would fail the whole batch (Lambda's partial batch response
+        // treats an empty or null itemIdentifier as a complete failure: AWS Lambda developer
+        // guide, "Implementing partial batch responses"), running every other session's wake-up
+        // again; a record sent without a message id cannot be named, so it is logged and left.
+        .filter(|id| {
+            if id.is_empty() {
+                tracing::error!(
+                    "a failed SQS record has no messageId: it cannot be reported alone and is dropped"
+                );
+            }
+            !id.is_empty()
+        })
         .map(|id| {
             let mut failure = BatchItemFailure::default();
             failure.item_identifier = id;

@@ -210,6 +210,44 @@ async fn a_poisoned_record_is_a_partial_batch_failure_and_the_others_run() {
     }
 }
 
+/// Two wake-ups of one session in one batch: the later one announces a commit that has not
+/// landed (its sender's commit is slow). The batch's run is for both, so it waits for that
+/// commit and, as it does not land in time, arms a later look; keeping only the first record's
+/// wake-up would drop the announcement, and the commit, once it lands, would wake nothing.
+#[tokio::test]
+async fn one_batch_merges_a_sessions_wake_ups() {
+    let f = fixture();
+    let input = turnstone_engine_input("m");
+    let (status, _) =
+        call_api(&f.engine, &http_api_event("POST", "/v1/sessions/m/inputs", "", Some(&input))).await;
+    assert_eq!(status, 202);
+    let wakes = drain(&f.queue).await;
+    let event: SqsEvent = serde_json::from_value(json!({"Records": [
+        sqs_record("m-1", &serde_json::to_string(&wakes[0].wake_up).unwrap()),
+        sqs_record("m-2", r#"{"session_id": "m", "reason": "commit", "seq": 1000000}"#),
+    ]}))
+    .unwrap();
+    assert_eq!(f.queue.sessions(), 0);
+    let response = handle_batch(&f.engine.dispatcher, event).await;
+    assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
+    assert_eq!(f.queue.sessions(), 1, "a later look for the announced commit is armed");
+}
+
+/// A record the event source sent without a `messageId` is never reported with an empty
+/// identifier, which would fail (and run again) the whole batch.
+#[tokio::test]
+async fn a_record_without_a_message_id_never_fails_the_batch() {
+    let f = fixture();
+    let mut nameless = sqs_record("x", "not a wake-up");
+    nameless.as_object_mut().unwrap().remove("messageId");
+    let event: SqsEvent =
+        serde_json::from_value(json!({"Records": [nameless, sqs_record("m-poison", "not one either")]}))
+            .unwrap();
+    let response = handle_batch(&f.engine.dispatcher, event).await;
+    let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+    assert_eq!(failed, ["m-poison"]);
+}
+
 fn turnstone_engine_input(session: &str) -> Value {
     json!({"type": "client.message", "agent_id": "demo", "turn_id": format!("t-{session}"),
         "message": {"role": "user", "content": format!("hi {session}")}})
