@@ -29,6 +29,9 @@ const BUCKETS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 
 const STARTS: usize = 10_000;
 /// Latencies kept for the next EMF drain (the rest are counted in the histogram only).
 const EMF_VALUES: usize = 1_000;
+/// The most values one metric of one EMF line may carry (the EMF specification: a metric's
+/// value array holds at most 100 values); more go out on further lines of the same labels.
+const EMF_VALUES_PER_LINE: usize = 100;
 /// The CloudWatch namespace of the EMF lines.
 pub const EMF_NAMESPACE: &str = "Turnstone";
 
@@ -317,31 +320,42 @@ impl Metrics {
         for (labels, picodollars) in &counts.cost {
             put(labels, "CostDollars".to_owned(), json!(*picodollars as f64 / 1e12), "None");
         }
+        // Latencies past a line's share: lines of their own, with only them.
+        let mut more: Vec<(Labels, Map<String, Value>, Vec<(String, &'static str)>)> = Vec::new();
         for (labels, values) in &latencies {
-            put(labels, "CallSeconds".to_owned(), json!(values), "Seconds");
+            let mut chunks = values.chunks(EMF_VALUES_PER_LINE);
+            if let Some(first) = chunks.next() {
+                put(labels, "CallSeconds".to_owned(), json!(first), "Seconds");
+            }
+            for chunk in chunks {
+                let fields = Map::from_iter([("CallSeconds".to_owned(), json!(chunk))]);
+                more.push((labels.clone(), fields, vec![("CallSeconds".to_owned(), "Seconds")]));
+            }
         }
-        lines
+        let line = |labels: Labels, mut fields: Map<String, Value>, units: &[(String, &'static str)]| {
+            let metrics: Vec<Value> =
+                units.iter().map(|(name, unit)| json!({"Name": name, "Unit": unit})).collect();
+            let dimensions: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
+            for (k, v) in &labels {
+                fields.insert((*k).to_owned(), json!(v));
+            }
+            fields.insert(
+                "_aws".to_owned(),
+                json!({"Timestamp": now.0, "CloudWatchMetrics": [{
+                    "Namespace": EMF_NAMESPACE, "Dimensions": [dimensions], "Metrics": metrics,
+                }]}),
+            );
+            Value::Object(fields).to_string()
+        };
+        let mut out: Vec<String> = lines
             .into_iter()
-            .map(|(labels, mut fields)| {
-                let metrics: Vec<Value> = units
-                    .get(&labels)
-                    .into_iter()
-                    .flatten()
-                    .map(|(name, unit)| json!({"Name": name, "Unit": unit}))
-                    .collect();
-                let dimensions: Vec<&str> = labels.iter().map(|(k, _)| *k).collect();
-                for (k, v) in &labels {
-                    fields.insert((*k).to_owned(), json!(v));
-                }
-                fields.insert(
-                    "_aws".to_owned(),
-                    json!({"Timestamp": now.0, "CloudWatchMetrics": [{
-                        "Namespace": EMF_NAMESPACE, "Dimensions": [dimensions], "Metrics": metrics,
-                    }]}),
-                );
-                Value::Object(fields).to_string()
+            .map(|(labels, fields)| {
+                let units = units.get(&labels).cloned().unwrap_or_default();
+                line(labels, fields, &units)
             })
-            .collect()
+            .collect();
+        out.extend(more.into_iter().map(|(labels, fields, units)| line(labels, fields, &units)));
+        out
     }
 }
 
@@ -430,4 +444,27 @@ fn render(labels: &Labels) -> String {
         })
         .collect();
     format!("{{{}}}", parts.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_emf_line_carries_more_than_100_values_of_a_metric() {
+        let metrics = Metrics::default();
+        {
+            let mut pending = lock(&metrics.pending);
+            let labels: Labels = vec![("agent", "a".to_owned()), ("kind", "llm".to_owned())];
+            pending.1.insert(labels, (0..250).map(f64::from).collect());
+        }
+        let lines: Vec<Value> =
+            metrics.drain_emf(Timestamp(0)).iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let counts: Vec<usize> = lines.iter().map(|l| l["CallSeconds"].as_array().unwrap().len()).collect();
+        assert_eq!(counts, [100, 100, 50]);
+        assert!(
+            lines.iter().all(|l| l["agent"] == "a"
+                && l["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"] == "CallSeconds")
+        );
+    }
 }
