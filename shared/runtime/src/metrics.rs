@@ -321,16 +321,13 @@ impl Metrics {
             put(labels, "CostDollars".to_owned(), json!(*picodollars as f64 / 1e12), "None");
         }
         // Latencies past a line's share: lines of their own, with only them.
-        let mut more: Vec<(Labels, Map<String, Value>, Vec<(String, &'static str)>)> = Vec::new();
+        let mut more: Vec<(Labels, Value)> = Vec::new();
         for (labels, values) in &latencies {
             let mut chunks = values.chunks(EMF_VALUES_PER_LINE);
             if let Some(first) = chunks.next() {
                 put(labels, "CallSeconds".to_owned(), json!(first), "Seconds");
             }
-            for chunk in chunks {
-                let fields = Map::from_iter([("CallSeconds".to_owned(), json!(chunk))]);
-                more.push((labels.clone(), fields, vec![("CallSeconds".to_owned(), "Seconds")]));
-            }
+            more.extend(chunks.map(|chunk| (labels.clone(), json!(chunk))));
         }
         let line = |labels: Labels, mut fields: Map<String, Value>, units: &[(String, &'static str)]| {
             let metrics: Vec<Value> =
@@ -354,7 +351,10 @@ impl Metrics {
                 line(labels, fields, &units)
             })
             .collect();
-        out.extend(more.into_iter().map(|(labels, fields, units)| line(labels, fields, &units)));
+        let seconds = [("CallSeconds".to_owned(), "Seconds")];
+        out.extend(more.into_iter().map(|(labels, values)| {
+            line(labels, Map::from_iter([("CallSeconds".to_owned(), values)]), &seconds)
+        }));
         out
     }
 }
