@@ -13,14 +13,21 @@ use std::collections::BTreeMap;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use futures_util::StreamExt;
+use turnstone_engine::time::Timestamp;
 use turnstone_runtime::dispatch::Dispatcher;
 use turnstone_runtime::queue::WakeUp;
 
 /// How many sessions of one batch run at the same time.
 const CONCURRENT_SESSIONS: usize = 10;
 
-/// Runs the sessions a batch wakes; answers the records that must come back.
-pub async fn handle_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchResponse {
+/// Runs the sessions a batch wakes, each within `deadline` (the invocation's, when there is
+/// one: a run hands the rest of its work back to the queue instead of starting an effect that
+/// could not end before it); answers the records that must come back.
+pub async fn handle_batch(
+    dispatcher: &Dispatcher,
+    event: SqsEvent,
+    deadline: Option<Timestamp>,
+) -> SqsBatchResponse {
     let mut failed: Vec<String> = Vec::new();
     // Message ids by session, in arrival order.
     let mut sessions: BTreeMap<String, (WakeUp, Vec<String>)> = BTreeMap::new();
@@ -48,7 +55,7 @@ pub async fn handle_batch(dispatcher: &Dispatcher, event: SqsEvent) -> SqsBatchR
     }
     let runs = futures_util::stream::iter(sessions.into_values())
         .map(|(wake_up, message_ids)| async move {
-            match dispatcher.run(&wake_up).await {
+            match dispatcher.run_until(&wake_up, deadline).await {
                 Ok(()) => Vec::new(),
                 Err(e) => {
                     tracing::warn!(session_id = %wake_up.session_id, error = %e, "session run failed; its wake-up comes back");
@@ -92,7 +99,9 @@ pub async fn run_dispatch(dispatcher: std::sync::Arc<Dispatcher>) -> Result<(), 
     lambda_runtime::run(lambda_runtime::service_fn(move |event: lambda_runtime::LambdaEvent<SqsEvent>| {
         let dispatcher = std::sync::Arc::clone(&dispatcher);
         async move {
-            let response = handle_batch(&dispatcher, event.payload).await;
+            // Lambda's deadline: milliseconds since the epoch, as the clock's.
+            let deadline = i64::try_from(event.context.deadline).ok().map(Timestamp);
+            let response = handle_batch(&dispatcher, event.payload, deadline).await;
             crate::emit_metrics(dispatcher.app());
             Ok::<_, lambda_runtime::Error>(response)
         }

@@ -38,8 +38,12 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    fixture_with(CONFIG)
+}
+
+fn fixture_with(config: &str) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config::parse(CONFIG, "lambda.toml").unwrap();
+    let config = Config::parse(config, "lambda.toml").unwrap();
     let secrets = config.resolve_secrets(|_| None).unwrap();
     let (store, _) = turnstone_embedded::open_local(&config, dir.path()).unwrap();
     let queue = Arc::new(MemoryQueue::new(Duration::from_secs(30)));
@@ -154,7 +158,7 @@ async fn the_api_answers_an_http_api_request_and_the_dispatch_batch_runs_the_tur
         sqs_record("m-2", &body),
     ]}))
     .unwrap();
-    let response = handle_batch(&f.engine.dispatcher, event).await;
+    let response = handle_batch(&f.engine.dispatcher, event, None).await;
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     let (_, turn) =
         call_api(&f.engine, &http_api_event("GET", "/v1/sessions/s1/turns/t1", "wait=5", None)).await;
@@ -191,7 +195,7 @@ async fn a_poisoned_record_is_a_partial_batch_failure_and_the_others_run() {
         sqs_record("m-shape", r#"{"session": "b"}"#),
     ]}))
     .unwrap();
-    let response = handle_batch(&f.engine.dispatcher, event).await;
+    let response = handle_batch(&f.engine.dispatcher, event, None).await;
     let mut failed: Vec<&str> =
         response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     failed.sort_unstable();
@@ -228,7 +232,7 @@ async fn one_batch_merges_a_sessions_wake_ups() {
     ]}))
     .unwrap();
     assert_eq!(f.queue.sessions(), 0);
-    let response = handle_batch(&f.engine.dispatcher, event).await;
+    let response = handle_batch(&f.engine.dispatcher, event, None).await;
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     assert_eq!(f.queue.sessions(), 1, "a later look for the announced commit is armed");
 }
@@ -243,9 +247,50 @@ async fn a_record_without_a_message_id_never_fails_the_batch() {
     let event: SqsEvent =
         serde_json::from_value(json!({"Records": [nameless, sqs_record("m-poison", "not one either")]}))
             .unwrap();
-    let response = handle_batch(&f.engine.dispatcher, event).await;
+    let response = handle_batch(&f.engine.dispatcher, event, None).await;
     let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     assert_eq!(failed, ["m-poison"]);
+}
+
+/// A run inside an invocation's deadline starts no effect that could not end before it: the
+/// turn's model call runs (a run always makes progress), its reply asks for a sub-agent, and
+/// with under [`DEADLINE_MARGIN`] left the spawn is handed back to the queue instead of being
+/// started; the next invocation, with time enough, carries the turn on.
+#[tokio::test]
+async fn a_run_hands_back_what_its_deadline_leaves_no_time_for() {
+    let config = format!(
+        "{CONFIG}[[agent.demo.sub_agents]]\nid = \"helper\"\n\n[agent.helper]\nmodel = \"scripted\"\nllm = \"s\"\n"
+    );
+    let f = fixture_with(&config);
+    let input = json!({"type": "client.message", "agent_id": "demo", "turn_id": "t-d",
+        "message": {"role": "user", "content": "/agent helper look it up"}});
+    let (status, _) =
+        call_api(&f.engine, &http_api_event("POST", "/v1/sessions/d/inputs", "", Some(&input))).await;
+    assert_eq!(status, 202);
+    let wakes = drain(&f.queue).await;
+    let body = serde_json::to_string(&wakes[0].wake_up).unwrap();
+    let batch = |id: &str| -> SqsEvent {
+        serde_json::from_value(json!({"Records": [sqs_record(id, &body)]})).unwrap()
+    };
+    let now = turnstone_runtime::clock::Clock::now(&turnstone_runtime::clock::SystemClock);
+    let response = handle_batch(&f.engine.dispatcher, batch("d-1"), Some(now.plus_ms(1_000))).await;
+    assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
+    assert!(
+        f.engine.app.session("d").await.unwrap().calls().iter().any(|c| c.name() == Some("helper")),
+        "the model asked for the helper"
+    );
+    let listed = f.engine.app.store().list_sessions(&Default::default(), None, 10).await.unwrap().items.len();
+    assert_eq!(listed, 1, "no child was spawned this late");
+    let handed_back = drain(&f.queue).await;
+    assert_eq!(handed_back.len(), 1, "the rest is handed back");
+    assert_eq!(handed_back[0].wake_up.reason, "deadline");
+    // With time enough the turn goes on: the child is spawned and answers.
+    let body = serde_json::to_string(&handed_back[0].wake_up).unwrap();
+    let event: SqsEvent = serde_json::from_value(json!({"Records": [sqs_record("d-2", &body)]})).unwrap();
+    let later = turnstone_runtime::clock::Clock::now(&turnstone_runtime::clock::SystemClock).plus_ms(600_000);
+    handle_batch(&f.engine.dispatcher, event, Some(later)).await;
+    let listed = f.engine.app.store().list_sessions(&Default::default(), None, 10).await.unwrap().items.len();
+    assert_eq!(listed, 2, "the child exists now");
 }
 
 fn turnstone_engine_input(session: &str) -> Value {

@@ -24,6 +24,10 @@ use crate::worker::Deliver;
 /// Bounds the effects one run performs before yielding the session to the queue again.
 const MAX_EFFECTS_PER_RUN: usize = 256;
 
+/// What a run keeps in hand before its deadline besides an effect's own bound: the commit of
+/// the effect's outcome and the wake-up that hands the rest back.
+const DEADLINE_MARGIN: Duration = Duration::from_secs(5);
+
 /// The longest pause of a wake-up waiting for the commit it announced: pauses of 2, 4, ...,
 /// 256 ms, half a second in all (a commit lands within milliseconds), before it leaves the
 /// check to a later wake-up.
@@ -61,6 +65,15 @@ impl Dispatcher {
     /// itself instead). Idempotent: a duplicate or late wake-up finds nothing due, or re-arms.
     /// An error leaves the wake-up to be delivered again.
     pub async fn run(&self, wake_up: &WakeUp) -> Result<()> {
+        self.run_until(wake_up, None).await
+    }
+
+    /// [`Dispatcher::run`] within a deadline (a Lambda invocation's): an effect starts only
+    /// when it can end before it, bounded by its own timeout plus [`DEADLINE_MARGIN`];
+    /// otherwise the run hands the rest back to the queue (a wake-up now) and ends, so no
+    /// effect is cut off by the deadline and run again after it. The first effect of a run
+    /// always starts, so a session whose next effect is longer than any invocation still moves.
+    pub async fn run_until(&self, wake_up: &WakeUp, deadline: Option<Timestamp>) -> Result<()> {
         let session_id = wake_up.session_id.as_str();
         // The state the last effect committed: the next plan starts from it instead of a load
         // (commits are version-checked, so a state that went stale only costs a reload).
@@ -78,7 +91,7 @@ impl Dispatcher {
             claimed = Some(handoff.effect);
             known = known.or(handoff.state);
         }
-        for _ in 0..MAX_EFFECTS_PER_RUN {
+        for performed in 0..MAX_EFFECTS_PER_RUN {
             let (session, version) = match known.take() {
                 Some(known) => known,
                 None => self.app.load(session_id).await?,
@@ -115,6 +128,12 @@ impl Dispatcher {
                 }
                 return Ok(());
             };
+            if performed > 0
+                && let Some(deadline) = deadline
+                && !fits(&session, &effect, self.app.now(), deadline)
+            {
+                return self.app.wake(session_id, "deadline").await;
+            }
             match self.perform(session_id, effect, (session, version)).await {
                 Ok(after) => (known, claimed) = split(after),
                 Err(e) if is_stale_claim(&e) => {}
@@ -392,6 +411,21 @@ impl Dispatcher {
         }
         self.app.command_with(session_id, None, IN_RUN, Command::OutboxDelivered { seq }).await.map(drop)
     }
+}
+
+/// Whether `effect` of `session`, started at `now`, ends before `deadline`: its own bound
+/// (the call's or the delivery's timeout; a timer or a route, none) plus [`DEADLINE_MARGIN`].
+/// An unbounded effect fits only a run without a deadline.
+fn fits(session: &Session, effect: &Effect, now: Timestamp, deadline: Timestamp) -> bool {
+    let bound = match effect {
+        Effect::Tick | Effect::Route { .. } => Some(0),
+        Effect::DeliverDecision { .. } => session.delivery_timeout_ms(),
+        Effect::RunLlmCall { call_id, .. } => session.call(call_id).and_then(|c| c.policy.timeout_ms()),
+    };
+    bound.is_some_and(|ms| {
+        let margin = DEADLINE_MARGIN.as_millis() as u64;
+        now.plus_ms(ms.saturating_add(margin)) <= deadline
+    })
 }
 
 /// The spans of one decision delivery: `decision.deliver`, inside a `tool.call` or `llm.call`
