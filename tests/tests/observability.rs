@@ -98,7 +98,7 @@ async fn metrics_count_turns_calls_tokens_and_cost() {
     assert_eq!(at("turnstone_sessions_due"), 0.0);
 
     // The same counts as EMF lines, once: a drain takes them.
-    let lines = host.app().metrics().drain_emf(Timestamp(1_800_000_000_000));
+    let lines = host.app().metrics().drain_emf("Turnstone/test", Timestamp(1_800_000_000_000));
     let lines: Vec<Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
     let line = |dims: &[(&str, &str)]| {
         lines
@@ -112,7 +112,7 @@ async fn metrics_count_turns_calls_tokens_and_cost() {
     let agent = line(&[("agent", "paid")]);
     assert_eq!((agent["TurnsStarted"].clone(), agent["Steps"].clone()), (json!(1), json!(1)));
     assert_eq!(agent["_aws"]["Timestamp"], 1_800_000_000_000_i64);
-    assert_eq!(agent["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Turnstone");
+    assert_eq!(agent["_aws"]["CloudWatchMetrics"][0]["Namespace"], "Turnstone/test");
     let declared: Vec<&str> = agent["_aws"]["CloudWatchMetrics"][0]["Metrics"]
         .as_array()
         .unwrap()
@@ -126,7 +126,10 @@ async fn metrics_count_turns_calls_tokens_and_cost() {
     assert_eq!(latency["CallSeconds"].as_array().map(Vec::len), Some(2));
     let cost = line(&[("agent", "paid"), ("model", "gpt-fake")]);
     assert_eq!(cost["CostDollars"], 0.0045);
-    assert!(host.app().metrics().drain_emf(Timestamp(0)).is_empty(), "a drain resets what it wrote");
+    assert!(
+        host.app().metrics().drain_emf("Turnstone/test", Timestamp(0)).is_empty(),
+        "a drain resets what it wrote"
+    );
     host.stop().await;
 }
 

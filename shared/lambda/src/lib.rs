@@ -43,12 +43,24 @@ pub fn init_logging() -> std::time::Instant {
     started
 }
 
+/// The variable naming the CloudWatch namespace of the functions' EMF lines (the template sets
+/// `Turnstone/<stage>`); unset: [`turnstone_runtime::metrics::EMF_NAMESPACE`].
+pub const METRICS_NAMESPACE_VAR: &str = "TURNSTONE_METRICS_NAMESPACE";
+
 /// Writes what the invocation committed, counted, as CloudWatch Embedded Metric Format lines
-/// on standard output, where CloudWatch Logs turns them into metrics (namespace
-/// `Turnstone`; see `turnstone_runtime::metrics`). Called once an invocation's work is done.
+/// on standard output, where CloudWatch Logs turns them into metrics (in the namespace
+/// [`METRICS_NAMESPACE_VAR`] names; see `turnstone_runtime::metrics`). Called once an
+/// invocation's work is done.
 pub fn emit_metrics(app: &turnstone_runtime::app::App) {
     use std::io::Write as _;
-    let lines = app.metrics().drain_emf(app.now());
+    static NAMESPACE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let namespace = NAMESPACE.get_or_init(|| {
+        std::env::var(METRICS_NAMESPACE_VAR)
+            .ok()
+            .filter(|n| !n.trim().is_empty())
+            .unwrap_or_else(|| turnstone_runtime::metrics::EMF_NAMESPACE.to_owned())
+    });
+    let lines = app.metrics().drain_emf(namespace, app.now());
     if lines.is_empty() {
         return;
     }

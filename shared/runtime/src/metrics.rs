@@ -32,7 +32,8 @@ const EMF_VALUES: usize = 1_000;
 /// The most values one metric of one EMF line may carry (the EMF specification: a metric's
 /// value array holds at most 100 values); more go out on further lines of the same labels.
 const EMF_VALUES_PER_LINE: usize = 100;
-/// The CloudWatch namespace of the EMF lines.
+/// The CloudWatch namespace of the EMF lines where the deployment names none (the template
+/// names one per stage, `Turnstone/<stage>`, so two stages' metrics never add up).
 pub const EMF_NAMESPACE: &str = "Turnstone";
 
 /// A metric's labels, in order.
@@ -302,7 +303,7 @@ impl Metrics {
 
     /// The increments since the last drain as CloudWatch Embedded Metric Format lines (one
     /// JSON object per set of dimensions), and resets them.
-    pub fn drain_emf(&self, now: Timestamp) -> Vec<String> {
+    pub fn drain_emf(&self, namespace: &str, now: Timestamp) -> Vec<String> {
         let (counts, latencies) = std::mem::take(&mut *lock(&self.pending));
         // One line per set of labels, each metric of that set a field of it.
         let mut lines: BTreeMap<Labels, Map<String, Value>> = BTreeMap::new();
@@ -339,7 +340,7 @@ impl Metrics {
             fields.insert(
                 "_aws".to_owned(),
                 json!({"Timestamp": now.0, "CloudWatchMetrics": [{
-                    "Namespace": EMF_NAMESPACE, "Dimensions": [dimensions], "Metrics": metrics,
+                    "Namespace": namespace, "Dimensions": [dimensions], "Metrics": metrics,
                 }]}),
             );
             Value::Object(fields).to_string()
@@ -458,8 +459,11 @@ mod tests {
             let labels: Labels = vec![("agent", "a".to_owned()), ("kind", "llm".to_owned())];
             pending.1.insert(labels, (0..250).map(f64::from).collect());
         }
-        let lines: Vec<Value> =
-            metrics.drain_emf(Timestamp(0)).iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = metrics
+            .drain_emf(EMF_NAMESPACE, Timestamp(0))
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         let counts: Vec<usize> = lines.iter().map(|l| l["CallSeconds"].as_array().unwrap().len()).collect();
         assert_eq!(counts, [100, 100, 50]);
         assert!(
