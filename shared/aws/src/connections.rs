@@ -130,6 +130,16 @@ impl DynamoRegistry {
         }
     }
 
+    /// Removes connection `id`'s subscriptions: to `chats` (as its record lists them) and to
+    /// the root channel.
+    async fn unsubscribe_chats(&self, id: &str, chats: Vec<SessionId>) -> Result<(), RegistryError> {
+        for chat in chats {
+            self.unsubscribe(id, &chat).await?;
+        }
+        // Deleting a root subscription that is not there costs the same as reading first.
+        self.unsubscribe_root(id).await
+    }
+
     /// When records written now for a caller whose token expires at `expires_at` expire: with
     /// the connection (2 hours), or with the token if that is sooner.
     fn expiry(expires_at: Option<u64>) -> AttributeValue {
@@ -226,9 +236,9 @@ impl Registry for DynamoRegistry {
     }
 
     async fn disconnect(&self, id: &str) -> Result<(), RegistryError> {
-        if let Some(record) = self.connection(id).await?
-            && let Some(key) = record.caller.key()
-        {
+        // One read of the connection: whose count it is in, and the chats it subscribed to.
+        let record = self.connection(id).await?;
+        if let Some(key) = record.as_ref().and_then(|r| r.caller.key()) {
             self.client
                 .delete_item()
                 .table_name(&self.table)
@@ -237,7 +247,7 @@ impl Registry for DynamoRegistry {
                 .await
                 .map_err(|e| failed("DeleteItem", e))?;
         }
-        self.unsubscribe_all(id).await?;
+        self.unsubscribe_chats(id, record.map(|r| r.chats).unwrap_or_default()).await?;
         self.client
             .delete_item()
             .table_name(&self.table)
@@ -309,24 +319,8 @@ impl Registry for DynamoRegistry {
     }
 
     async fn unsubscribe_all(&self, id: &str) -> Result<(), RegistryError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::connection_key(id)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| failed("GetItem", e))?;
-        let chats = match out.item.as_ref().and_then(|item| item.get(CHATS)) {
-            Some(AttributeValue::Ss(chats)) => chats.clone(),
-            _ => Vec::new(),
-        };
-        for chat in chats {
-            self.unsubscribe(id, &SessionId::from(chat.as_str())).await?;
-        }
-        // Deleting a root subscription that is not there costs the same as reading first.
-        self.unsubscribe_root(id).await
+        let chats = self.connection(id).await?.map(|r| r.chats).unwrap_or_default();
+        self.unsubscribe_chats(id, chats).await
     }
 
     async fn subscribe_root(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {

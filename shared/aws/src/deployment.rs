@@ -10,7 +10,7 @@ use std::sync::Arc;
 use aws_config::SdkConfig;
 use turnstone_runtime::assemble::{self, Engine, SetupError, Topology};
 use turnstone_runtime::config::{Config, ConfigError};
-use turnstone_runtime::http::HttpConfig;
+use turnstone_runtime::http::{Anonymous, HttpConfig};
 
 use turnstone_runtime::ahp::{Pusher, Pushes};
 
@@ -130,7 +130,7 @@ impl Deployment {
             );
         }
         let http = HttpConfig {
-            refuse_anonymous: anonymous && !config.server.allow_anonymous,
+            anonymous: if config.server.allow_anonymous { Anonymous::Everyone } else { Anonymous::Nobody },
             ..assemble::http(&config, &secrets)
         };
         Ok(Deployment { engine, http, ahp })

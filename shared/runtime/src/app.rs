@@ -833,7 +833,14 @@ fn command_seed(n: u64) -> u64 {
 /// the OS and differ for every `RandomState`), so two apps started in the same millisecond, in
 /// one process or in two containers with the same pid, never mint the same ids.
 fn app_seed(now: Timestamp) -> u64 {
-    std::collections::hash_map::RandomState::new().hash_one(now.0)
+    random_u64(now.0)
+}
+
+/// 64 bits from the OS's randomness: each `RandomState` is keyed from it, so hashing anything
+/// (`salt` only varies the input) gives a number no one can predict. For what must not be
+/// guessed or repeat across processes: minted session ids, error references, app seeds.
+pub(crate) fn random_u64(salt: impl std::hash::Hash) -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one(salt)
 }
 
 /// An effect a submit claimed, for a queue worker of this process to perform, and the state

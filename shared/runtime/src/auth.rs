@@ -57,6 +57,11 @@ pub fn owner_id(kind: Kind, name: &str) -> String {
     format!("{}:{name}", kind.prefix())
 }
 
+/// Whether `id` is [`owner_id`]`(kind, name)`, without building it.
+fn is_owner_id(id: &str, kind: Kind, name: &str) -> bool {
+    id.strip_prefix(kind.prefix()).and_then(|rest| rest.strip_prefix(':')) == Some(name)
+}
+
 /// A verified caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
@@ -180,14 +185,14 @@ impl Caller {
 
     /// Whether this caller may `access` `session` (which exists).
     pub fn may(&self, access: Access, session: &Session) -> bool {
-        let owns = || {
-            let me = self.owner().and_then(|o| o.id);
-            me.is_some() && session.init().and_then(|i| i.identity.id.as_deref()) == me.as_deref()
-        };
+        // Compared in place: this runs on every request, so no owner id is built for it.
+        let owner = session.init().and_then(|i| i.identity.id.as_deref());
         match self {
             Caller::Anyone => true,
-            Caller::Client { .. } => owns(),
-            Caller::Admin { .. } => access == Access::Read || owns(),
+            Caller::Client { identity, .. } => identity.id.is_some() && owner == identity.id.as_deref(),
+            Caller::Admin { name } => {
+                access == Access::Read || owner.is_some_and(|o| is_owner_id(o, Kind::Admin, name))
+            }
             Caller::Machine { agents, .. } => access == Access::Settle && agents.serves(session.agent_id()),
         }
     }
@@ -304,6 +309,27 @@ impl Authenticator {
         self.authenticate_token(token)
     }
 
+    /// The caller of a WebSocket upgrade: by its `Authorization` header's value as every
+    /// request's or, without one, by `token`, the token a browser's WebSocket (which cannot set
+    /// headers) carries in the URL's `tkn` parameter. The header wins when both are there. A
+    /// token past its expiry is refused, even within the leeway requests get.
+    pub fn authenticate_upgrade(
+        &self,
+        authorization: Option<&str>,
+        token: Option<&str>,
+    ) -> Result<Caller, AuthError> {
+        let caller = match (authorization, token) {
+            (None, Some(token)) => self.authenticate_token(token),
+            (authorization, _) => self.authenticate(authorization),
+        }?;
+        // The token check allows some leeway past `exp`; a socket opened with such a token
+        // would be closed at once, so it is not opened.
+        if expired(caller.expires_at()) {
+            return Err(AuthError::Expired);
+        }
+        Ok(caller)
+    }
+
     /// The caller presenting `token` itself (a key or a JWT), however it arrived: the
     /// `Authorization` header, or where a browser's WebSocket puts it (the `tkn` query
     /// parameter). The same checks apply either way.
@@ -371,4 +397,36 @@ impl Jwt {
 /// Compares two byte strings without stopping at the first difference.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// How long until a credential that expires at `expires_at` (Unix seconds) does, by the wall
+/// clock (a token's `exp` is wall-clock time); zero once it has.
+pub fn time_left(expires_at: u64) -> std::time::Duration {
+    use crate::clock::Clock as _;
+    let now = u64::try_from(crate::clock::SystemClock.now().0).unwrap_or(0);
+    std::time::Duration::from_millis(expires_at.saturating_mul(1000).saturating_sub(now))
+}
+
+/// Whether a credential that expires at `expires_at` has: a token is not valid on or after its
+/// `exp` (RFC 7519, section 4.1.4). `None` never expires.
+pub fn expired(expires_at: Option<u64>) -> bool {
+    expires_at.is_some_and(|at| time_left(at).is_zero())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::{Clock, SystemClock};
+
+    #[test]
+    fn expiry_is_on_or_after_exp() {
+        let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
+        assert!(expired(Some(now)));
+        assert!(expired(Some(now.saturating_sub(5))));
+        assert!(!expired(Some(now + 60)));
+        assert!(!expired(None));
+        assert!(time_left(now + 60) > Duration::from_secs(58));
+    }
 }

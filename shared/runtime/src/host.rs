@@ -49,7 +49,8 @@ pub async fn serve(
     // Without `[auth]`, this host answers only this machine (see `http::OpenHost`).
     let mut http = http;
     if http.auth.is_none() {
-        http.open_host = Some(crate::http::OpenHost { addr: listener.local_addr()? });
+        let open = crate::http::OpenHost { addr: listener.local_addr()? };
+        http.anonymous = crate::http::Anonymous::ThisMachine(open);
     }
     match dispatcher.recover(100_000).await {
         Ok(0) => {}

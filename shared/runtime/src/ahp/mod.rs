@@ -73,17 +73,17 @@ mod stored;
 pub(crate) mod turns;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::app::App;
 use crate::auth::Caller;
-use crate::clock::{Clock, SystemClock};
 use crate::per_caller::{PerCaller, Slot};
 
 pub use channels::{ProjectError, project_log};
 pub use connection::serve;
 pub use push::{Pusher, Pushes};
 pub use stored::{ConnectError, Gateway};
+
+pub(crate) use crate::auth::{expired, time_left};
 
 /// The close code of a socket whose token expired (with reason `token expired`).
 pub const CLOSE_TOKEN_EXPIRED: u16 = 4401;
@@ -116,33 +116,5 @@ impl AhpHost {
     /// the caller holds that many already. The open host's anonymous caller is not counted.
     pub fn open_socket(&self, caller: &Caller) -> Result<Slot, usize> {
         self.sockets.acquire(caller).ok_or(self.sockets.limit())
-    }
-}
-
-/// How long until a credential that expires at `expires_at` (Unix seconds) does, by the wall
-/// clock (a token's `exp` is wall-clock time); zero once it has.
-pub(crate) fn time_left(expires_at: u64) -> Duration {
-    let now = u64::try_from(SystemClock.now().0).unwrap_or(0);
-    Duration::from_millis(expires_at.saturating_mul(1000).saturating_sub(now))
-}
-
-/// Whether a credential that expires at `expires_at` has: a token is not valid on or after its
-/// `exp` (RFC 7519, section 4.1.4). `None` never expires.
-pub(crate) fn expired(expires_at: Option<u64>) -> bool {
-    expires_at.is_some_and(|at| time_left(at).is_zero())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn expiry_is_on_or_after_exp() {
-        let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
-        assert!(expired(Some(now)));
-        assert!(expired(Some(now.saturating_sub(5))));
-        assert!(!expired(Some(now + 60)));
-        assert!(!expired(None));
-        assert!(time_left(now + 60) > Duration::from_secs(58));
     }
 }

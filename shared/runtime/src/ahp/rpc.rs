@@ -83,11 +83,7 @@ impl RpcError {
     /// client gets `internal error` and a reference, never the detail (a store's errors may
     /// name tables, files and other sessions); the detail is logged under that reference.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
-        use std::hash::BuildHasher;
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // `RandomState` is keyed from the OS's randomness: references do not repeat across runs.
-        let reference = format!("{:016x}", std::hash::RandomState::new().hash_one(n));
+        let reference = format!("{:016x}", crate::app::random_u64("internal error"));
         tracing::error!(reference = %reference, error = %detail, "an AHP request failed inside the host");
         RpcError::new(json_rpc_error_codes::INTERNAL_ERROR, format!("internal error (ref {reference})"))
             .with_data(serde_json::json!({ "ref": reference }))

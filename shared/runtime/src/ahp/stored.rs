@@ -57,7 +57,7 @@ pub enum ConnectError {
 pub struct Gateway {
     pushes: Arc<Pushes>,
     auth: Option<Arc<Authenticator>>,
-    /// Without `[auth]`: refuse every connection (the HTTP API's `refuse_anonymous`).
+    /// Without `[auth]`: refuse every connection (the HTTP API lets nobody in either).
     refuse_anonymous: bool,
 }
 
@@ -66,7 +66,8 @@ impl Gateway {
     /// does: with its `auth`, and without one, letting everyone connect unless it refuses
     /// anonymous callers.
     pub fn new(pushes: Arc<Pushes>, http: &crate::http::HttpConfig) -> Self {
-        Gateway { pushes, auth: http.auth.clone(), refuse_anonymous: http.refuse_anonymous }
+        let refuse_anonymous = http.anonymous == crate::http::Anonymous::Nobody;
+        Gateway { pushes, auth: http.auth.clone(), refuse_anonymous }
     }
 
     /// `$connect`: authenticates the upgrade, as the HTTP API does, by its `Authorization`
@@ -79,15 +80,11 @@ impl Gateway {
         authorization: Option<&str>,
         token: Option<&str>,
     ) -> Result<(), ConnectError> {
-        let caller = match (&self.auth, authorization, token) {
-            (None, _, _) if self.refuse_anonymous => return Err(ConnectError::AuthNotConfigured),
-            (None, _, _) => Caller::Anyone,
-            (Some(auth), None, Some(token)) => auth.authenticate_token(token)?,
-            (Some(auth), authorization, _) => auth.authenticate(authorization)?,
+        let caller = match &self.auth {
+            None if self.refuse_anonymous => return Err(ConnectError::AuthNotConfigured),
+            None => Caller::Anyone,
+            Some(auth) => auth.authenticate_upgrade(authorization, token)?,
         };
-        if expired(caller.expires_at()) {
-            return Err(ConnectError::Unauthorized(AuthError::Expired));
-        }
         let limit = self.pushes.host().map(|host| host.app().limits().sockets_per_caller);
         if let (Some(limit), Some(key)) = (limit, caller.key())
             && self.pushes.registry.open_connections(&key).await? >= limit

@@ -26,7 +26,7 @@ use turnstone_engine::protocol::{Action, ClientInput, parse_slice};
 use turnstone_engine::session::{Command, Event, Rejection, Session};
 
 pub use crate::api::ApiError;
-pub use open_host::OpenHost;
+pub use open_host::{Anonymous, OpenHost};
 
 use crate::api::{
     ActivePath, CancelRequest, Cancelled, CreateSessionRequest, CreatedSession, Disposed, EventPage,
@@ -49,12 +49,10 @@ pub struct HttpConfig {
     /// The longest a turn long-poll (`?wait=`) waits; longer waits are cut to it. Behind API
     /// Gateway, which ends a request at 30 s, it must stay below that.
     pub max_wait: Duration,
-    /// Set on a host without `[auth]` that listens itself: what keeps other machines and web
-    /// pages out ([`OpenHost`]). The long-running host sets it from its listener.
-    pub open_host: Option<OpenHost>,
-    /// Set where no `[auth]` means nobody may call (a deployment reached from the internet,
-    /// without `[server] allow_anonymous`): every route but `/healthz` answers 503.
-    pub refuse_anonymous: bool,
+    /// Who may call when there is no `[auth]`: the long-running host lets only this machine in
+    /// (from its listener, [`OpenHost`]), a Lambda deployment nobody unless `[server]
+    /// allow_anonymous` (every route but `/healthz` answers 503).
+    pub anonymous: Anonymous,
     /// Whether clients see internal events in full (`[server] expose_internal_events`).
     pub expose_internal_events: bool,
     /// Event streams one authenticated caller may hold open (`[limits] streams_per_caller`).
@@ -73,8 +71,7 @@ impl Default for HttpConfig {
             max_body_bytes: 1 << 20,
             auth: None,
             max_wait: MAX_WAIT,
-            open_host: None,
-            refuse_anonymous: false,
+            anonymous: Anonymous::Everyone,
             expose_internal_events: false,
             streams_per_caller: crate::config::STREAMS_PER_CALLER,
         }
@@ -94,8 +91,7 @@ struct AppState {
 /// The HTTP API.
 pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
     let limit = config.max_body_bytes;
-    let open_host = config.open_host.filter(|_| config.auth.is_none());
-    let refused = config.auth.is_none() && config.refuse_anonymous;
+    let anonymous = if config.auth.is_none() { config.anonymous } else { Anonymous::Everyone };
     let ahp = crate::ahp::AhpHost::new(Arc::clone(&app));
     let streams = Arc::new(crate::per_caller::PerCaller::new(config.streams_per_caller));
     let state = AppState { app, config: Arc::new(config), ahp, streams };
@@ -106,11 +102,13 @@ pub fn router(app: Arc<App>, config: HttpConfig) -> axum::Router {
         // Bodies are read and limited by `body()`; this only stops axum's own 2 MB default.
         .layer(DefaultBodyLimit::max(limit.saturating_add(1)))
         .with_state(state);
-    let router = match open_host {
-        Some(open) => router.layer(axum::middleware::from_fn_with_state(open, open_host::guard)),
-        None => router,
-    };
-    if refused { router.layer(axum::middleware::from_fn(open_host::refuse_all)) } else { router }
+    match anonymous {
+        Anonymous::Everyone => router,
+        Anonymous::ThisMachine(open) => {
+            router.layer(axum::middleware::from_fn_with_state(open, open_host::guard))
+        }
+        Anonymous::Nobody => router.layer(axum::middleware::from_fn(open_host::refuse_all)),
+    }
 }
 
 /// Every route, by path. The router is built from this list and the OpenAPI document's paths
@@ -282,11 +280,9 @@ async fn fork(
     Ok((status, Json(forked)).into_response())
 }
 
-/// `prefix-<32 hex>`: a session id no one can guess, 128 bits from the OS's randomness (each
-/// `RandomState` is keyed from it).
+/// `prefix-<32 hex>`: a session id no one can guess, 128 bits from the OS's randomness.
 fn mint_session_id(prefix: &str) -> SessionId {
-    use std::hash::BuildHasher;
-    let half = || std::hash::RandomState::new().hash_one(prefix);
+    let half = || crate::app::random_u64(prefix);
     format!("{prefix}-{:016x}{:016x}", half(), half()).into()
 }
 

@@ -25,8 +25,22 @@ use axum::response::{IntoResponse, Response};
 
 use crate::api::ApiError;
 
+/// Who may call a host that has no `[auth]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Anonymous {
+    /// Everyone, with no checks (a host the caller builds for itself, or `allow_anonymous` on
+    /// Lambda).
+    #[default]
+    Everyone,
+    /// This machine only: the long-running host, from its listener ([`OpenHost`]).
+    ThisMachine(OpenHost),
+    /// Nobody: a deployment reached from the internet without `allow_anonymous`
+    /// ([`refuse_all`]).
+    Nobody,
+}
+
 /// Where the open host listens, which its `Host` header may name besides loopback.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenHost {
     pub addr: SocketAddr,
 }
