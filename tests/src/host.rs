@@ -28,8 +28,12 @@ use turnstone_runtime::config::Config;
 use turnstone_runtime::host::Backing;
 use turnstone_runtime::net::{self, SseEvent, SseStream};
 
+use crate::topology::Deployed;
+use crate::topology::template::Template;
+
 /// Set to `aws` to run test hosts on DynamoDB and SQS (a moto server; see
-/// `turnstone_aws::moto`) instead of the embedded store and queue.
+/// `turnstone_aws::moto`) instead of the embedded store and queue; set to `topology` to run
+/// them as the template's functions, each under its own IAM role ([`crate::topology`]).
 pub const BACKEND_ENV: &str = "TURNSTONE_TEST_BACKEND";
 
 /// How many queue workers the test host runs.
@@ -43,6 +47,8 @@ pub struct TestHost {
     client: ApiClient,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
+    /// On the topology: the stack, whose IAM refusals fail the test when it stops.
+    deployed: Option<Deployed>,
 }
 
 impl TestHost {
@@ -59,6 +65,14 @@ impl TestHost {
         data_dir: &Path,
         env: impl Fn(&str) -> Option<String>,
     ) -> TestHost {
+        if std::env::var(BACKEND_ENV).as_deref() == Ok("topology") {
+            let template = Template::load().unwrap_or_else(|e| panic!("{e}"));
+            let deployed =
+                Deployed::start(config_toml, env, &template).await.unwrap_or_else(|e| panic!("{e}"));
+            let client = ApiClient::new(deployed.url());
+            let app = Arc::clone(&deployed.app);
+            return TestHost { app, client, shutdown: None, task: None, deployed: Some(deployed) };
+        }
         let config =
             Config::parse(config_toml, "e2e.toml").unwrap_or_else(|e| panic!("bad test config: {e}"));
         let secrets = config.resolve_secrets(env).unwrap_or_else(|e| panic!("test secrets: {e}"));
@@ -83,7 +97,7 @@ impl TestHost {
             shutdown,
         ));
         let client = ApiClient::new(format!("http://{addr}"));
-        TestHost { app, client, shutdown: Some(tx), task: Some(task) }
+        TestHost { app, client, shutdown: Some(tx), task: Some(task), deployed: None }
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -102,6 +116,9 @@ impl TestHost {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+        if let Some(deployed) = &mut self.deployed {
+            self.task = deployed.stop();
+        }
         if let Some(mut task) = self.task.take() {
             match tokio::time::timeout(STOP_WITHIN, &mut task).await {
                 Ok(result) => result.expect("the host task").expect("the host ended cleanly"),
@@ -110,6 +127,10 @@ impl TestHost {
                     panic!("the host did not stop within {STOP_WITHIN:?}");
                 }
             }
+        }
+        if let Some(deployed) = &self.deployed {
+            let refused: Vec<_> = deployed.refused().into_iter().filter_map(|c| c.refused).collect();
+            assert!(refused.is_empty(), "IAM refused calls the functions made:\n{}", refused.join("\n"));
         }
     }
 }
@@ -137,7 +158,7 @@ async fn open_backend(config: &Config, data_dir: &Path) -> Backing {
                 turnstone_embedded::open_local(config, data_dir).expect("open the SQLite store");
             Backing::new(store, queue)
         }
-        Ok(other) => panic!("{BACKEND_ENV}={other:?}: expected \"local\" or \"aws\""),
+        Ok(other) => panic!("{BACKEND_ENV}={other:?}: expected \"local\", \"aws\" or \"topology\""),
     }
 }
 

@@ -23,6 +23,7 @@ pub mod fake_collector;
 pub mod fake_openai;
 pub mod fake_worker;
 pub mod host;
+pub mod topology;
 
 pub use fake::{FakeServer, FakeToolCall, Recorded, Reply};
 pub use fake_anthropic::FakeAnthropic;

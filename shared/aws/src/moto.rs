@@ -46,6 +46,27 @@ fn start_moto() -> Moto {
     {
         return Moto { endpoint, _guard: None };
     }
+    spawn(&[])
+}
+
+/// How many requests a server from [`enforcing_endpoint`] serves before it enforces IAM: the
+/// three that make its administrator (CreateUser, PutUserPolicy, CreateAccessKey).
+pub const UNAUTHENTICATED_REQUESTS: u32 = 3;
+
+static ENFORCING: OnceLock<Moto> = OnceLock::new();
+
+/// A moto server of this test process's own, with its IAM enforcement on
+/// (`INITIAL_NO_AUTH_ACTION_COUNT`): after [`UNAUTHENTICATED_REQUESTS`] requests, each must be
+/// signed by an access key of one of its IAM users, and the signature must verify. Never the
+/// shared server: every other test signs with made-up keys.
+pub fn enforcing_endpoint() -> &'static str {
+    &ENFORCING
+        .get_or_init(|| spawn(&[("INITIAL_NO_AUTH_ACTION_COUNT", &UNAUTHENTICATED_REQUESTS.to_string())]))
+        .endpoint
+}
+
+/// Starts `.venv/bin/moto_server` on a free port with `env` set.
+fn spawn(env: &[(&str, &str)]) -> Moto {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let moto = root.join(".venv/bin/moto_server");
     if !moto.is_file() {
@@ -62,6 +83,7 @@ kill -KILL "$moto" 2>/dev/null"#;
         .arg(&moto)
         .arg(port.to_string())
         .arg(&log)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -1,0 +1,500 @@
+//! The AWS stack as deployed, under AWS's rules, in the test's process: each function of
+//! `infra/template.yaml` built as its `main.rs` builds it ([`turnstone_aws::Deployment`]),
+//! each with its own IAM principal whose statements are that function's `Policies` read from
+//! the template itself, its SDK calls going through the [`gate::Gate`], which refuses what its
+//! role does not allow as IAM would, to a moto server that enforces authentication.
+//!
+//! - [`template`]: the template's functions, intrinsics resolved to the stand-in stack.
+//! - [`policy`]: IAM's evaluation of a role's statements.
+//! - [`gate`]: the proxy that authorizes and records every call.
+//! - [`Deployed`]: one stack (a stage): its table, queue, configuration parameter and secret,
+//!   its functions' principals, and the functions themselves, served as API Gateway and
+//!   Lambda would: `/.../events/stream` by the stream function, everything else by the api
+//!   function, the queue drained by an event source mapping that polls with the dispatch
+//!   function's role and invokes its batch handler under the template's timeout, and the sweep
+//!   on a schedule.
+//!
+//! What is not here yet: the functions behind real Lambda event payloads (the routers are
+//! called directly), the WebSocket API (the ahp function has its principal but is not served),
+//! and faults (kills, throttles).
+
+pub mod gate;
+pub mod policy;
+pub mod template;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use aws_config::SdkConfig;
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use axum::body::Body;
+use axum::http::Request as HttpRequest;
+use axum::response::IntoResponse;
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tower::ServiceExt;
+use turnstone_aws::{
+    AwsClients, AwsConfig, Deployment, DeploymentError, DynamoStore, QueueSettings, Settings, SqsQueue, moto,
+};
+use turnstone_engine::time::Timestamp;
+use turnstone_runtime::app::App;
+use turnstone_runtime::clock::{Clock, SystemClock};
+use turnstone_runtime::config::Config;
+use turnstone_runtime::dispatch::Dispatcher;
+use turnstone_runtime::http::Anonymous;
+
+use gate::{Call, Gate, Principal};
+use template::{Physical, Stack, Template, TemplateError};
+
+/// The stand-in account's id and region (moto's default account).
+pub const ACCOUNT: &str = "123456789012";
+pub const REGION: &str = "us-east-1";
+
+/// How often the sweep runs (the template's schedule is a minute; tests cannot wait that long).
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How many batches the event source mapping has in flight at once.
+const POLLERS: usize = 4;
+
+/// The account: the enforcing moto server, its administrator, and the gate in front of it.
+struct Account {
+    moto: &'static str,
+    admin: aws_sdk_iam::config::Credentials,
+    gate: Arc<Gate>,
+}
+
+static ACCOUNT_ONCE: OnceLock<Account> = OnceLock::new();
+
+fn account() -> &'static Account {
+    ACCOUNT_ONCE.get_or_init(|| {
+        let moto = moto::enforcing_endpoint();
+        // Its first requests are not authenticated: they make the administrator the rest of
+        // the setup signs as. On a thread of its own: this may run inside a test's runtime.
+        let admin = std::thread::spawn(move || {
+            let runtime =
+                tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+            runtime.block_on(administrator(moto))
+        })
+        .join()
+        .expect("the administrator is made");
+        Account { moto, admin, gate: Gate::start(moto, ACCOUNT, REGION) }
+    })
+}
+
+async fn administrator(moto: &str) -> aws_sdk_iam::config::Credentials {
+    let anyone = aws_sdk_iam::config::Credentials::new("bootstrap", "bootstrap", None, None, "topology");
+    let iam = aws_sdk_iam::Client::new(&sdk(moto, anyone).await);
+    iam.create_user().user_name("topology-admin").send().await.expect("CreateUser (unauthenticated)");
+    iam.put_user_policy()
+        .user_name("topology-admin")
+        .policy_name("everything")
+        .policy_document(json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}).to_string())
+        .send()
+        .await
+        .expect("PutUserPolicy (unauthenticated)");
+    let key = iam
+        .create_access_key()
+        .user_name("topology-admin")
+        .send()
+        .await
+        .expect("CreateAccessKey (unauthenticated)");
+    let key = key.access_key.expect("an access key");
+    aws_sdk_iam::config::Credentials::new(
+        key.access_key_id,
+        key.secret_access_key,
+        None,
+        None,
+        "topology-admin",
+    )
+}
+
+/// An SDK configuration for `endpoint`, signing with `credentials`.
+async fn sdk(endpoint: &str, credentials: aws_sdk_iam::config::Credentials) -> SdkConfig {
+    AwsConfig {
+        endpoint_url: Some(endpoint.to_owned()),
+        region: Some(REGION.to_owned()),
+        ..AwsConfig::default()
+    }
+    .loader()
+    .credentials_provider(credentials)
+    .load()
+    .await
+}
+
+/// Why a stack did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// A function's initialization failed, as its `main` would.
+    #[error("{function} cannot start: {error}")]
+    Function { function: String, error: DeploymentError },
+}
+
+/// One deployed stack.
+pub struct Deployed {
+    pub stage: String,
+    /// The api function's app (what HTTP does not show).
+    pub app: Arc<App>,
+    url: String,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+/// A function built: its engine over its own principal's clients.
+struct Built {
+    deployment: Deployment,
+    timeout: Duration,
+    sdk: SdkConfig,
+}
+
+impl Deployed {
+    /// Deploys `template` with the configuration `config_toml` (its secrets from `env`, put in
+    /// the stack's secret) and serves it on a loopback port.
+    pub async fn start(
+        config_toml: &str,
+        env: impl Fn(&str) -> Option<String>,
+        template: &Template,
+    ) -> Result<Deployed, StartError> {
+        let account = account();
+        let stage = moto::unique("t").to_lowercase();
+        let admin = sdk(account.moto, account.admin.clone()).await;
+        let table = format!("turnstone-{stage}-sessions");
+        let queue = format!("turnstone-{stage}-wakeups");
+        let clients = AwsClients::new(&admin);
+        DynamoStore::new(clients.dynamodb.clone(), &table).create_table().await.expect("CreateTable");
+        // Redelivery within a minute; no dead-letter queue to fill.
+        let settings = QueueSettings {
+            visibility_timeout: Duration::from_secs(60),
+            max_receive_count: None,
+            ..QueueSettings::default()
+        };
+        let queue_url = SqsQueue::create_queue(&clients.sqs, &queue, &settings).await.expect("CreateQueue");
+        let queue_arn = format!("arn:aws:sqs:{REGION}:{ACCOUNT}:{queue}");
+
+        // The configuration in its parameter, the secrets it names in the stack's secret.
+        let parameter = format!("/turnstone/{stage}/config");
+        aws_sdk_ssm::Client::new(&admin)
+            .put_parameter()
+            .name(&parameter)
+            .value(config_toml)
+            .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+            .send()
+            .await
+            .expect("PutParameter");
+        let config =
+            Config::parse(config_toml, "topology.toml").unwrap_or_else(|e| panic!("bad test config: {e}"));
+        let named = Mutex::new(BTreeMap::new());
+        config
+            .resolve_secrets(|name| {
+                let value = env(name);
+                if let Some(v) = &value {
+                    named.lock().unwrap().insert(name.to_owned(), v.clone());
+                }
+                value
+            })
+            .unwrap_or_else(|e| panic!("test secrets: {e}"));
+        let secret_name = format!("turnstone/{stage}/secrets");
+        let secret = aws_sdk_secretsmanager::Client::new(&admin)
+            .create_secret()
+            .name(&secret_name)
+            .secret_string(serde_json::to_string(&named.into_inner().unwrap()).unwrap())
+            .send()
+            .await
+            .expect("CreateSecret");
+        let secret_arn = secret.arn.expect("the secret's ARN");
+        account.gate.register_secret(&secret_name, &secret_arn);
+
+        let stack = Stack {
+            account: ACCOUNT.to_owned(),
+            region: REGION.to_owned(),
+            parameters: BTreeMap::from([
+                ("Stage".to_owned(), stage.clone()),
+                ("ConfigParameter".to_owned(), parameter.clone()),
+                ("SecretsArn".to_owned(), secret_arn.clone()),
+            ]),
+            resources: BTreeMap::from([
+                physical(
+                    "SessionsTable",
+                    &table,
+                    &[("Arn", &format!("arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{table}"))],
+                ),
+                physical("WakeUpQueue", &queue_url, &[("Arn", &queue_arn), ("QueueName", &queue)]),
+                physical("AhpApi", &format!("ahp{}", stage.replace('-', "")), &[]),
+            ]),
+        };
+        let functions = template.functions(&stack)?;
+        let iam = aws_sdk_iam::Client::new(&admin);
+        let mut built = BTreeMap::new();
+        for function in functions {
+            let user = format!("{stage}-{}", function.logical_id);
+            let made = iam.create_user().user_name(&user).send().await.expect("CreateUser");
+            let arn = made.user.map(|u| u.arn).unwrap_or_default();
+            // Each document of the role as an IAM policy: moto validates its grammar as IAM
+            // does. Authorization is the gate's (see `gate`); moto, asked only to authenticate,
+            // gets a policy that allows what the gate let through.
+            for (name, document) in &function.documents {
+                iam.create_policy()
+                    .policy_name(format!("{user}-{name}"))
+                    .policy_document(document.to_string())
+                    .send()
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "{}: IAM refuses the policy {name}: {}",
+                            function.logical_id,
+                            aws_sdk_iam::error::DisplayErrorContext(e)
+                        )
+                    });
+            }
+            iam.put_user_policy()
+                .user_name(&user)
+                .policy_name("authorized-by-the-gate")
+                .policy_document(json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}).to_string())
+                .send()
+                .await
+                .expect("PutUserPolicy");
+            let key = iam.create_access_key().user_name(&user).send().await.expect("CreateAccessKey");
+            let key = key.access_key.expect("an access key");
+            account.gate.register(
+                &key.access_key_id,
+                Principal {
+                    function: function.logical_id.clone(),
+                    stage: stage.clone(),
+                    arn,
+                    statements: function.statements.clone(),
+                },
+            );
+            let credentials = aws_sdk_iam::config::Credentials::new(
+                key.access_key_id,
+                key.secret_access_key,
+                None,
+                None,
+                "function",
+            );
+            let sdk = sdk(account.gate.url(), credentials).await;
+            let settings = Settings {
+                aws: AwsConfig {
+                    endpoint_url: Some(account.gate.url().to_owned()),
+                    region: Some(REGION.to_owned()),
+                    table: table.clone(),
+                    queue: queue_url.clone(),
+                },
+                config_parameter: Some(parameter.clone()),
+                secrets_arn: Some(secret_arn.clone()),
+                ahp_endpoint: Some(format!("{}/{stage}", account.gate.url())),
+            };
+            // The ahp function is not served here yet (see the module's documentation).
+            if function.logical_id == "AhpFunction" {
+                continue;
+            }
+            let deployment = Deployment::open(&settings, &sdk)
+                .await
+                .map_err(|error| StartError::Function { function: function.logical_id.clone(), error })?;
+            built.insert(function.logical_id.clone(), Built { deployment, timeout: function.timeout, sdk });
+        }
+        let mut take = |id: &str| built.remove(id).unwrap_or_else(|| panic!("the template has no {id}"));
+        let (api, stream, dispatch, sweep) =
+            (take("ApiFunction"), take("StreamFunction"), take("DispatchFunction"), take("SweepFunction"));
+        let anonymous = config.auth.is_none();
+        let app = Arc::clone(&api.deployment.engine.app);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the stack's front");
+        let url = format!("http://{}", listener.local_addr().expect("an address"));
+        let (shutdown, stopped) = oneshot::channel::<()>();
+        let source = EventSource {
+            sqs: aws_sdk_sqs::Client::new(&dispatch.sdk),
+            queue_url,
+            queue_arn,
+            timeout: dispatch.timeout,
+            dispatcher: Arc::clone(&dispatch.deployment.engine.dispatcher),
+        };
+        let task = tokio::spawn(serve(api, stream, source, sweep, anonymous, listener, stopped));
+        Ok(Deployed { stage, app, url, shutdown: Some(shutdown), task: Some(task) })
+    }
+
+    /// `http://127.0.0.1:<port>`: API Gateway's and the Function URL's place in one.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Every AWS call this stack's functions made.
+    pub fn calls(&self) -> Vec<Call> {
+        account().gate.calls(&self.stage)
+    }
+
+    /// The calls IAM refused.
+    pub fn refused(&self) -> Vec<Call> {
+        self.calls().into_iter().filter(|c| c.refused.is_some()).collect()
+    }
+
+    /// Stops serving; the handle of the serving task, to await.
+    pub fn stop(&mut self) -> Option<JoinHandle<std::io::Result<()>>> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.task.take()
+    }
+}
+
+impl Drop for Deployed {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+fn physical(id: &str, reference: &str, attributes: &[(&str, &str)]) -> (String, Physical) {
+    let attributes = attributes.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+    (id.to_owned(), Physical { reference: reference.to_owned(), attributes })
+}
+
+/// The functions at work until `stopped`: the front (api and stream), the event source
+/// mapping's pollers, the sweep's schedule.
+async fn serve(
+    api: Built,
+    stream: Built,
+    source: EventSource,
+    sweep: Built,
+    anonymous: bool,
+    listener: tokio::net::TcpListener,
+    stopped: oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    // Without `[auth]` the test stands for a deployment whose configuration says
+    // `[server] allow_anonymous = true`.
+    let http = |built: &Built| {
+        let mut http = built.deployment.http.clone();
+        if anonymous {
+            http.anonymous = Anonymous::Everyone;
+        }
+        http
+    };
+    let api_router = turnstone_lambda::http::api_router(Arc::clone(&api.deployment.engine.app), http(&api));
+    let stream_router =
+        turnstone_runtime::http::router(Arc::clone(&stream.deployment.engine.app), http(&stream));
+    let front = axum::Router::new().fallback(move |request: HttpRequest<Body>| {
+        let (api, stream) = (api_router.clone(), stream_router.clone());
+        async move {
+            let to = if request.uri().path().ends_with("/events/stream") { stream } else { api };
+            let Ok::<_, Infallible>(response) = to.oneshot(request).await;
+            response.into_response()
+        }
+    });
+    let source = Arc::new(source);
+    let pollers: Vec<_> = (0..POLLERS).map(|_| tokio::spawn(Arc::clone(&source).poll())).collect();
+    let dispatcher = Arc::clone(&sweep.deployment.engine.dispatcher);
+    let schedule = tokio::spawn(async move {
+        loop {
+            if let Err(e) = turnstone_lambda::schedule::handle_schedule(&dispatcher).await {
+                tracing::warn!(error = %e, "the sweep failed");
+            }
+            tokio::time::sleep(SWEEP_EVERY).await;
+        }
+    });
+    let service = front.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let result = axum::serve(listener, service)
+        .with_graceful_shutdown(async move {
+            let _ = stopped.await;
+        })
+        .await;
+    schedule.abort();
+    for poller in pollers {
+        poller.abort();
+    }
+    result
+}
+
+/// Lambda's event source mapping for the wake-up queue: batches of up to 10, each invoking
+/// the dispatch function's handler with an SQS event, the invocation's deadline the
+/// function's timeout, a run past it killed (its future dropped: nothing of the batch is
+/// deleted, and it comes back when its visibility lapses); a batch item failure stays on the
+/// queue, the rest is deleted (AWS Lambda developer guide, "Using Lambda with Amazon SQS" and
+/// "Implementing partial batch responses").
+struct EventSource {
+    sqs: aws_sdk_sqs::Client,
+    queue_url: String,
+    queue_arn: String,
+    timeout: Duration,
+    dispatcher: Arc<Dispatcher>,
+}
+
+impl EventSource {
+    async fn poll(self: Arc<Self>) {
+        loop {
+            let received = self
+                .sqs
+                .receive_message()
+                .queue_url(&self.queue_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .send()
+                .await;
+            let messages = match received {
+                Ok(out) => out.messages.unwrap_or_default(),
+                Err(e) => {
+                    tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "the event source could not receive");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            if messages.is_empty() {
+                continue;
+            }
+            let records: Vec<_> = messages
+                .iter()
+                .map(|m| {
+                    let attributes: BTreeMap<&str, &str> =
+                        m.attributes().into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    json!({
+                        "messageId": m.message_id(),
+                        "receiptHandle": m.receipt_handle(),
+                        "body": m.body(),
+                        "attributes": attributes,
+                        "messageAttributes": {},
+                        "md5OfBody": m.md5_of_body(),
+                        "eventSource": "aws:sqs",
+                        "eventSourceARN": self.queue_arn,
+                        "awsRegion": REGION,
+                    })
+                })
+                .collect();
+            let event = serde_json::from_value(json!({ "Records": records })).expect("an SQS event");
+            let deadline = SystemClock.now().0 + i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
+            let run = turnstone_lambda::sqs::handle_batch(&self.dispatcher, event, Some(Timestamp(deadline)));
+            let Ok(response) = tokio::time::timeout(self.timeout, run).await else {
+                tracing::warn!("a dispatch invocation ran past its timeout and was killed");
+                continue;
+            };
+            let failed: Vec<String> =
+                response.batch_item_failures.into_iter().map(|f| f.item_identifier).collect();
+            let done: Vec<_> = messages
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| !m.message_id().is_some_and(|id| failed.iter().any(|f| f == id)))
+                .filter_map(|(i, m)| {
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(m.receipt_handle()?)
+                        .build()
+                        .ok()
+                })
+                .collect();
+            if done.is_empty() {
+                continue;
+            }
+            if let Err(e) = self
+                .sqs
+                .delete_message_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(done))
+                .send()
+                .await
+            {
+                tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(e), "the event source could not delete a batch");
+            }
+        }
+    }
+}
