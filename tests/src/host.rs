@@ -105,6 +105,13 @@ impl TestHost {
         self.client.url().to_owned()
     }
 
+    /// Whether the event stream carries the model's live token deltas: not on the topology,
+    /// where the stream function serves only the durable log (the deltas are the dispatch
+    /// function's, pushed to AHP subscribers; README "Deploy to AWS").
+    pub fn streams_deltas(&self) -> bool {
+        self.deployed.is_none()
+    }
+
     /// The app behind the API (for what HTTP does not show).
     pub fn app(&self) -> &Arc<App> {
         &self.app
