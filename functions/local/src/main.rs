@@ -21,6 +21,7 @@ async fn main() -> ExitCode {
         Command::Chat(chat) => cli::chat::run(&args.global, chat).await,
         Command::Sessions(list) => cli::sessions::run(&args.global, list).await,
         Command::Events(events) => cli::events::run(&args.global, events).await,
+        Command::Smoke(smoke) => cli::smoke::run(&args.global, smoke).await,
     };
     // The spans of the last turns go out before the process ends.
     telemetry.shutdown().await;

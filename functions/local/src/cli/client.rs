@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use turnstone_engine::protocol::ClientInput;
 use turnstone_runtime::api::{
-    EventPage, LoggedEvent, SessionListing, SessionPage, SessionSummary, Submitted,
+    EventPage, LoggedEvent, SessionListing, SessionPage, SessionSummary, Submitted, Turn,
 };
 use turnstone_runtime::net::{self, SseStream};
 
@@ -150,6 +150,38 @@ impl Client {
             request = request.header("Last-Event-ID", after.to_string());
         }
         Ok(SseStream::new(Self::send(request).await?, MAX_EVENT_BYTES))
+    }
+}
+
+impl Client {
+    /// `GET /healthz`.
+    pub async fn healthz(&self) -> anyhow::Result<()> {
+        let mut url = self.base.clone();
+        url.set_path("/healthz");
+        Self::send(self.http.get(url)).await.map(drop)
+    }
+
+    /// `POST /v1/sessions`: a new session of `agent`, its id minted by the server.
+    pub async fn create_session(&self, agent: &str) -> anyhow::Result<String> {
+        let request =
+            self.request(Method::POST, &["sessions"])?.json(&serde_json::json!({ "agent_id": agent }));
+        let created: Value = Self::json(request).await?;
+        str_field(&created, "session_id")
+            .map(str::to_owned)
+            .context("the server's answer to POST /v1/sessions has no session_id")
+    }
+
+    /// A turn's record, long-polling up to `wait_secs` for it to end.
+    pub async fn turn(&self, session: &str, turn_id: &str, wait_secs: u32) -> anyhow::Result<Turn> {
+        let request = self
+            .request(Method::GET, &["sessions", session, "turns", turn_id])?
+            .query(&[("wait", wait_secs.to_string())]);
+        Self::json(request).await
+    }
+
+    /// `DELETE /v1/sessions/{id}`: disposes the session (and its sub-agents).
+    pub async fn dispose(&self, session: &str) -> anyhow::Result<()> {
+        Self::send(self.request(Method::DELETE, &["sessions", session])?).await.map(drop)
     }
 }
 

@@ -13,6 +13,7 @@ pub mod events;
 pub mod render;
 pub mod serve;
 pub mod sessions;
+pub mod smoke;
 
 /// Turnstone, a durable AI agent engine.
 #[derive(Debug, Parser)]
@@ -66,6 +67,9 @@ pub enum Command {
     Sessions(SessionsArgs),
     /// Print a session's events as `SEQ NAME JSON`, one per line.
     Events(EventsArgs),
+    /// Check a deployment end to end (after `sam deploy`: `--url $ApiUrl --stream-url
+    /// $StreamUrl`): one turn, its event stream, and the session disposed.
+    Smoke(SmokeArgs),
 }
 
 /// `turnstone serve`.
@@ -139,6 +143,23 @@ pub struct SessionsArgs {
     /// How many sessions to show at most.
     #[arg(long, default_value_t = 50)]
     pub limit: usize,
+}
+
+/// `turnstone smoke`.
+#[derive(Debug, Clone, Args)]
+pub struct SmokeArgs {
+    /// Where the event stream is served, when not at `--url` (on AWS: the stack's `StreamUrl`).
+    #[arg(long)]
+    pub stream_url: Option<String>,
+    /// The agent the turn runs.
+    #[arg(long, default_value = "demo")]
+    pub agent: String,
+    /// What the turn says.
+    #[arg(long, default_value = "Hello from turnstone smoke.")]
+    pub message: String,
+    /// How long the turn may take, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
 }
 
 /// `turnstone events`.
