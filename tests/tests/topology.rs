@@ -185,3 +185,44 @@ fn a_statement_named_wrongly_is_an_error_not_a_silent_copy() {
     let err = template().without_policy("ApiFunction", "NoSuchPolicy").unwrap_err();
     assert!(err.to_string().contains("NoSuchPolicy"), "{err}");
 }
+
+/// A dispatch invocation killed while its model call runs (as Lambda ends one that times out,
+/// runs out of memory or crashes) leaves its wake-up leased for at most a minute, not for the
+/// queue's visibility timeout (960 s): the next invocation retries the call and the turn ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_dispatch_run_comes_back_within_its_lease_not_the_visibility_timeout() {
+    let openai = turnstone_tests::FakeOpenAi::start().await;
+    openai.push(turnstone_tests::Reply::text("Never seen.").delay(Duration::from_secs(3)));
+    openai.push(turnstone_tests::Reply::text("Recovered."));
+    let config = format!(
+        "[defaults]\nllm = {{ timeout_secs = 5, max_retries = 2, backoff_base_secs = 0.05, backoff_max_secs = 0.2 }}\n\n\
+         [llm.fake]\ntype = \"openai\"\nbase_url = \"{}\"\n\n[agent.plain]\nmodel = \"gpt-fake\"\nllm = \"fake\"\n",
+        openai.base_url()
+    );
+    let deployed = Deployed::start(&config, |_| None, &template()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(template().visibility_timeout("WakeUpQueue").unwrap(), Duration::from_secs(960));
+    deployed.kill_next_dispatch(Duration::from_secs(1));
+    let api = ApiClient::new(deployed.url());
+    let killed_at = tokio::time::Instant::now() + Duration::from_secs(1);
+    let turn = api.submit_ok("s-kill", &json!({"type": "client.message", "agent_id": "plain", "message": {"role": "user", "content": "hi"}})).await;
+    let ended = loop {
+        let (status, body) = api.get(&format!("/v1/sessions/s-kill/turns/{turn}?wait=20")).await;
+        assert_eq!(status, 200, "{body}");
+        if body["status"] != "active" {
+            break body;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(150),
+            "the turn is still active {:?} after the kill",
+            killed_at.elapsed()
+        );
+    };
+    let recovered_after = killed_at.elapsed();
+    assert_eq!(ended["status"], "completed", "{ended}");
+    assert_eq!(ended["data"], "Recovered.", "{ended}");
+    assert_eq!(openai.requests().len(), 2, "the killed call, then its retry");
+    // Within the lease (60 s) and the claim's 5 s timeout, with room for the sweep's pace.
+    assert!(recovered_after < Duration::from_secs(120), "recovered after {recovered_after:?}");
+    let refused = deployed.refused();
+    assert!(refused.is_empty(), "{refused:#?}");
+}

@@ -18,6 +18,7 @@ use crate::config::{AwsClients, AwsConfig};
 use crate::connections::DynamoRegistry;
 use crate::error::AwsError;
 use crate::management::ManagementFrames;
+use crate::queue::SqsQueue;
 
 /// The variables the template sets (DESIGN.md section 9).
 pub const TABLE_VAR: &str = "TURNSTONE_TABLE";
@@ -68,6 +69,8 @@ pub struct Deployment {
     pub http: HttpConfig,
     /// With an AHP endpoint: the recorded AHP connections, which the engine's commits push to.
     pub ahp: Option<Arc<Pushes>>,
+    /// The wake-up queue (the dispatch function holds the messages of its runs with it).
+    pub queue: SqsQueue,
 }
 
 impl Deployment {
@@ -106,7 +109,7 @@ impl Deployment {
             &config,
             agents,
             Arc::new(store),
-            Arc::new(queue),
+            Arc::new(queue.clone()),
             Topology::Split,
             move |notifier| match pushes {
                 Some(pushes) => Arc::new(Pusher::new(notifier, pushes)),
@@ -133,7 +136,7 @@ impl Deployment {
             anonymous: if config.server.allow_anonymous { Anonymous::Everyone } else { Anonymous::Nobody },
             ..assemble::http(&config, &secrets)
         };
-        Ok(Deployment { engine, http, ahp })
+        Ok(Deployment { engine, http, ahp, queue })
     }
 }
 

@@ -105,6 +105,50 @@ impl SqsQueue {
         &self.url
     }
 
+    /// Makes each received message (by its receipt handle) invisible for `visibility` from
+    /// now, whatever the queue's visibility timeout (`ChangeMessageVisibilityBatch`, ten at a
+    /// time). A zero `visibility` makes them visible at once.
+    pub async fn hold(&self, receipts: &[String], visibility: Duration) -> Result<(), AwsError> {
+        let seconds = i32::try_from(visibility.as_secs()).unwrap_or(i32::MAX);
+        let failed = |message: String| AwsError::Queue {
+            operation: "ChangeMessageVisibilityBatch",
+            queue: self.url.clone(),
+            message,
+        };
+        for chunk in receipts.chunks(10) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, receipt)| {
+                    aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(receipt)
+                        .visibility_timeout(seconds)
+                        .build()
+                        .map_err(|e| failed(e.to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let out = self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&self.url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|err| failed(describe(&err)))?;
+            if let Some(entry) = out.failed.first() {
+                return Err(failed(format!(
+                    "{} of {} entries failed, e.g. {}: {}",
+                    out.failed.len(),
+                    chunk.len(),
+                    entry.code,
+                    entry.message.as_deref().unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Creates the standard queue `name` (and its dead-letter queue `<name>-dlq` with a redrive
     /// policy, if asked for), or finds it with the same settings; returns its URL.
     pub async fn create_queue(

@@ -287,7 +287,7 @@ impl World {
             .collect();
         let event: SqsEvent = serde_json::from_value(json!({ "Records": records })).unwrap();
         let response =
-            turnstone_lambda::sqs::handle_batch(&self.dispatch.engine.dispatcher, event, None).await;
+            turnstone_lambda::sqs::handle_batch(&self.dispatch.engine.dispatcher, event, None, None).await;
         assert!(response.batch_item_failures.is_empty(), "the runs succeed");
         for delivery in &deliveries {
             self.queue.ack(delivery).await.unwrap();

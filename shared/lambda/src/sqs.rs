@@ -10,9 +10,12 @@
 //! dead-letter queue for someone to look at instead of being dropped.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use futures_util::StreamExt;
+use turnstone_aws::SqsQueue;
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::dispatch::Dispatcher;
 use turnstone_runtime::queue::WakeUp;
@@ -20,19 +23,41 @@ use turnstone_runtime::queue::WakeUp;
 /// How many sessions of one batch run at the same time.
 const CONCURRENT_SESSIONS: usize = 10;
 
+/// How long a message of a batch stays invisible while its session runs, renewed every half of
+/// it until the run ends. A run that dies (the function timed out, ran out of memory, crashed)
+/// renews nothing, so its wake-up comes back within this, not after the queue's visibility
+/// timeout, which Lambda requires to be at least the function's (960 s against 900).
+pub const LEASE: Duration = Duration::from_secs(60);
+
+/// When a failed run's wake-up comes back: after [`LEASE`] the first time, twice as long
+/// each time after, at most 15 minutes (then the redrive limit parks it).
+pub fn retry_after(receive_count: u32) -> Duration {
+    LEASE.saturating_mul(1 << receive_count.clamp(1, 5).saturating_sub(1)).min(Duration::from_secs(900))
+}
+
 /// Runs the sessions a batch wakes, each within `deadline` (the invocation's, when there is
 /// one: a run hands the rest of its work back to the queue instead of starting an effect that
-/// could not end before it); answers the records that must come back.
+/// could not end before it); answers the records that must come back. With `queue`, each
+/// session's messages are held for a [`LEASE`] renewed while it runs, and a failed one comes
+/// back after [`retry_after`].
 pub async fn handle_batch(
     dispatcher: &Dispatcher,
     event: SqsEvent,
     deadline: Option<Timestamp>,
+    queue: Option<&SqsQueue>,
 ) -> SqsBatchResponse {
     let mut failed: Vec<String> = Vec::new();
     // Message ids by session, in arrival order.
     let mut sessions: BTreeMap<String, (WakeUp, Vec<String>)> = BTreeMap::new();
+    // Receipt handle and receive count by message id.
+    let mut receipts: BTreeMap<String, (String, u32)> = BTreeMap::new();
     for record in event.records {
         let message_id = record.message_id.unwrap_or_default();
+        if let Some(receipt) = record.receipt_handle {
+            let count =
+                record.attributes.get("ApproximateReceiveCount").and_then(|c| c.parse().ok()).unwrap_or(1);
+            receipts.insert(message_id.clone(), (receipt, count));
+        }
         match record.body.as_deref().map(WakeUp::from_body) {
             Some(Ok(wake_up)) => match sessions.get_mut(&wake_up.session_id) {
                 Some((merged, message_ids)) => {
@@ -53,20 +78,55 @@ pub async fn handle_batch(
             }
         }
     }
+    let held = |ids: &[String]| {
+        ids.iter().filter_map(|id| receipts.get(id)).map(|(r, _)| r.clone()).collect::<Vec<_>>()
+    };
+    // The receipts of the sessions still running, renewed until their run ends.
+    let running: Mutex<BTreeMap<String, Vec<String>>> =
+        Mutex::new(sessions.iter().map(|(id, (_, ids))| (id.clone(), held(ids))).collect());
+    let renew = async {
+        let Some(queue) = queue else { return std::future::pending::<()>().await };
+        loop {
+            let receipts: Vec<String> = lock(&running).values().flatten().cloned().collect();
+            if !receipts.is_empty()
+                && let Err(e) = queue.hold(&receipts, LEASE).await
+            {
+                // The queue's own visibility timeout still holds them: a slower return, no loss.
+                tracing::warn!(error = %e, "could not renew the lease of a batch's wake-ups");
+            }
+            tokio::time::sleep(LEASE / 2).await;
+        }
+    };
     let runs = futures_util::stream::iter(sessions.into_values())
-        .map(|(wake_up, message_ids)| async move {
-            match dispatcher.run_until(&wake_up, deadline).await {
+        .map(|(wake_up, message_ids)| {
+            let running = &running;
+            async move {
+            let result = dispatcher.run_until(&wake_up, deadline).await;
+            lock(running).remove(&wake_up.session_id);
+            match result {
                 Ok(()) => Vec::new(),
                 Err(e) => {
                     tracing::warn!(session_id = %wake_up.session_id, error = %e, "session run failed; its wake-up comes back");
                     message_ids
                 }
             }
+            }
         })
         .buffer_unordered(CONCURRENT_SESSIONS)
-        .collect::<Vec<_>>()
-        .await;
+        .collect::<Vec<_>>();
+    let runs = tokio::select! {
+        runs = runs => runs,
+        () = renew => unreachable!("the renewal never ends"),
+    };
     failed.extend(runs.into_iter().flatten());
+    if let Some(queue) = queue {
+        for id in &failed {
+            let Some((receipt, count)) = receipts.get(id) else { continue };
+            if let Err(e) = queue.hold(std::slice::from_ref(receipt), retry_after(*count)).await {
+                tracing::warn!(message_id = %id, error = %e, "could not set when a failed wake-up comes back");
+            }
+        }
+    }
     // Pushes to AHP subscribers finish before the invocation ends (the process may freeze).
     dispatcher.app().notifier().flush().await;
     // Both types are non-exhaustive: built from their defaults.
@@ -94,17 +154,35 @@ pub async fn handle_batch(
     response
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Runs the `dispatch` function.
-pub async fn run_dispatch(dispatcher: std::sync::Arc<Dispatcher>) -> Result<(), lambda_runtime::Error> {
+pub async fn run_dispatch(
+    dispatcher: std::sync::Arc<Dispatcher>,
+    queue: SqsQueue,
+) -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(move |event: lambda_runtime::LambdaEvent<SqsEvent>| {
-        let dispatcher = std::sync::Arc::clone(&dispatcher);
+        let (dispatcher, queue) = (std::sync::Arc::clone(&dispatcher), queue.clone());
         async move {
             // Lambda's deadline: milliseconds since the epoch, as the clock's.
             let deadline = i64::try_from(event.context.deadline).ok().map(Timestamp);
-            let response = handle_batch(&dispatcher, event.payload, deadline).await;
+            let response = handle_batch(&dispatcher, event.payload, deadline, Some(&queue)).await;
             crate::emit_metrics(dispatcher.app());
             Ok::<_, lambda_runtime::Error>(response)
         }
     }))
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_wake_up_comes_back_later_each_time_up_to_15_minutes() {
+        let secs: Vec<u64> = (0..8).map(|n| retry_after(n).as_secs()).collect();
+        assert_eq!(secs, [60, 60, 120, 240, 480, 900, 900, 900]);
+    }
 }

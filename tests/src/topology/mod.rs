@@ -22,7 +22,7 @@ pub mod gate;
 pub mod policy;
 pub mod template;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -139,6 +139,7 @@ pub struct Deployed {
     /// The api function's app (what HTTP does not show).
     pub app: Arc<App>,
     url: String,
+    source: Arc<EventSource>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -165,12 +166,10 @@ impl Deployed {
         let queue = format!("turnstone-{stage}-wakeups");
         let clients = AwsClients::new(&admin);
         DynamoStore::new(clients.dynamodb.clone(), &table).create_table().await.expect("CreateTable");
-        // Redelivery within a minute; no dead-letter queue to fill.
-        let settings = QueueSettings {
-            visibility_timeout: Duration::from_secs(60),
-            max_receive_count: None,
-            ..QueueSettings::default()
-        };
+        // The template's visibility timeout; no dead-letter queue to fill.
+        let visibility_timeout = template.visibility_timeout("WakeUpQueue")?;
+        let settings =
+            QueueSettings { visibility_timeout, max_receive_count: None, ..QueueSettings::default() };
         let queue_url = SqsQueue::create_queue(&clients.sqs, &queue, &settings).await.expect("CreateQueue");
         let queue_arn = format!("arn:aws:sqs:{REGION}:{ACCOUNT}:{queue}");
 
@@ -303,15 +302,24 @@ impl Deployed {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the stack's front");
         let url = format!("http://{}", listener.local_addr().expect("an address"));
         let (shutdown, stopped) = oneshot::channel::<()>();
-        let source = EventSource {
+        let source = Arc::new(EventSource {
             sqs: aws_sdk_sqs::Client::new(&dispatch.sdk),
             queue_url,
             queue_arn,
             timeout: dispatch.timeout,
             dispatcher: Arc::clone(&dispatch.deployment.engine.dispatcher),
-        };
-        let task = tokio::spawn(serve(api, stream, source, sweep, anonymous, listener, stopped));
-        Ok(Deployed { stage, app, url, shutdown: Some(shutdown), task: Some(task) })
+            queue: dispatch.deployment.queue.clone(),
+            kills: Mutex::new(VecDeque::new()),
+        });
+        let task = tokio::spawn(serve(api, stream, Arc::clone(&source), sweep, anonymous, listener, stopped));
+        Ok(Deployed { stage, app, url, source, shutdown: Some(shutdown), task: Some(task) })
+    }
+
+    /// A fault: the next dispatch invocation is killed `after` it starts (its future dropped,
+    /// as Lambda ends an invocation that times out or a process that crashes: nothing of it
+    /// runs on, nothing of its batch is deleted).
+    pub fn kill_next_dispatch(&self, after: Duration) {
+        self.source.kills.lock().unwrap().push_back(after);
     }
 
     /// `http://127.0.0.1:<port>`: API Gateway's and the Function URL's place in one.
@@ -356,7 +364,7 @@ fn physical(id: &str, reference: &str, attributes: &[(&str, &str)]) -> (String, 
 async fn serve(
     api: Built,
     stream: Built,
-    source: EventSource,
+    source: Arc<EventSource>,
     sweep: Built,
     anonymous: bool,
     listener: tokio::net::TcpListener,
@@ -382,7 +390,6 @@ async fn serve(
             response.into_response()
         }
     });
-    let source = Arc::new(source);
     let pollers: Vec<_> = (0..POLLERS).map(|_| tokio::spawn(Arc::clone(&source).poll())).collect();
     let dispatcher = Arc::clone(&sweep.deployment.engine.dispatcher);
     let schedule = tokio::spawn(async move {
@@ -418,6 +425,10 @@ struct EventSource {
     queue_arn: String,
     timeout: Duration,
     dispatcher: Arc<Dispatcher>,
+    /// The dispatch function's queue, which leases the batch's messages.
+    queue: SqsQueue,
+    /// Faults to come: each kills one invocation that long after it starts.
+    kills: Mutex<VecDeque<Duration>>,
 }
 
 impl EventSource {
@@ -463,9 +474,18 @@ impl EventSource {
                 .collect();
             let event = serde_json::from_value(json!({ "Records": records })).expect("an SQS event");
             let deadline = SystemClock.now().0 + i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
-            let run = turnstone_lambda::sqs::handle_batch(&self.dispatcher, event, Some(Timestamp(deadline)));
-            let Ok(response) = tokio::time::timeout(self.timeout, run).await else {
-                tracing::warn!("a dispatch invocation ran past its timeout and was killed");
+            let run = turnstone_lambda::sqs::handle_batch(
+                &self.dispatcher,
+                event,
+                Some(Timestamp(deadline)),
+                Some(&self.queue),
+            );
+            let kill = self.kills.lock().unwrap().pop_front();
+            let Ok(response) = tokio::time::timeout(kill.unwrap_or(self.timeout), run).await else {
+                match kill {
+                    Some(after) => tracing::warn!(?after, "a dispatch invocation was killed (a fault)"),
+                    None => tracing::warn!("a dispatch invocation ran past its timeout and was killed"),
+                }
                 continue;
             };
             let failed: Vec<String> =

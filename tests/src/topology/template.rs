@@ -158,6 +158,18 @@ impl Template {
             .ok_or_else(|| error(function, "no Properties.Policies list"))
     }
 
+    /// The `VisibilityTimeout` of queue resource `queue`.
+    pub fn visibility_timeout(&self, queue: &str) -> Result<Duration, TemplateError> {
+        self.root
+            .get("Resources")
+            .and_then(|r| r.get(queue))
+            .and_then(|q| q.get("Properties"))
+            .and_then(|p| p.get("VisibilityTimeout"))
+            .and_then(Yaml::as_u64)
+            .map(Duration::from_secs)
+            .ok_or_else(|| error(&format!("{queue}.Properties.VisibilityTimeout"), "not a number"))
+    }
+
     /// Every `AWS::Serverless::Function`, resolved against `stack`.
     pub fn functions(&self, stack: &Stack) -> Result<Vec<Function>, TemplateError> {
         let resolver = Resolver { template: self, stack };
