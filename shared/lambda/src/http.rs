@@ -1,6 +1,7 @@
 //! The HTTP functions: the runtime's router, unchanged, behind Lambda's HTTP events.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::middleware::Next;
 
@@ -33,8 +34,18 @@ pub async fn run_api(app: Arc<App>, http: HttpConfig) -> Result<(), lambda_http:
     lambda_http::run(api_router(app, http)).await
 }
 
+/// How long one event stream of the `stream` function lasts: under its 900 s timeout
+/// (`infra/template.yaml`), with time to spare for the client's last frames, so a stream ends
+/// with a `retry:` hint and the client reconnects, instead of ending as a Lambda timeout.
+pub const MAX_STREAM_ON_LAMBDA: Duration = Duration::from_secs(840);
+
+/// The router of the `stream` function: its event streams end before its deadline.
+pub fn stream_router(app: Arc<App>, http: HttpConfig) -> axum::Router {
+    router(app, HttpConfig { max_stream: Some(MAX_STREAM_ON_LAMBDA), ..http })
+}
+
 /// Runs the `stream` function: each Function URL request through the router, the response
 /// streamed as it is written (the SSE log of a session, live).
 pub async fn run_stream(app: Arc<App>, http: HttpConfig) -> Result<(), lambda_http::Error> {
-    lambda_http::run_with_streaming_response(router(app, http)).await
+    lambda_http::run_with_streaming_response(stream_router(app, http)).await
 }

@@ -315,3 +315,33 @@ async fn a_scheduled_sweep_enqueues_a_session_whose_wake_up_was_lost() {
     f.engine.dispatcher.run(&again[0].wake_up).await.unwrap();
     assert_eq!(handle_schedule(&f.engine.dispatcher).await.unwrap().enqueued, 0);
 }
+
+/// A function that streams must end its response before its deadline: a stream cut at
+/// `max_stream` ends with a `retry:` hint, after the durable events (with their ids, for
+/// `Last-Event-ID`), instead of running into the function's timeout.
+#[tokio::test]
+async fn an_event_stream_ends_with_a_retry_hint_before_the_deadline() {
+    let f = fixture();
+    let input = turnstone_engine_input("st");
+    let (status, _) =
+        call_api(&f.engine, &http_api_event("POST", "/v1/sessions/st/inputs", "", Some(&input))).await;
+    assert_eq!(status, 202);
+    let http = HttpConfig { max_stream: Some(Duration::from_millis(300)), ..HttpConfig::default() };
+    let request =
+        lambda_http::request::from_str(&http_api_event("GET", "/v1/sessions/st/events/stream", "", None))
+            .unwrap();
+    let response =
+        turnstone_runtime::http::router(Arc::clone(&f.engine.app), http).oneshot(request).await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let body =
+        tokio::time::timeout(Duration::from_secs(5), axum::body::to_bytes(response.into_body(), 1 << 20))
+            .await
+            .expect("the stream ends by itself")
+            .unwrap();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    assert!(text.contains("id: 1\n"), "the durable events come first, with their ids: {text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    assert!(last.contains("retry: 500"), "the last frame asks to reconnect: {last:?}");
+    // The stream function's own cut comes before its timeout (900 s in the template).
+    assert!(turnstone_lambda::http::MAX_STREAM_ON_LAMBDA < Duration::from_secs(900));
+}

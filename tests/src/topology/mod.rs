@@ -381,7 +381,7 @@ async fn serve(
     };
     let api_router = turnstone_lambda::http::api_router(Arc::clone(&api.deployment.engine.app), http(&api));
     let stream_router =
-        turnstone_runtime::http::router(Arc::clone(&stream.deployment.engine.app), http(&stream));
+        turnstone_lambda::http::stream_router(Arc::clone(&stream.deployment.engine.app), http(&stream));
     let front = axum::Router::new().fallback(move |request: HttpRequest<Body>| {
         let (api, stream) = (api_router.clone(), stream_router.clone());
         async move {

@@ -57,6 +57,10 @@ pub struct HttpConfig {
     pub expose_internal_events: bool,
     /// Event streams one authenticated caller may hold open (`[limits] streams_per_caller`).
     pub streams_per_caller: usize,
+    /// How long one event stream lasts before it ends with a `retry:` hint, for the client to
+    /// reconnect with `Last-Event-ID`; `None`: until the client leaves. A function that
+    /// streams must end its response before its deadline (the stream function: 900 s).
+    pub max_stream: Option<Duration>,
 }
 
 /// The longest a long-poll waits on a host of its own.
@@ -74,6 +78,7 @@ impl Default for HttpConfig {
             anonymous: Anonymous::Everyone,
             expose_internal_events: false,
             streams_per_caller: crate::config::STREAMS_PER_CALLER,
+            max_stream: None,
         }
     }
 }

@@ -30,6 +30,8 @@ const COALESCE: Duration = Duration::from_millis(25);
 const PAGE: usize = 256;
 /// Frames buffered per client before the reader waits for it (back-pressure, not loss).
 const BUFFER: usize = 64;
+/// The `retry:` a stream cut at `HttpConfig::max_stream` asks for.
+const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 
 #[derive(Deserialize)]
 pub(super) struct StreamQuery {
@@ -64,8 +66,24 @@ pub(super) async fn stream(
     let live = Live { progress: notifier.progress(&id).await?, deltas: notifier.deltas(&id) };
     let internals = super::redact::sees_internals(&caller, state.config.expose_internal_events);
     let (tx, rx) = mpsc::channel::<SseEvent>(BUFFER);
+    let max_stream = state.config.max_stream;
     tokio::spawn(async move {
-        pump(state, id.into_string(), after, live, internals, tx).await;
+        let last = tx.clone();
+        let pumped = pump(state, id.into_string(), after, live, internals, tx);
+        match max_stream {
+            None => pumped.await,
+            Some(lasts) => tokio::select! {
+                () = pumped => {}
+                () = tokio::time::sleep(lasts) => {
+                    // The pump is dropped here, so this is the stream's last frame: reconnect
+                    // soon, from the last durable event (its id).
+                    let end = SseEvent::default()
+                        .retry(RECONNECT_AFTER)
+                        .comment("this stream ends before the host's deadline; reconnect with Last-Event-ID");
+                    let _ = last.send(end).await;
+                }
+            },
+        }
         drop(slot);
     });
     let frames =
