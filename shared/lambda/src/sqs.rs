@@ -85,7 +85,7 @@ pub async fn handle_batch(
     let running: Mutex<BTreeMap<String, Vec<String>>> =
         Mutex::new(sessions.iter().map(|(id, (_, ids))| (id.clone(), held(ids))).collect());
     let renew = async {
-        let Some(queue) = queue else { return std::future::pending::<()>().await };
+        let Some(queue) = queue else { return std::future::pending::<std::convert::Infallible>().await };
         loop {
             let receipts: Vec<String> = lock(&running).values().flatten().cloned().collect();
             if !receipts.is_empty()
@@ -101,22 +101,23 @@ pub async fn handle_batch(
         .map(|(wake_up, message_ids)| {
             let running = &running;
             async move {
-            let result = dispatcher.run_until(&wake_up, deadline).await;
-            lock(running).remove(&wake_up.session_id);
-            match result {
-                Ok(()) => Vec::new(),
-                Err(e) => {
-                    tracing::warn!(session_id = %wake_up.session_id, error = %e, "session run failed; its wake-up comes back");
-                    message_ids
+                let result = dispatcher.run_until(&wake_up, deadline).await;
+                lock(running).remove(&wake_up.session_id);
+                match result {
+                    Ok(()) => Vec::new(),
+                    Err(e) => {
+                        let session_id = &wake_up.session_id;
+                        tracing::warn!(%session_id, error = %e, "session run failed; its wake-up comes back");
+                        message_ids
+                    }
                 }
-            }
             }
         })
         .buffer_unordered(CONCURRENT_SESSIONS)
         .collect::<Vec<_>>();
     let runs = tokio::select! {
         runs = runs => runs,
-        () = renew => unreachable!("the renewal never ends"),
+        never = renew => match never {},
     };
     failed.extend(runs.into_iter().flatten());
     if let Some(queue) = queue {
