@@ -226,3 +226,30 @@ async fn a_killed_dispatch_run_comes_back_within_its_lease_not_the_visibility_ti
     let refused = deployed.refused();
     assert!(refused.is_empty(), "{refused:#?}");
 }
+
+/// At-least-once delivery on the real handler: every batch carries each wake-up twice, the
+/// order reversed, across sessions submitted together. Each turn runs once: one reply, the
+/// transcript intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicated_and_reordered_wake_ups_in_a_batch_run_each_turn_once() {
+    let deployed = deploy(&template()).await;
+    deployed.duplicate_batches();
+    let api = ApiClient::new(deployed.url());
+    let sessions: Vec<String> = (0..6).map(|i| format!("s-dup-{i}")).collect();
+    let mut turns = Vec::new();
+    for session in &sessions {
+        let input = json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": format!("hello {session}")}});
+        turns.push(api.submit_ok(session, &input).await);
+    }
+    for (session, turn) in sessions.iter().zip(&turns) {
+        let ended = api.wait_turn(session, turn).await;
+        assert_eq!(ended.status, TurnStatus::Completed, "{session}: {ended:?}");
+        let (_, page) = api.get(&format!("/v1/sessions/{session}/messages")).await;
+        let roles: Vec<&str> =
+            page["messages"].as_array().unwrap().iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["user", "assistant"], "{session}: {page}");
+    }
+    assert!(deployed.largest_batch() >= 2, "the batches carried their copies");
+    let refused = deployed.refused();
+    assert!(refused.is_empty(), "{refused:#?}");
+}

@@ -24,6 +24,7 @@ pub mod template;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -310,6 +311,8 @@ impl Deployed {
             dispatcher: Arc::clone(&dispatch.deployment.engine.dispatcher),
             queue: dispatch.deployment.queue.clone(),
             kills: Mutex::new(VecDeque::new()),
+            duplicates: AtomicBool::new(false),
+            largest_batch: AtomicUsize::new(0),
         });
         let task = tokio::spawn(serve(api, stream, Arc::clone(&source), sweep, anonymous, listener, stopped));
         Ok(Deployed { stage, app, url, source, shutdown: Some(shutdown), task: Some(task) })
@@ -320,6 +323,16 @@ impl Deployed {
     /// runs on, nothing of its batch is deleted).
     pub fn kill_next_dispatch(&self, after: Duration) {
         self.source.kills.lock().unwrap().push_back(after);
+    }
+
+    /// A fault from now on: each dispatch batch carries every record twice, reordered.
+    pub fn duplicate_batches(&self) {
+        self.source.duplicates.store(true, Ordering::Relaxed);
+    }
+
+    /// The most records one dispatch invocation was handed.
+    pub fn largest_batch(&self) -> usize {
+        self.source.largest_batch.load(Ordering::Relaxed)
     }
 
     /// `http://127.0.0.1:<port>`: API Gateway's and the Function URL's place in one.
@@ -429,6 +442,24 @@ struct EventSource {
     queue: SqsQueue,
     /// Faults to come: each kills one invocation that long after it starts.
     kills: Mutex<VecDeque<Duration>>,
+    /// A fault: every batch carries each record twice, in reverse order.
+    duplicates: AtomicBool,
+    /// The most records one invocation was handed.
+    largest_batch: AtomicUsize,
+}
+
+/// A batch as at-least-once delivery may hand it over: each record twice (the copy under its
+/// own message id, as a second delivery of a wake-up sent twice), the order reversed.
+fn duplicated(records: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    let copies: Vec<_> = records
+        .iter()
+        .map(|r| {
+            let mut copy = r.clone();
+            copy["messageId"] = json!(format!("{}-again", r["messageId"].as_str().unwrap_or_default()));
+            copy
+        })
+        .collect();
+    records.into_iter().chain(copies).rev().collect()
 }
 
 impl EventSource {
@@ -472,6 +503,8 @@ impl EventSource {
                     })
                 })
                 .collect();
+            let records = if self.duplicates.load(Ordering::Relaxed) { duplicated(records) } else { records };
+            self.largest_batch.fetch_max(records.len(), Ordering::Relaxed);
             let event = serde_json::from_value(json!({ "Records": records })).expect("an SQS event");
             let deadline = SystemClock.now().0 + i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
             let run = turnstone_lambda::sqs::handle_batch(
