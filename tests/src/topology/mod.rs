@@ -14,9 +14,10 @@
 //!   function's role and invokes its batch handler under the template's timeout, and the sweep
 //!   on a schedule.
 //!
-//! What is not here yet: the functions behind real Lambda event payloads (the routers are
-//! called directly), the WebSocket API (the ahp function has its principal but is not served),
-//! and faults (kills, throttles).
+//! Faults: [`Deployed::kill_next_dispatch`] and [`Deployed::duplicate_batches`]. What is not
+//! here yet: the functions behind real Lambda event payloads (the routers are called
+//! directly), the WebSocket API (the ahp function has its principal but is not served), and
+//! throttling.
 
 pub mod gate;
 pub mod policy;
@@ -91,7 +92,7 @@ async fn administrator(moto: &str) -> aws_sdk_iam::config::Credentials {
     iam.put_user_policy()
         .user_name("topology-admin")
         .policy_name("everything")
-        .policy_document(json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}).to_string())
+        .policy_document(allow_everything())
         .send()
         .await
         .expect("PutUserPolicy (unauthenticated)");
@@ -109,6 +110,12 @@ async fn administrator(moto: &str) -> aws_sdk_iam::config::Credentials {
         None,
         "topology-admin",
     )
+}
+
+/// A policy document that allows every action on every resource.
+fn allow_everything() -> String {
+    json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]})
+        .to_string()
 }
 
 /// An SDK configuration for `endpoint`, signing with `credentials`.
@@ -252,7 +259,7 @@ impl Deployed {
             iam.put_user_policy()
                 .user_name(&user)
                 .policy_name("authorized-by-the-gate")
-                .policy_document(json!({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}).to_string())
+                .policy_document(allow_everything())
                 .send()
                 .await
                 .expect("PutUserPolicy");

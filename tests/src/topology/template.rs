@@ -104,6 +104,11 @@ impl Template {
         Ok(Template { root })
     }
 
+    /// Entry `name` of top-level section `section` (`Resources`, `Parameters`, `Conditions`).
+    fn entry(&self, section: &str, name: &str) -> Option<&Yaml> {
+        self.root.get(section)?.get(name)
+    }
+
     fn resource_mut(&mut self, logical_id: &str) -> Option<&mut Yaml> {
         self.root.get_mut("Resources")?.get_mut(logical_id)
     }
@@ -160,9 +165,7 @@ impl Template {
 
     /// The `VisibilityTimeout` of queue resource `queue`.
     pub fn visibility_timeout(&self, queue: &str) -> Result<Duration, TemplateError> {
-        self.root
-            .get("Resources")
-            .and_then(|r| r.get(queue))
+        self.entry("Resources", queue)
             .and_then(|q| q.get("Properties"))
             .and_then(|p| p.get("VisibilityTimeout"))
             .and_then(Yaml::as_u64)
@@ -391,9 +394,7 @@ impl Resolver<'_> {
         if let Some(value) = stack.parameters.get(name) {
             return Ok(value.clone());
         }
-        if let Some(default) =
-            self.template.root.get("Parameters").and_then(|p| p.get(name)).and_then(|p| p.get("Default"))
-        {
+        if let Some(default) = self.template.entry("Parameters", name).and_then(|p| p.get("Default")) {
             return Ok(match default {
                 Yaml::String(s) => s.clone(),
                 Yaml::Number(n) => n.to_string(),
@@ -402,7 +403,7 @@ impl Resolver<'_> {
                 }
             });
         }
-        let resource = self.template.root.get("Resources").and_then(|r| r.get(name));
+        let resource = self.template.entry("Resources", name);
         if resource.and_then(|r| r.get("Type")).and_then(Yaml::as_str) == Some("AWS::IAM::ManagedPolicy") {
             return Ok(format!("{MANAGED}{name}"));
         }
@@ -462,9 +463,7 @@ impl Resolver<'_> {
     fn condition(&self, name: &str, at: &str) -> Result<bool, TemplateError> {
         let definition = self
             .template
-            .root
-            .get("Conditions")
-            .and_then(|c| c.get(name))
+            .entry("Conditions", name)
             .ok_or_else(|| error(at, format!("no condition {name}")))?;
         self.truth(definition, &format!("Conditions.{name}"))
     }
@@ -501,9 +500,7 @@ impl Resolver<'_> {
     fn managed_policy(&self, logical: &str, at: &str) -> Result<Json, TemplateError> {
         let resource = self
             .template
-            .root
-            .get("Resources")
-            .and_then(|r| r.get(logical))
+            .entry("Resources", logical)
             .ok_or_else(|| error(at, format!("no resource {logical}")))?;
         if let Some(condition) = resource.get("Condition").and_then(Yaml::as_str)
             && !self.condition(condition, at)?
