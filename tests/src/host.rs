@@ -69,7 +69,7 @@ impl TestHost {
             let template = Template::load().unwrap_or_else(|e| panic!("{e}"));
             let deployed =
                 Deployed::start(config_toml, env, &template).await.unwrap_or_else(|e| panic!("{e}"));
-            let client = ApiClient::new(deployed.url());
+            let client = ApiClient::new(deployed.url()).with_streams_at(deployed.stream_url());
             let app = Arc::clone(&deployed.app);
             return TestHost { app, client, shutdown: None, task: None, deployed: Some(deployed) };
         }
@@ -189,6 +189,8 @@ impl Drop for TestHost {
 #[derive(Debug, Clone)]
 pub struct ApiClient {
     base: String,
+    /// Where event streams are opened, when not at `base` (a deployed stack's `StreamUrl`).
+    streams: Option<String>,
     http: reqwest::Client,
     /// Sent as `Authorization: Bearer <token>` with every request.
     token: Option<String>,
@@ -198,7 +200,13 @@ impl ApiClient {
     /// A client for the host at `base` (`http://host:port`, no trailing slash).
     pub fn new(base: impl Into<String>) -> Self {
         let http = net::client().expect("an HTTP client");
-        ApiClient { base: base.into().trim_end_matches('/').to_owned(), http, token: None }
+        ApiClient { base: base.into().trim_end_matches('/').to_owned(), streams: None, http, token: None }
+    }
+
+    /// The same client, opening event streams at `base` (as a client of a deployed stack does
+    /// with its `StreamUrl`).
+    pub fn with_streams_at(self, base: impl Into<String>) -> Self {
+        ApiClient { streams: Some(base.into().trim_end_matches('/').to_owned()), ..self }
     }
 
     /// The same client, authenticating with `token` (an API key or a JWT).
@@ -206,9 +214,14 @@ impl ApiClient {
         ApiClient { token: Some(token.into()), ..self.clone() }
     }
 
-    /// A request to `path`, with the token when there is one.
+    /// A request to `path` (at the stream base for an event stream), with the token when there
+    /// is one.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request = self.http.request(method, format!("{}{path}", self.base));
+        let base = match &self.streams {
+            Some(streams) if path.split('?').next().is_some_and(|p| p.ends_with("/events/stream")) => streams,
+            _ => &self.base,
+        };
+        let request = self.http.request(method, format!("{base}{path}"));
         match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
@@ -277,13 +290,18 @@ impl ApiClient {
     /// Waits (long-polling `GET .../turns/{turn_id}?wait=30`) until the turn has ended;
     /// returns the turn record.
     pub async fn wait_turn(&self, session: &str, turn_id: &str) -> Turn {
+        self.wait_turn_within(session, turn_id, Duration::from_secs(60)).await
+    }
+
+    /// The turn once it has ended, which it must within `patience`.
+    pub async fn wait_turn_within(&self, session: &str, turn_id: &str, patience: Duration) -> Turn {
         let started = tokio::time::Instant::now();
         loop {
-            let turn: Turn = self.get_ok(&format!("/v1/sessions/{session}/turns/{turn_id}?wait=30")).await;
+            let turn: Turn = self.get_ok(&format!("/v1/sessions/{session}/turns/{turn_id}?wait=20")).await;
             if turn.status.is_ended() {
                 return turn;
             }
-            assert!(started.elapsed() < Duration::from_secs(60), "turn {turn_id} never ended: {turn:?}");
+            assert!(started.elapsed() < patience, "turn {turn_id} never ended within {patience:?}: {turn:?}");
         }
     }
 

@@ -4,6 +4,8 @@
 //! - [`fake_anthropic::FakeAnthropic`]: an Anthropic Messages server.
 //! - [`fake_worker::FakeWorker`]: a worker webhook answering decisions by a per-test script.
 //! - [`fake_collector::FakeCollector`]: an OpenTelemetry collector (OTLP/HTTP, JSON).
+//! - [`ledger`]: the kill tests' worker, which runs each (call, attempt) once, and their
+//!   invariants.
 //! - [`host::TestHost`]: a local host (SQLite store, in-process queue) run in the test's
 //!   process, with a client for its HTTP API.
 //!
@@ -23,6 +25,7 @@ pub mod fake_collector;
 pub mod fake_openai;
 pub mod fake_worker;
 pub mod host;
+pub mod ledger;
 pub mod topology;
 
 pub use fake::{FakeServer, FakeToolCall, Recorded, Reply};

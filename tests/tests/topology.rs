@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 use turnstone_engine::session::TurnStatus;
 use turnstone_tests::ApiClient;
+use turnstone_tests::ledger::{Ledger, Rng, assert_survived, calc_turn, ledger_worker, scripted_config};
 use turnstone_tests::topology::gate::Call;
 use turnstone_tests::topology::template::Template;
 use turnstone_tests::topology::{Deployed, StartError};
@@ -24,6 +25,12 @@ type = "scripted"
 [agent.demo]
 model = "scripted"
 llm = "s"
+
+[[agent.demo.tools]]
+name = "confirm"
+description = "Asks the user."
+handler = "client"
+input = { type = "object" }
 "#;
 
 fn template() -> Template {
@@ -32,6 +39,11 @@ fn template() -> Template {
 
 async fn deploy(template: &Template) -> Deployed {
     Deployed::start(CONFIG, |_| None, template).await.unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A client of the stack, as its outputs name it: `ApiUrl`, and `StreamUrl` for event streams.
+fn client(deployed: &Deployed) -> ApiClient {
+    ApiClient::new(deployed.url()).with_streams_at(deployed.stream_url())
 }
 
 /// One turn of the scripted demo agent on `session`, to its end.
@@ -62,7 +74,7 @@ async fn until(deployed: &Deployed, what: &str, done: impl Fn(&[Call]) -> bool) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_function_runs_under_its_own_role_and_iam_allows_what_it_calls() {
     let mut deployed = deploy(&template()).await;
-    let api = ApiClient::new(deployed.url());
+    let api = client(&deployed);
     one_turn(&api, "s-iam").await;
     // The stream function serves the event log.
     let mut stream = api.stream("s-iam", None).await;
@@ -122,7 +134,7 @@ async fn without_batch_write_the_purge_of_a_disposed_session_is_refused() {
     let template =
         template().without_action("ApiFunction", "SessionsReadWrite", "dynamodb:BatchWriteItem").unwrap();
     let deployed = deploy(&template).await;
-    let api = ApiClient::new(deployed.url());
+    let api = client(&deployed);
     one_turn(&api, "s-purge").await;
     let (status, body) = api.delete("/v1/sessions/s-purge").await;
     assert!(status >= 500, "the purge cannot succeed without BatchWriteItem: {status} {body}");
@@ -144,7 +156,7 @@ async fn without_put_item_a_dispatch_run_cannot_commit_its_step() {
     let template =
         template().without_action("DispatchFunction", "SessionsReadWrite", "dynamodb:PutItem").unwrap();
     let deployed = deploy(&template).await;
-    let api = ApiClient::new(deployed.url());
+    let api = client(&deployed);
     // The api function commits the input; the dispatch function's run cannot commit its step.
     let turn = api.submit_ok("s-put", &json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": "hello"}})).await;
     let calls = until(&deployed, "a refused dispatch commit", |calls| {
@@ -202,7 +214,7 @@ async fn a_killed_dispatch_run_comes_back_within_its_lease_not_the_visibility_ti
     let deployed = Deployed::start(&config, |_| None, &template()).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(template().visibility_timeout("WakeUpQueue").unwrap(), Duration::from_secs(960));
     deployed.kill_next_dispatch(Duration::from_secs(1));
-    let api = ApiClient::new(deployed.url());
+    let api = client(&deployed);
     let killed_at = tokio::time::Instant::now() + Duration::from_secs(1);
     let turn = api.submit_ok("s-kill", &json!({"type": "client.message", "agent_id": "plain", "message": {"role": "user", "content": "hi"}})).await;
     let ended = loop {
@@ -234,7 +246,7 @@ async fn a_killed_dispatch_run_comes_back_within_its_lease_not_the_visibility_ti
 async fn duplicated_and_reordered_wake_ups_in_a_batch_run_each_turn_once() {
     let deployed = deploy(&template()).await;
     deployed.duplicate_batches();
-    let api = ApiClient::new(deployed.url());
+    let api = client(&deployed);
     let sessions: Vec<String> = (0..6).map(|i| format!("s-dup-{i}")).collect();
     let mut turns = Vec::new();
     for session in &sessions {
@@ -252,4 +264,165 @@ async fn duplicated_and_reordered_wake_ups_in_a_batch_run_each_turn_once() {
     assert!(deployed.largest_batch() >= 2, "the batches carried their copies");
     let refused = deployed.refused();
     assert!(refused.is_empty(), "{refused:#?}");
+}
+
+/// The event stream on `ApiUrl`, where the web console opens it on its own origin: API Gateway
+/// hands a response on only once it is whole, so a stream that did not end would reach the
+/// browser never (before the fix: the function ran to its 29 s timeout and API Gateway
+/// answered 500). Each response ends once it has news, with a `retry:`; the next one resumes
+/// from `Last-Event-ID`; a stream with nothing to send ends before the 30 s cut, as a long-poll
+/// does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_through_the_http_api_ends_with_its_news_before_the_30_s_cut() {
+    let mut deployed = deploy(&template()).await;
+    let api = client(&deployed);
+    one_turn(&api, "s-buffered").await;
+    let on_api = ApiClient::new(deployed.url());
+    let stream_path = "/v1/sessions/s-buffered/events/stream";
+    let open = |last: Option<u64>| {
+        let mut request =
+            on_api.request(reqwest::Method::GET, stream_path).header("accept", "text/event-stream");
+        if let Some(id) = last {
+            request = request.header("last-event-id", id.to_string());
+        }
+        request.send()
+    };
+    let started = tokio::time::Instant::now();
+    let response = open(None).await.unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let body = response.text().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "the backlog took {:?}", started.elapsed());
+    let ids: Vec<u64> =
+        body.lines().filter_map(|l| l.strip_prefix("id:")).map(|i| i.trim().parse().unwrap()).collect();
+    assert!(body.contains("event: turn.ended"), "{body}");
+    assert!(body.contains("retry:"), "the response ends asking the client back: {body}");
+    let last = *ids.last().unwrap();
+    assert_eq!(last, ids.len() as u64, "every event, in order: {ids:?}");
+
+    // Resumed after the last event, with nothing new: a long-poll that ends before 30 s. A
+    // turn submitted meanwhile is news, and ends it early.
+    let (quiet, ()) = tokio::join!(
+        async {
+            let started = tokio::time::Instant::now();
+            let response = open(Some(last)).await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.text().await.unwrap(), started.elapsed())
+        },
+        async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            one_turn(&api, "s-buffered").await;
+        }
+    );
+    let (status, body, took) = quiet;
+    assert_eq!(status, 200, "{body}");
+    assert!(took < Duration::from_secs(25), "the news came at 2 s, the answer at {took:?}");
+    let first_new: u64 = body.lines().find_map(|l| l.strip_prefix("id:")).unwrap().trim().parse().unwrap();
+    assert_eq!(first_new, last + 1, "resumed where it left off: {body}");
+    drop(api);
+    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
+    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+}
+
+/// The HTTP API serves only the template's routes (`ANY /{proxy+}`, `GET /`), and a long-poll
+/// through it is cut before API Gateway's 30 s, to answer as a long-poll, not as a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_api_routes_as_the_template_says_and_long_polls_end_before_its_cut() {
+    let mut deployed = deploy(&template()).await;
+    let api = client(&deployed);
+    let (status, body) = api.post_raw("/", "").await;
+    assert_eq!((status, body), (404, json!({"message": "Not Found"})), "no route takes POST /");
+    let page = api.request(reqwest::Method::GET, "/").send().await.unwrap();
+    assert_eq!(page.status().as_u16(), 200, "GET / is the console's route");
+    assert!(page.text().await.unwrap().contains("<html"), "the console's page");
+    let (status, _) = api.get("/healthz").await;
+    assert_eq!(status, 200);
+
+    // A turn that waits for a client tool's result, which nobody sends: a long-poll of it
+    // waits out its time, and answers the turn still active.
+    let turn = api.submit_ok("s-poll", &json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": "/tool confirm {}"}})).await;
+    let started = tokio::time::Instant::now();
+    let (status, body) = api.get(&format!("/v1/sessions/s-poll/turns/{turn}?wait=60")).await;
+    let took = started.elapsed();
+    assert_eq!((status, body["status"].as_str()), (200, Some("active")), "{body}");
+    assert!(took > Duration::from_secs(20) && took < Duration::from_secs(30), "{took:?}");
+    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
+    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+}
+
+/// Sessions started per round of faults.
+const SESSIONS_PER_ROUND: u64 = 4;
+
+/// Dispatch invocations killed at random points, throttled, and run with a deadline of
+/// seconds (so runs hand back work, and one that overruns is killed), while twelve turns of
+/// two worker tools each run across the stack. The kill test's invariants hold (every turn
+/// once with its answer, each tool call answered once, no (call, attempt) run twice, replay
+/// rebuilds what is served), and every turn ends within 2 minutes of the last fault.
+/// `TURNSTONE_KILL_SEED` replays a run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatch_runs_killed_throttled_and_timed_out_at_random_lose_nothing_and_run_nothing_twice() {
+    let seed = std::env::var("TURNSTONE_KILL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x70b0_u64);
+    println!(
+        "seed {seed} (replay: TURNSTONE_KILL_SEED={seed} cargo test -p turnstone-tests --test topology dispatch_runs_killed)"
+    );
+    let mut rng = Rng(seed | 1);
+    let ledger = std::sync::Arc::new(std::sync::Mutex::new(Ledger::default()));
+    let worker = ledger_worker(ledger.clone(), None, true).await;
+    let mut deployed = Deployed::start(&scripted_config(&worker), |_| None, &template())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let api = client(&deployed);
+    let mut sessions = Vec::new();
+    let mut kills = 0;
+    for round in 0..3 {
+        match round {
+            0 => deployed.set_dispatch_timeout(Some(Duration::from_secs(4))),
+            _ => deployed.set_dispatch_timeout(None),
+        }
+        deployed.kill_next_dispatch(Duration::from_millis(rng.below(1500)));
+        kills += 1;
+        if round != 1 {
+            deployed.throttle_next_dispatch(Duration::from_millis(500 + rng.below(2500)));
+        } else {
+            deployed.kill_next_dispatch(Duration::from_millis(rng.below(1500)));
+            kills += 1;
+        }
+        for i in 0..SESSIONS_PER_ROUND {
+            let n = round * SESSIONS_PER_ROUND + i;
+            let (session, input) = calc_turn(n);
+            api.submit_ok(&session, &input).await;
+            sessions.push((session, n));
+        }
+        tokio::time::sleep(Duration::from_millis(1000 + rng.below(2000))).await;
+    }
+    deployed.set_dispatch_timeout(None);
+    // Every turn ends, each within 2 minutes of the last fault.
+    let patience = Duration::from_secs(120);
+    for (session, _) in &sessions {
+        loop {
+            let (status, turn) =
+                api.get(&format!("/v1/sessions/{session}/turns/turn-{session}?wait=20")).await;
+            assert_eq!(status, 200, "{turn}");
+            if turn["status"] != "active" && turn["status"] != "queued" {
+                break;
+            }
+            let since = deployed.last_fault().map(|f| f.elapsed()).unwrap_or_default();
+            assert!(
+                since < patience,
+                "{session}'s turn is still {} {since:?} after the last fault",
+                turn["status"]
+            );
+        }
+    }
+    let since_last_fault = deployed.last_fault().expect("the faults struck").elapsed();
+    assert_eq!(deployed.faults_pending(), 0, "every queued kill and throttle struck");
+    let executions = assert_survived(&api, &sessions, &ledger).await;
+    println!(
+        "{} turns, {kills} kills, 2 throttles, 4 s deadlines in the first round: {executions} tool executions, \
+         {} redeliveries answered from the ledger; the last turn ended within {since_last_fault:?} of the last fault",
+        sessions.len(),
+        ledger.lock().unwrap().redelivered.len()
+    );
+    drop(worker);
+    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
+    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
 }

@@ -32,5 +32,5 @@ pub use connections::DynamoRegistry;
 pub use deployment::{Deployment, DeploymentError, Settings};
 pub use error::AwsError;
 pub use management::ManagementFrames;
-pub use queue::{QueueSettings, SqsQueue};
+pub use queue::{LEASE, QueueSettings, SqsQueue};
 pub use store::DynamoStore;

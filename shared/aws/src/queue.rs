@@ -66,6 +66,13 @@ struct RedrivePolicy {
 /// How long the dead-letter queue keeps messages (SQS's maximum, 14 days).
 const DEAD_LETTER_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
 
+/// How long a received wake-up stays invisible while its session runs, renewed every half of
+/// it until the run ends. A run that dies (a Lambda invocation that timed out, ran out of
+/// memory or crashed; a host killed) renews nothing, so its wake-up comes back within this,
+/// not after the queue's visibility timeout, which Lambda requires to be at least the
+/// function's (960 s against 900).
+pub const LEASE: Duration = Duration::from_secs(60);
+
 /// The wake-up queue on SQS. Cheap to clone: clones share the SDK client and the closed flag.
 #[derive(Debug, Clone)]
 pub struct SqsQueue {
@@ -73,12 +80,27 @@ pub struct SqsQueue {
     url: String,
     /// Set by `close`: waiting and later receives return [`QueueError::Closed`].
     closed: std::sync::Arc<watch::Sender<bool>>,
+    /// How long a receive takes each message for ([`SqsQueue::leased`]); `None`: the queue's
+    /// visibility timeout.
+    lease: Option<Duration>,
 }
 
 impl SqsQueue {
     /// The queue at `url`.
     pub fn new(client: Client, url: impl Into<String>) -> Self {
-        SqsQueue { client, url: url.into(), closed: std::sync::Arc::new(watch::Sender::new(false)) }
+        SqsQueue {
+            client,
+            url: url.into(),
+            closed: std::sync::Arc::new(watch::Sender::new(false)),
+            lease: None,
+        }
+    }
+
+    /// The same queue, whose receives take each message for `lease` instead of the queue's
+    /// visibility timeout, renewed by its receiver while it works (`Consumer::renew`): the
+    /// wake-ups of a host that dies come back after at most `lease` ([`LEASE`]).
+    pub fn leased(self, lease: Duration) -> Self {
+        SqsQueue { lease: Some(lease), ..self }
     }
 
     /// The queue named `name_or_url` (a URL is taken as it is; a name is looked up).
@@ -195,6 +217,7 @@ impl SqsQueue {
             .queue_url(&self.url)
             .max_number_of_messages(i32::try_from(max.clamp(1, MAX_BATCH)).unwrap_or(1))
             .wait_time_seconds(i32::try_from(wait_secs.min(MAX_WAIT_SECS)).unwrap_or(0))
+            .set_visibility_timeout(self.lease.map(|l| i32::try_from(l.as_secs()).unwrap_or(i32::MAX)))
             .send();
         let mut closed = self.closed.subscribe();
         let out = tokio::select! {
@@ -336,6 +359,17 @@ impl Consumer for SqsQueue {
 
     async fn close(&self) {
         self.closed.send_replace(true);
+    }
+
+    fn lease(&self) -> Option<Duration> {
+        self.lease
+    }
+
+    async fn renew(&self, delivery: &Delivery) -> Result<(), QueueError> {
+        let Some(lease) = self.lease else { return Ok(()) };
+        self.hold(std::slice::from_ref(&delivery.receipt), lease)
+            .await
+            .map_err(|e| QueueError::Backend(Box::new(e)))
     }
 }
 

@@ -6,16 +6,18 @@ use std::time::Duration;
 use axum::middleware::Next;
 
 use turnstone_runtime::app::App;
-use turnstone_runtime::http::{HttpConfig, MAX_WAIT_BEHIND_API_GATEWAY, router};
+use turnstone_runtime::http::{HttpConfig, MAX_WAIT_BEHIND_API_GATEWAY, StreamEnds, router};
 
 /// The router of the `api` function: long-polls end before API Gateway's 30 s limit would
-/// answer 504 for them.
+/// answer 503 for them, and so do event streams, each as soon as it has news (API Gateway
+/// hands a response on only once it is whole; the stream function's URL streams).
 /// A request's commits push to AHP subscribers, and its metrics are written, before its answer
 /// goes out: the process may freeze once the invocation ends.
 pub fn api_router(app: Arc<App>, http: HttpConfig) -> axum::Router {
     let max_wait = http.max_wait.min(MAX_WAIT_BEHIND_API_GATEWAY);
     let invoked = Arc::clone(&app);
-    router(app, HttpConfig { max_wait, ..http }).layer(axum::middleware::from_fn(
+    let stream_ends = StreamEnds::WithNews(max_wait);
+    router(app, HttpConfig { max_wait, stream_ends, ..http }).layer(axum::middleware::from_fn(
         move |request, next: Next| {
             let app = Arc::clone(&invoked);
             async move {
@@ -41,7 +43,7 @@ pub const MAX_STREAM_ON_LAMBDA: Duration = Duration::from_secs(840);
 
 /// The router of the `stream` function: its event streams end before its deadline.
 pub fn stream_router(app: Arc<App>, http: HttpConfig) -> axum::Router {
-    router(app, HttpConfig { max_stream: Some(MAX_STREAM_ON_LAMBDA), ..http })
+    router(app, HttpConfig { stream_ends: StreamEnds::After(MAX_STREAM_ON_LAMBDA), ..http })
 }
 
 /// Runs the `stream` function: each Function URL request through the router, the response

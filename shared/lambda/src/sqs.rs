@@ -24,10 +24,8 @@ use turnstone_runtime::queue::WakeUp;
 const CONCURRENT_SESSIONS: usize = 10;
 
 /// How long a message of a batch stays invisible while its session runs, renewed every half of
-/// it until the run ends. A run that dies (the function timed out, ran out of memory, crashed)
-/// renews nothing, so its wake-up comes back within this, not after the queue's visibility
-/// timeout, which Lambda requires to be at least the function's (960 s against 900).
-pub const LEASE: Duration = Duration::from_secs(60);
+/// it until the run ends (the local host leases its receives the same way).
+pub use turnstone_aws::LEASE;
 
 /// When a failed run's wake-up comes back: after [`LEASE`] the first time, twice as long
 /// each time after, at most 15 minutes (then the redrive limit parks it).

@@ -19,7 +19,7 @@ use turnstone_lambda::schedule::handle_schedule;
 use turnstone_lambda::sqs::handle_batch;
 use turnstone_runtime::assemble::{self, Engine, Topology};
 use turnstone_runtime::config::Config;
-use turnstone_runtime::http::HttpConfig;
+use turnstone_runtime::http::{HttpConfig, StreamEnds};
 use turnstone_runtime::queue::{Consumer, Delivery};
 
 const CONFIG: &str = r#"
@@ -316,32 +316,47 @@ async fn a_scheduled_sweep_enqueues_a_session_whose_wake_up_was_lost() {
     assert_eq!(handle_schedule(&f.engine.dispatcher).await.unwrap().enqueued, 0);
 }
 
-/// A function that streams must end its response before its deadline: a stream cut at
-/// `max_stream` ends with a `retry:` hint, after the durable events (with their ids, for
-/// `Last-Event-ID`), instead of running into the function's timeout.
-#[tokio::test]
-async fn an_event_stream_ends_with_a_retry_hint_before_the_deadline() {
+/// The event stream of a session with one input, as a router whose streams end as `ends` says
+/// answers it: the whole body, which must come within 5 s; the last frame apart.
+async fn one_stream(session: &str, ends: StreamEnds) -> (String, String) {
     let f = fixture();
-    let input = turnstone_engine_input("st");
-    let (status, _) =
-        call_api(&f.engine, &http_api_event("POST", "/v1/sessions/st/inputs", "", Some(&input))).await;
+    let input = turnstone_engine_input(session);
+    let inputs = format!("/v1/sessions/{session}/inputs");
+    let (status, _) = call_api(&f.engine, &http_api_event("POST", &inputs, "", Some(&input))).await;
     assert_eq!(status, 202);
-    let http = HttpConfig { max_stream: Some(Duration::from_millis(300)), ..HttpConfig::default() };
-    let request =
-        lambda_http::request::from_str(&http_api_event("GET", "/v1/sessions/st/events/stream", "", None))
-            .unwrap();
+    let http = HttpConfig { stream_ends: ends, ..HttpConfig::default() };
+    let stream = format!("/v1/sessions/{session}/events/stream");
+    let request = lambda_http::request::from_str(&http_api_event("GET", &stream, "", None)).unwrap();
     let response =
         turnstone_runtime::http::router(Arc::clone(&f.engine.app), http).oneshot(request).await.unwrap();
     assert_eq!(response.status().as_u16(), 200);
     let body =
         tokio::time::timeout(Duration::from_secs(5), axum::body::to_bytes(response.into_body(), 1 << 20))
             .await
-            .expect("the stream ends by itself")
+            .expect("the stream ends by itself, in time")
             .unwrap();
     let text = String::from_utf8(body.to_vec()).unwrap();
     assert!(text.contains("id: 1\n"), "the durable events come first, with their ids: {text}");
-    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default().to_owned();
+    (text, last)
+}
+
+/// A function that streams must end its response before its deadline: a stream cut at
+/// `StreamEnds::After` ends with a `retry:` hint, after the durable events (with their ids, for
+/// `Last-Event-ID`), instead of running into the function's timeout.
+#[tokio::test]
+async fn an_event_stream_ends_with_a_retry_hint_before_the_deadline() {
+    let (_, last) = one_stream("st", StreamEnds::After(Duration::from_millis(300))).await;
     assert!(last.contains("retry: 500"), "the last frame asks to reconnect: {last:?}");
     // The stream function's own cut comes before its timeout (900 s in the template).
     assert!(turnstone_lambda::http::MAX_STREAM_ON_LAMBDA < Duration::from_secs(900));
+}
+
+/// Behind API Gateway's buffered HTTP API a stream ends as soon as it has sent what there is
+/// (`StreamEnds::WithNews`), asking the client back at once: a stream that waited for its
+/// cut (60 s here, past the 5 s the helper waits) would reach the client only then.
+#[tokio::test]
+async fn an_event_stream_with_news_ends_at_once_behind_a_buffering_gateway() {
+    let (_, last) = one_stream("sn", StreamEnds::WithNews(Duration::from_secs(60))).await;
+    assert!(last.contains("retry: 50\n") || last.ends_with("retry: 50"), "the next poll at once: {last:?}");
 }

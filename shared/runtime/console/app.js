@@ -132,12 +132,13 @@ async function api(path, { method = "GET", body, signal } = {}) {
 
 /**
  * Follows `GET .../events/stream`, calling `onFrame({id, event, data})` per frame. fetch with a
- * stream reader, not EventSource, which cannot send the Authorization header. Reconnects with
- * Last-Event-ID until `signal` aborts.
+ * stream reader, not EventSource, which cannot send the Authorization header. Reconnects from
+ * the last event seen, after the stream's `retry:` (else a second), until `signal` aborts.
  */
 async function followStream(path, after, onFrame, signal) {
   let last = after;
   while (!signal.aborted) {
+    let retry = 1000;
     // "open" once the host follows the session for this reader (it subscribes before it
     // answers): token deltas are not kept, so only from then on do they reach the view.
     document.body.dataset.stream = "connecting";
@@ -173,6 +174,7 @@ async function followStream(path, after, onFrame, signal) {
             if (field === "id") frame.id = val;
             else if (field === "event") frame.event = val;
             else if (field === "data") data.push(val);
+            else if (field === "retry" && /^\d+$/.test(val)) retry = Number(val);
           }
           if (!data.length) continue;
           frame.data = data.join("\n");
@@ -184,8 +186,10 @@ async function followStream(path, after, onFrame, signal) {
       if (signal.aborted) return;
       console.warn("event stream:", err);
     }
-    // The stream does not end on its own: reconnect after a pause, from the last event seen.
-    await new Promise((r) => setTimeout(r, 1000));
+    // A stream ends when its host cuts it: behind API Gateway, which buffers a Lambda's answer,
+    // each response ends once it carries news (asking back within 50 ms); a streaming host's
+    // before its deadline. Reconnect, from the last event seen.
+    await new Promise((r) => setTimeout(r, retry));
   }
 }
 
@@ -973,9 +977,9 @@ async function sessionView(id, branchId, signal) {
 
   const first = await refresh();
   if (!first) return;
-  // A stream that cannot flow (API Gateway buffers a Lambda's answer, so on AWS the stream
-  // route answers only when it times out) must not freeze the view: every few seconds the
-  // summary says whether the log moved on without a frame.
+  // A stream that cannot flow (a proxy that buffers it, a connection that stalls) must not
+  // freeze the view: every few seconds the summary says whether the log moved on without a
+  // frame.
   const poll = setInterval(async () => {
     try {
       const sum = await api(`/v1/sessions/${enc(id)}`, { signal });

@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 
 use crate::dispatch::Dispatcher;
 use crate::locks::SessionLocks;
-use crate::queue::{Consumer, QueueError};
+use crate::queue::{Consumer, Delivery, QueueError};
 
 /// How long a worker waits for a wake-up before asking again.
 const RECEIVE_WAIT: Duration = Duration::from_secs(5);
@@ -60,7 +60,14 @@ async fn work(dispatcher: &Dispatcher, consumer: &dyn Consumer, locks: &SessionL
             let guard = locks.lock(session_id).await;
             // A bug that panics while running one session must not take the worker down with
             // it: the session is left unacked (and retried later), the worker goes on.
-            let outcome = AssertUnwindSafe(dispatcher.run(&delivery.wake_up)).catch_unwind().await;
+            let run = AssertUnwindSafe(dispatcher.run(&delivery.wake_up)).catch_unwind();
+            let outcome = match consumer.lease() {
+                None => run.await,
+                Some(lease) => tokio::select! {
+                    outcome = run => outcome,
+                    never = renew(consumer, &delivery, lease) => match never {},
+                },
+            };
             drop(guard);
             match outcome {
                 Ok(Ok(())) => {
@@ -72,6 +79,18 @@ async fn work(dispatcher: &Dispatcher, consumer: &dyn Consumer, locks: &SessionL
                 Ok(Err(e)) => tracing::warn!(session_id, error = %e, "session run failed"),
                 Err(_) => tracing::error!(session_id, "session run panicked; it will be retried"),
             }
+        }
+    }
+}
+
+/// Renews `delivery`'s lease every half of it, for as long as it is polled (its run lasts).
+async fn renew(consumer: &dyn Consumer, delivery: &Delivery, lease: Duration) -> std::convert::Infallible {
+    loop {
+        tokio::time::sleep(lease / 2).await;
+        if let Err(e) = consumer.renew(delivery).await {
+            // The lease from before still holds it for a while: a slower return, no loss.
+            let session_id = delivery.wake_up.session_id.as_str();
+            tracing::warn!(session_id, error = %e, "could not renew a wake-up's lease");
         }
     }
 }

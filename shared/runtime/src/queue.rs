@@ -90,6 +90,18 @@ pub trait Consumer: Send + Sync + 'static {
     /// Stops deliveries to this process: waiting and later `receive` calls return
     /// [`QueueError::Closed`]. Queued wake-ups are kept where the backend keeps them.
     async fn close(&self) {}
+
+    /// How long a delivery stays this receiver's unless renewed ([`Consumer::renew`]), for a
+    /// backend whose own redelivery is slow (SQS: the queue's visibility timeout); `None`: the
+    /// backend redelivers a lost delivery by its own rules, and nothing is renewed.
+    fn lease(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Takes `delivery` for another [`Consumer::lease`] from now, while its run goes on.
+    async fn renew(&self, _delivery: &Delivery) -> Result<(), QueueError> {
+        Ok(())
+    }
 }
 
 /// A queue a host both sends to and polls (the local host's, and the conformance suite's).

@@ -9,22 +9,22 @@
 //! - [`gate`]: the proxy that authorizes and records every call.
 //! - [`Deployed`]: one stack (a stage): its table, queue, configuration parameter and secret,
 //!   its functions' principals, and the functions themselves, served as API Gateway and
-//!   Lambda would: `/.../events/stream` by the stream function, everything else by the api
-//!   function, the queue drained by an event source mapping that polls with the dispatch
-//!   function's role and invokes its batch handler under the template's timeout, and the sweep
-//!   on a schedule.
+//!   Lambda would ([`front`]): the api function behind the HTTP API's routes (buffered, 30 s),
+//!   the stream function behind its Function URL (streamed, 900 s), each request handed over
+//!   as Lambda's 2.0 event through `lambda_http`; the queue drained by an event source mapping
+//!   that polls with the dispatch function's role and invokes its batch handler under the
+//!   template's timeout; and the sweep on a schedule.
 //!
-//! Faults: [`Deployed::kill_next_dispatch`] and [`Deployed::duplicate_batches`]. What is not
-//! here yet: the functions behind real Lambda event payloads (the routers are called
-//! directly), the WebSocket API (the ahp function has its principal but is not served), and
-//! throttling.
+//! Faults: [`Deployed::kill_next_dispatch`], [`Deployed::throttle_next_dispatch`],
+//! [`Deployed::set_dispatch_timeout`] and [`Deployed::duplicate_batches`]. What is not here
+//! yet: the WebSocket API (the ahp function has its principal but is not served).
 
+pub mod front;
 pub mod gate;
 pub mod policy;
 pub mod template;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -33,11 +33,9 @@ use aws_config::SdkConfig;
 use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
 use axum::body::Body;
 use axum::http::Request as HttpRequest;
-use axum::response::IntoResponse;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tower::ServiceExt;
 use turnstone_aws::{
     AwsClients, AwsConfig, Deployment, DeploymentError, DynamoStore, QueueSettings, Settings, SqsQueue, moto,
 };
@@ -147,6 +145,7 @@ pub struct Deployed {
     /// The api function's app (what HTTP does not show).
     pub app: Arc<App>,
     url: String,
+    stream_url: String,
     source: Arc<EventSource>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -155,8 +154,11 @@ pub struct Deployed {
 /// A function built: its engine over its own principal's clients.
 struct Built {
     deployment: Deployment,
+    name: String,
     timeout: Duration,
     sdk: SdkConfig,
+    routes: Vec<template::Route>,
+    url: Option<template::FunctionUrl>,
 }
 
 impl Deployed {
@@ -300,29 +302,51 @@ impl Deployed {
             let deployment = Deployment::open(&settings, &sdk)
                 .await
                 .map_err(|error| StartError::Function { function: function.logical_id.clone(), error })?;
-            built.insert(function.logical_id.clone(), Built { deployment, timeout: function.timeout, sdk });
+            let name = format!(
+                "turnstone-{stage}-{}",
+                function.logical_id.trim_end_matches("Function").to_lowercase()
+            );
+            built.insert(
+                function.logical_id.clone(),
+                Built {
+                    deployment,
+                    name,
+                    timeout: function.timeout,
+                    sdk,
+                    routes: function.routes,
+                    url: function.url,
+                },
+            );
         }
         let mut take = |id: &str| built.remove(id).unwrap_or_else(|| panic!("the template has no {id}"));
         let (api, stream, dispatch, sweep) =
             (take("ApiFunction"), take("StreamFunction"), take("DispatchFunction"), take("SweepFunction"));
         let anonymous = config.auth.is_none();
         let app = Arc::clone(&api.deployment.engine.app);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the stack's front");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the HTTP API");
         let url = format!("http://{}", listener.local_addr().expect("an address"));
+        let stream_listener =
+            tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the Function URL");
+        let stream_url = format!("http://{}", stream_listener.local_addr().expect("an address"));
         let (shutdown, stopped) = oneshot::channel::<()>();
         let source = Arc::new(EventSource {
             sqs: aws_sdk_sqs::Client::new(&dispatch.sdk),
             queue_url,
             queue_arn,
-            timeout: dispatch.timeout,
+            timeout: Mutex::new(dispatch.timeout),
+            template_timeout: dispatch.timeout,
             dispatcher: Arc::clone(&dispatch.deployment.engine.dispatcher),
             queue: dispatch.deployment.queue.clone(),
             kills: Mutex::new(VecDeque::new()),
+            throttles: Mutex::new(VecDeque::new()),
+            last_fault: Mutex::new(None),
             duplicates: AtomicBool::new(false),
             largest_batch: AtomicUsize::new(0),
         });
-        let task = tokio::spawn(serve(api, stream, Arc::clone(&source), sweep, anonymous, listener, stopped));
-        Ok(Deployed { stage, app, url, source, shutdown: Some(shutdown), task: Some(task) })
+        let fronts = Fronts::new(&stage, api, stream, anonymous)?;
+        let task =
+            tokio::spawn(serve(fronts, Arc::clone(&source), sweep, [listener, stream_listener], stopped));
+        Ok(Deployed { stage, app, url, stream_url, source, shutdown: Some(shutdown), task: Some(task) })
     }
 
     /// A fault: the next dispatch invocation is killed `after` it starts (its future dropped,
@@ -330,6 +354,30 @@ impl Deployed {
     /// runs on, nothing of its batch is deleted).
     pub fn kill_next_dispatch(&self, after: Duration) {
         self.source.kills.lock().unwrap().push_back(after);
+    }
+
+    /// A fault: the next dispatch invocation is throttled for `for_` (Lambda's event source
+    /// mapping holds the batch it received, its messages in flight, and retries the
+    /// invocation until concurrency frees up).
+    pub fn throttle_next_dispatch(&self, for_: Duration) {
+        self.source.throttles.lock().unwrap().push_back(for_);
+    }
+
+    /// A fault from now on: dispatch invocations time out after `timeout` instead of the
+    /// template's (the handler is told that deadline, and a run past it is killed); `None`:
+    /// the template's again.
+    pub fn set_dispatch_timeout(&self, timeout: Option<Duration>) {
+        *self.source.timeout.lock().unwrap() = timeout.unwrap_or(self.source.template_timeout);
+    }
+
+    /// Kills and throttles queued that have not struck yet.
+    pub fn faults_pending(&self) -> usize {
+        self.source.kills.lock().unwrap().len() + self.source.throttles.lock().unwrap().len()
+    }
+
+    /// When the last fault struck (a kill, a throttle, a timeout), if one has.
+    pub fn last_fault(&self) -> Option<tokio::time::Instant> {
+        *self.source.last_fault.lock().unwrap()
     }
 
     /// A fault from now on: each dispatch batch carries every record twice, reordered.
@@ -342,9 +390,14 @@ impl Deployed {
         self.source.largest_batch.load(Ordering::Relaxed)
     }
 
-    /// `http://127.0.0.1:<port>`: API Gateway's and the Function URL's place in one.
+    /// `http://127.0.0.1:<port>`: the HTTP API's `$default` stage (the stack's `ApiUrl`).
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// `http://127.0.0.1:<port>`: the stream function's URL (the stack's `StreamUrl`).
+    pub fn stream_url(&self) -> &str {
+        &self.stream_url
     }
 
     /// Every AWS call this stack's functions made.
@@ -379,36 +432,82 @@ fn physical(id: &str, reference: &str, attributes: &[(&str, &str)]) -> (String, 
     (id.to_owned(), Physical { reference: reference.to_owned(), attributes })
 }
 
-/// The functions at work until `stopped`: the front (api and stream), the event source
-/// mapping's pollers, the sweep's schedule.
+/// The HTTP API and the Function URL, with their functions.
+struct Fronts {
+    api: front::HttpApi,
+    stream: front::StreamingUrl,
+}
+
+impl Fronts {
+    /// The api function behind the template's `HttpApi` routes, the stream function behind its
+    /// `FunctionUrlConfig`. Without `[auth]` the test stands for a deployment whose
+    /// configuration says `[server] allow_anonymous = true`.
+    fn new(stage: &str, api: Built, stream: Built, anonymous: bool) -> Result<Fronts, TemplateError> {
+        let http = |built: &Built| {
+            let mut http = built.deployment.http.clone();
+            if anonymous {
+                http.anonymous = Anonymous::Everyone;
+            }
+            http
+        };
+        let api_router =
+            turnstone_lambda::http::api_router(Arc::clone(&api.deployment.engine.app), http(&api));
+        let stream_router =
+            turnstone_lambda::http::stream_router(Arc::clone(&stream.deployment.engine.app), http(&stream));
+        if api.routes.is_empty() {
+            return Err(TemplateError {
+                at: "ApiFunction.Events".into(),
+                message: "no HttpApi route".into(),
+            });
+        }
+        match &stream.url {
+            Some(url) if url.invoke_mode == "RESPONSE_STREAM" && url.auth_type == "NONE" => {}
+            other => {
+                return Err(TemplateError {
+                    at: "StreamFunction.FunctionUrlConfig".into(),
+                    message: format!(
+                        "the topology serves a RESPONSE_STREAM URL with AuthType NONE, not {other:?}"
+                    ),
+                });
+            }
+        }
+        let function = |built: &Built, router| front::Function {
+            name: built.name.clone(),
+            timeout: built.timeout,
+            router,
+        };
+        let api_function = function(&api, api_router);
+        Ok(Fronts {
+            api: front::HttpApi {
+                api_id: format!("api{}", stage.replace('-', "")),
+                routes: api.routes.iter().map(|r| (r.clone(), api_function.clone())).collect(),
+            },
+            stream: front::StreamingUrl {
+                url_id: format!("url{}", stage.replace('-', "")),
+                function: function(&stream, stream_router),
+            },
+        })
+    }
+}
+
+/// The functions at work until `stopped`: the fronts (the HTTP API on the first listener, the
+/// Function URL on the second), the event source mapping's pollers, the sweep's schedule.
 async fn serve(
-    api: Built,
-    stream: Built,
+    fronts: Fronts,
     source: Arc<EventSource>,
     sweep: Built,
-    anonymous: bool,
-    listener: tokio::net::TcpListener,
+    [api_listener, stream_listener]: [tokio::net::TcpListener; 2],
     stopped: oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
-    // Without `[auth]` the test stands for a deployment whose configuration says
-    // `[server] allow_anonymous = true`.
-    let http = |built: &Built| {
-        let mut http = built.deployment.http.clone();
-        if anonymous {
-            http.anonymous = Anonymous::Everyone;
-        }
-        http
-    };
-    let api_router = turnstone_lambda::http::api_router(Arc::clone(&api.deployment.engine.app), http(&api));
-    let stream_router =
-        turnstone_lambda::http::stream_router(Arc::clone(&stream.deployment.engine.app), http(&stream));
-    let front = axum::Router::new().fallback(move |request: HttpRequest<Body>| {
-        let (api, stream) = (api_router.clone(), stream_router.clone());
-        async move {
-            let to = if request.uri().path().ends_with("/events/stream") { stream } else { api };
-            let Ok::<_, Infallible>(response) = to.oneshot(request).await;
-            response.into_response()
-        }
+    let Fronts { api, stream } = fronts;
+    let (api, stream) = (Arc::new(api), Arc::new(stream));
+    let api = axum::Router::new().fallback(move |request: HttpRequest<Body>| {
+        let api = Arc::clone(&api);
+        async move { api.invoke(request).await }
+    });
+    let stream = axum::Router::new().fallback(move |request: HttpRequest<Body>| {
+        let stream = Arc::clone(&stream);
+        async move { stream.invoke(request).await }
     });
     let pollers: Vec<_> = (0..POLLERS).map(|_| tokio::spawn(Arc::clone(&source).poll())).collect();
     let dispatcher = Arc::clone(&sweep.deployment.engine.dispatcher);
@@ -420,17 +519,26 @@ async fn serve(
             tokio::time::sleep(SWEEP_EVERY).await;
         }
     });
-    let service = front.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let result = axum::serve(listener, service)
+    let (stop_stream, stream_stopped) = oneshot::channel::<()>();
+    let streams = tokio::spawn(
+        axum::serve(stream_listener, stream.into_make_service())
+            .with_graceful_shutdown(async move {
+                let _ = stream_stopped.await;
+            })
+            .into_future(),
+    );
+    let result = axum::serve(api_listener, api.into_make_service())
         .with_graceful_shutdown(async move {
             let _ = stopped.await;
         })
         .await;
+    let _ = stop_stream.send(());
+    let streamed = streams.await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
     schedule.abort();
     for poller in pollers {
         poller.abort();
     }
-    result
+    result.and(streamed)
 }
 
 /// Lambda's event source mapping for the wake-up queue: batches of up to 10, each invoking
@@ -443,12 +551,18 @@ struct EventSource {
     sqs: aws_sdk_sqs::Client,
     queue_url: String,
     queue_arn: String,
-    timeout: Duration,
+    /// The function's timeout (the template's, unless a fault shortens it).
+    timeout: Mutex<Duration>,
+    template_timeout: Duration,
     dispatcher: Arc<Dispatcher>,
     /// The dispatch function's queue, which leases the batch's messages.
     queue: SqsQueue,
     /// Faults to come: each kills one invocation that long after it starts.
     kills: Mutex<VecDeque<Duration>>,
+    /// Faults to come: each throttles one invocation that long.
+    throttles: Mutex<VecDeque<Duration>>,
+    /// When the last fault struck.
+    last_fault: Mutex<Option<tokio::time::Instant>>,
     /// A fault: every batch carries each record twice, in reverse order.
     duplicates: AtomicBool,
     /// The most records one invocation was handed.
@@ -470,6 +584,10 @@ fn duplicated(records: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
 }
 
 impl EventSource {
+    fn fault(&self) {
+        *self.last_fault.lock().unwrap() = Some(tokio::time::Instant::now());
+    }
+
     async fn poll(self: Arc<Self>) {
         loop {
             let received = self
@@ -513,7 +631,14 @@ impl EventSource {
             let records = if self.duplicates.load(Ordering::Relaxed) { duplicated(records) } else { records };
             self.largest_batch.fetch_max(records.len(), Ordering::Relaxed);
             let event = serde_json::from_value(json!({ "Records": records })).expect("an SQS event");
-            let deadline = SystemClock.now().0 + i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
+            let throttled = self.throttles.lock().unwrap().pop_front();
+            if let Some(throttled) = throttled {
+                self.fault();
+                tracing::warn!(?throttled, "a dispatch invocation is throttled (a fault)");
+                tokio::time::sleep(throttled).await;
+            }
+            let timeout = *self.timeout.lock().unwrap();
+            let deadline = SystemClock.now().0 + i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
             let run = turnstone_lambda::sqs::handle_batch(
                 &self.dispatcher,
                 event,
@@ -521,7 +646,8 @@ impl EventSource {
                 Some(&self.queue),
             );
             let kill = self.kills.lock().unwrap().pop_front();
-            let Ok(response) = tokio::time::timeout(kill.unwrap_or(self.timeout), run).await else {
+            let Ok(response) = tokio::time::timeout(kill.unwrap_or(timeout).min(timeout), run).await else {
+                self.fault();
                 match kill {
                     Some(after) => tracing::warn!(?after, "a dispatch invocation was killed (a fault)"),
                     None => tracing::warn!("a dispatch invocation ran past its timeout and was killed"),

@@ -52,6 +52,35 @@ pub struct Function {
     pub statements: Vec<Statement>,
     /// The documents as the role holds them (one per `Policies` entry, and SAM's), for IAM.
     pub documents: Vec<(String, Json)>,
+    /// Its `HttpApi` events: the HTTP API's routes to it.
+    pub routes: Vec<Route>,
+    /// Its `FunctionUrlConfig`, if it has a Function URL.
+    pub url: Option<FunctionUrl>,
+}
+
+/// One route of the HTTP API (an `HttpApi` event): `ANY /{proxy+}`, `GET /`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// `ANY`, `GET`, ...
+    pub method: String,
+    /// The path as the template writes it; `{name+}` is a greedy path variable.
+    pub path: String,
+}
+
+impl Route {
+    /// The route key API Gateway names the route by (`ANY /{proxy+}`).
+    pub fn key(&self) -> String {
+        format!("{} {}", self.method, self.path)
+    }
+}
+
+/// A function's URL (`FunctionUrlConfig`).
+#[derive(Debug, Clone)]
+pub struct FunctionUrl {
+    /// `BUFFERED` or `RESPONSE_STREAM`.
+    pub invoke_mode: String,
+    /// `NONE` or `AWS_IAM`.
+    pub auth_type: String,
 }
 
 /// Why the template cannot be read as the topology needs it.
@@ -229,6 +258,31 @@ impl Template {
             if events.into_iter().any(|(_, e)| e.get("Type").and_then(Yaml::as_str) == Some("SQS")) {
                 documents.push(("AWSLambdaSQSQueueExecutionRole".to_owned(), sqs_queue_execution_role()));
             }
+            let mut routes = Vec::new();
+            for (name, event) in properties.get("Events").and_then(Yaml::as_mapping).into_iter().flatten() {
+                if event.get("Type").and_then(Yaml::as_str) != Some("HttpApi") {
+                    continue;
+                }
+                let at = format!("{id}.Events.{}", name.as_str().unwrap_or("?"));
+                let field = |f: &str| {
+                    event
+                        .get("Properties")
+                        .and_then(|p| p.get(f))
+                        .and_then(Yaml::as_str)
+                        .map(|v| v.to_owned())
+                        .ok_or_else(|| error(&at, format!("no Properties.{f}")))
+                };
+                routes.push(Route { method: field("Method")?.to_uppercase(), path: field("Path")? });
+            }
+            let url = properties.get("FunctionUrlConfig").map(|config| {
+                let field = |f: &str, default: &str| {
+                    config.get(f).and_then(Yaml::as_str).unwrap_or(default).to_owned()
+                };
+                FunctionUrl {
+                    invoke_mode: field("InvokeMode", "BUFFERED"),
+                    auth_type: field("AuthType", "AWS_IAM"),
+                }
+            });
             let mut statements = Vec::new();
             for (name, document) in &documents {
                 statements.extend(
@@ -240,6 +294,8 @@ impl Template {
                 timeout: Duration::from_secs(timeout),
                 statements,
                 documents,
+                routes,
+                url,
             });
         }
         Ok(functions)

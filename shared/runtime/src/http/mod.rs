@@ -57,16 +57,30 @@ pub struct HttpConfig {
     pub expose_internal_events: bool,
     /// Event streams one authenticated caller may hold open (`[limits] streams_per_caller`).
     pub streams_per_caller: usize,
-    /// How long one event stream lasts before it ends with a `retry:` hint, for the client to
-    /// reconnect with `Last-Event-ID`; `None`: until the client leaves. A function that
-    /// streams must end its response before its deadline (the stream function: 900 s).
-    pub max_stream: Option<Duration>,
+    /// When an event stream ends (with a `retry:` hint, for the client to reconnect with
+    /// `Last-Event-ID`).
+    pub stream_ends: StreamEnds,
+}
+
+/// When an event stream ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnds {
+    /// When the client leaves (a host of its own).
+    Never,
+    /// After this long: a function that streams must end its response before its deadline
+    /// (the stream function: 900 s).
+    After(Duration),
+    /// As soon as it has sent what there is, or after this long with nothing to send: behind
+    /// a gateway that buffers the whole response (API Gateway's HTTP API), a stream that did
+    /// not end would reach its client never, so each response is one long-poll of the log.
+    WithNews(Duration),
 }
 
 /// The longest a long-poll waits on a host of its own.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// The longest a long-poll waits behind API Gateway (which answers 504 after 30 s).
+/// The longest a long-poll waits behind API Gateway (whose HTTP API cuts an integration at
+/// 30 s and answers 503).
 pub const MAX_WAIT_BEHIND_API_GATEWAY: Duration = Duration::from_secs(25);
 
 impl Default for HttpConfig {
@@ -78,7 +92,7 @@ impl Default for HttpConfig {
             anonymous: Anonymous::Everyone,
             expose_internal_events: false,
             streams_per_caller: crate::config::STREAMS_PER_CALLER,
-            max_stream: None,
+            stream_ends: StreamEnds::Never,
         }
     }
 }

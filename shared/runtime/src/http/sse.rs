@@ -19,7 +19,7 @@ use turnstone_engine::ids::{CallId, SessionId};
 use turnstone_engine::protocol::StreamDelta;
 
 use super::query::ApiQuery;
-use super::{ApiError, AppState, authenticate, reachable};
+use super::{ApiError, AppState, StreamEnds, authenticate, reachable};
 use crate::api::TokenDelta;
 use crate::auth::Access;
 use crate::notify::{Delta, Progress};
@@ -30,8 +30,10 @@ const COALESCE: Duration = Duration::from_millis(25);
 const PAGE: usize = 256;
 /// Frames buffered per client before the reader waits for it (back-pressure, not loss).
 const BUFFER: usize = 64;
-/// The `retry:` a stream cut at `HttpConfig::max_stream` asks for.
+/// The `retry:` a stream that ends (`HttpConfig::stream_ends`) asks for.
 const RECONNECT_AFTER: Duration = Duration::from_millis(500);
+/// The `retry:` of a stream that ended with news: the next long-poll at once.
+const POLL_AGAIN_AFTER: Duration = Duration::from_millis(50);
 
 #[derive(Deserialize)]
 pub(super) struct StreamQuery {
@@ -66,23 +68,36 @@ pub(super) async fn stream(
     let live = Live { progress: notifier.progress(&id).await?, deltas: notifier.deltas(&id) };
     let internals = super::redact::sees_internals(&caller, state.config.expose_internal_events);
     let (tx, rx) = mpsc::channel::<SseEvent>(BUFFER);
-    let max_stream = state.config.max_stream;
+    let ends = state.config.stream_ends;
     tokio::spawn(async move {
         let last = tx.clone();
-        let pumped = pump(state, id.into_string(), after, live, internals, tx);
-        match max_stream {
-            None => pumped.await,
+        let (lasts, with_news) = match ends {
+            StreamEnds::Never => (None, false),
+            StreamEnds::After(lasts) => (Some(lasts), false),
+            StreamEnds::WithNews(lasts) => (Some(lasts), true),
+        };
+        let pumped = pump(state, id.into_string(), after, live, internals, with_news, tx);
+        let end = match lasts {
+            None => {
+                pumped.await;
+                None
+            }
             Some(lasts) => tokio::select! {
-                () = pumped => {}
-                () = tokio::time::sleep(lasts) => {
-                    // The pump is dropped here, so this is the stream's last frame: reconnect
-                    // soon, from the last durable event (its id).
-                    let end = SseEvent::default()
+                // The pump returns on its own only when the client left, or with news.
+                () = pumped => with_news.then(|| {
+                    SseEvent::default().retry(POLL_AGAIN_AFTER).comment("that is all for now; reconnect with Last-Event-ID")
+                }),
+                // The pump is dropped here, so this is the stream's last frame: reconnect
+                // soon, from the last durable event (its id).
+                () = tokio::time::sleep(lasts) => Some(
+                    SseEvent::default()
                         .retry(RECONNECT_AFTER)
-                        .comment("this stream ends before the host's deadline; reconnect with Last-Event-ID");
-                    let _ = last.send(end).await;
-                }
+                        .comment("this stream ends before the host's deadline; reconnect with Last-Event-ID"),
+                ),
             },
+        };
+        if let Some(end) = end {
+            let _ = last.send(end).await;
         }
         drop(slot);
     });
@@ -98,15 +113,18 @@ struct Live {
     deltas: broadcast::Receiver<Delta>,
 }
 
-/// With `internals` false, the events go out as end users see them (`crate::redact`).
+/// With `internals` false, the events go out as end users see them (`crate::redact`); with
+/// `with_news`, it returns once it has sent anything (and caught up with the log).
 async fn pump(
     state: AppState,
     id: String,
     mut after: u64,
     mut live: Live,
     internals: bool,
+    with_news: bool,
     tx: mpsc::Sender<SseEvent>,
 ) {
+    let mut sent = false;
     loop {
         // Catch up with the durable log (marking the progress seen first, so a commit during
         // the read is not missed).
@@ -132,10 +150,14 @@ async fn pump(
                     return;
                 }
                 after = logged.seq;
+                sent = true;
             }
             if events.len() < PAGE {
                 break;
             }
+        }
+        if with_news && sent {
+            return;
         }
         // Wait for news: a commit (read the log again) or deltas (pass them on, gathered).
         let first = tokio::select! {
@@ -172,6 +194,10 @@ async fn pump(
             if tx.send(SseEvent::default().event("llm.token.delta").data(data)).await.is_err() {
                 return;
             }
+            sent = true;
+        }
+        if with_news && sent {
+            return;
         }
     }
 }
