@@ -10,7 +10,12 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use ahp::{Client, ClientConfig, SubscriptionEvent};
+use ahp_types::commands::SubscribeResult;
+use ahp_types::state::{ChatState, SnapshotState};
+use ahp_ws::WebSocketTransport;
 use serde_json::json;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use turnstone_engine::session::TurnStatus;
 use turnstone_tests::ApiClient;
 use turnstone_tests::ledger::{Ledger, Rng, assert_survived, calc_turn, ledger_worker, scripted_config};
@@ -425,4 +430,121 @@ async fn dispatch_runs_killed_throttled_and_timed_out_at_random_lose_nothing_and
     drop(worker);
     let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
     stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+}
+
+/// `[auth]` with one client key, for the WebSocket API's `$connect`.
+const AUTH: &str = r#"
+[auth]
+api_keys_env = "KEYS"
+"#;
+
+fn keys(name: &str) -> Option<String> {
+    (name == "KEYS").then(|| "alice:key-alice".to_owned())
+}
+
+/// An AHP client on the stack's WebSocket API, its token as the `tkn` query parameter (how a
+/// browser's WebSocket, which sets no headers, sends it).
+async fn ahp_client(
+    deployed: &Deployed,
+    token: &str,
+) -> Result<Client, tokio_tungstenite::tungstenite::Error> {
+    let request = format!("{}?tkn={token}", deployed.ahp_url()).into_client_request()?;
+    let (stream, _) = tokio_tungstenite::connect_async(request).await?;
+    let config =
+        ClientConfig { default_request_timeout: Some(Duration::from_secs(20)), subscription_buffer: 1 << 12 };
+    let client = Client::connect(WebSocketTransport::from_stream(stream), config).await.unwrap();
+    client.initialize("topology".into(), vec!["1.0.0".into()], vec![]).await.unwrap();
+    Ok(client)
+}
+
+/// The AHP host as deployed: the official client connects to the WebSocket API's stage (each
+/// upgrade, message and close an event of the ahp function), subscribes to a chat, and a turn
+/// submitted over HTTP reaches it as the actions the dispatch function pushes through the
+/// Management API (`execute-api:ManageConnections`, authorized by the gate): the chat it
+/// reduces from the snapshot and those actions equals `GET .../chat`. A key nobody has is
+/// refused at `$connect` (401), so no connection opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ahp_client_follows_a_chat_through_the_websocket_api() {
+    let config = format!("{CONFIG}{AUTH}");
+    let mut deployed = Deployed::start(&config, keys, &template()).await.unwrap_or_else(|e| panic!("{e}"));
+    let api = client(&deployed).with_token("key-alice");
+    one_turn(&api, "s-ahp").await;
+
+    let refused = ahp_client(&deployed, "key-nobody").await.err().expect("an unknown key is refused");
+    assert!(refused.to_string().contains("401"), "{refused}");
+
+    let client = ahp_client(&deployed, "key-alice").await.unwrap();
+    let (subscribed, mut sub): (SubscribeResult, _) =
+        client.subscribe("ahp-chat:/s-ahp".to_owned()).await.unwrap();
+    let SnapshotState::Chat(chat) = subscribed.snapshot.expect("a snapshot").state else {
+        panic!("not a chat")
+    };
+    let mut chat: ChatState = *chat;
+    one_turn(&api, "s-ahp").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let served: ChatState = api.get_ok("/v1/sessions/s-ahp/chat").await;
+        if served == chat {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the client's chat {chat:#?} is not the served {served:#?}"
+        );
+        if let Ok(Some(SubscriptionEvent::Action(envelope))) =
+            tokio::time::timeout(Duration::from_millis(500), sub.recv()).await
+        {
+            let outcome = ahp::reducers::apply_action_to_chat(&mut chat, &envelope.action);
+            assert_eq!(outcome, ahp::reducers::ReduceOutcome::Applied, "{envelope:?}");
+        }
+    }
+    drop(sub);
+    drop(client);
+    let calls = deployed.calls();
+    let posts: BTreeSet<&str> = calls
+        .iter()
+        .filter(|c| c.operation == "execute-api:PostToConnection")
+        .map(|c| c.function.as_str())
+        .collect();
+    assert!(posts.contains("AhpFunction"), "the ahp function answers through the Management API: {posts:?}");
+    // The turn's actions are pushed by the function that commits them (the scripted model's
+    // steps run inline in the api function; a model call on the queue, in dispatch).
+    assert!(
+        posts.contains("ApiFunction") || posts.contains("DispatchFunction"),
+        "a committing function pushes the turn's actions: {posts:?}"
+    );
+    let refused: Vec<_> = calls.iter().filter_map(|c| c.refused.clone()).collect();
+    assert!(refused.is_empty(), "IAM refused: {refused:#?}");
+    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
+    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+}
+
+/// Without the `AhpPush` statement of the functions that commit (api, dispatch), their pushes
+/// to subscribers are refused as API Gateway refuses them (403): the Management API is
+/// authorized by the role, not reached around it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_ahp_push_a_committing_function_cannot_reach_a_subscriber() {
+    let config = format!("{CONFIG}{AUTH}");
+    let template = template()
+        .without_statement("DispatchFunction", "AhpPush")
+        .and_then(|t| t.without_statement("ApiFunction", "AhpPush"))
+        .unwrap();
+    let mut deployed = Deployed::start(&config, keys, &template).await.unwrap_or_else(|e| panic!("{e}"));
+    let api = client(&deployed).with_token("key-alice");
+    one_turn(&api, "s-nopush").await;
+    let client = ahp_client(&deployed, "key-alice").await.unwrap();
+    let (_, sub): (SubscribeResult, _) = client.subscribe("ahp-chat:/s-nopush".to_owned()).await.unwrap();
+    one_turn(&api, "s-nopush").await;
+    let pushes_from = |c: &Call| c.function == "ApiFunction" || c.function == "DispatchFunction";
+    let refused = until(&deployed, "a refused push", |calls| {
+        calls.iter().any(|c| pushes_from(c) && c.refused.is_some())
+    })
+    .await;
+    let push = refused.iter().find(|c| pushes_from(c) && c.refused.is_some()).unwrap();
+    assert_eq!(push.operation, "execute-api:PostToConnection");
+    let why = push.refused.as_deref().unwrap();
+    assert!(why.contains("execute-api:ManageConnections") && why.contains("/POST/@connections/"), "{why}");
+    drop(sub);
+    drop(client);
+    drop(deployed.stop());
 }

@@ -53,6 +53,8 @@ struct Ledger {
     principals: BTreeMap<String, Principal>,
     /// Secret name -> ARN (a secret may be named either way).
     secrets: BTreeMap<String, String>,
+    /// WebSocket API stage -> its API's id and the URL of its Management API.
+    management: BTreeMap<String, (String, String)>,
     calls: Vec<Call>,
 }
 
@@ -117,6 +119,14 @@ impl Gate {
         self.ledger().secrets.insert(name.to_owned(), arn.to_owned());
     }
 
+    /// Stage `stage` of WebSocket API `api_id` answers its Management API at `url`: calls to
+    /// `/{stage}/@connections/...` (service `execute-api`) go there once authorized.
+    pub fn register_management(&self, stage: &str, api_id: &str, url: &str) {
+        self.ledger()
+            .management
+            .insert(stage.to_owned(), (api_id.to_owned(), url.trim_end_matches('/').to_owned()));
+    }
+
     /// The calls the functions of `stage` made, in order.
     pub fn calls(&self, stage: &str) -> Vec<Call> {
         self.ledger().calls.iter().filter(|c| c.stage == stage).cloned().collect()
@@ -151,7 +161,6 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
     let Some((key, service)) = signer(&parts.headers) else {
         return plain(StatusCode::FORBIDDEN, "the gate takes SigV4-signed requests only");
     };
-    let operation = target.rsplit('.').next().unwrap_or_default().to_owned();
     let principal = gate.ledger().principals.get(&key).cloned();
     let Some(principal) = principal else {
         // No principal of the topology signs with this key: AWS's answer to an unknown key.
@@ -161,7 +170,14 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
             "The security token included in the request is invalid.",
         );
     };
-    let requests = authorization_requests(&gate, &service, &operation, &body).unwrap_or_else(|unmodelled| {
+    // Where an allowed call goes: moto, or a WebSocket API's Management API.
+    let (operation, requests, upstream) = if service == "execute-api" {
+        management(&gate, &parts)
+    } else {
+        let operation = target.rsplit('.').next().unwrap_or_default().to_owned();
+        (operation.clone(), authorization_requests(&gate, &service, &operation, &body), gate.moto.clone())
+    };
+    let requests = requests.unwrap_or_else(|unmodelled| {
         vec![Request::new(format!("{service}:{operation}"), format!("(not modelled: {unmodelled})"))]
     });
     let refused = refusal(&principal, &service, &operation, &requests);
@@ -174,11 +190,19 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
     });
     if let Some(message) = refused {
         tracing::warn!(function = %principal.function, %message, "IAM gate refused a call");
+        if service == "execute-api" {
+            // The Management API's refusal: 403, the error type in its header.
+            let mut response = plain(StatusCode::FORBIDDEN, &json!({ "message": message }).to_string());
+            response
+                .headers_mut()
+                .insert("x-amzn-errortype", HeaderValue::from_static("AccessDeniedException"));
+            return response;
+        }
         let code = if service == "sqs" { "AccessDenied" } else { "AccessDeniedException" };
         return aws_error(&service, code, &message);
     }
     let uri = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let mut outgoing = gate.http.request(parts.method.clone(), format!("{}{uri}", gate.moto));
+    let mut outgoing = gate.http.request(parts.method.clone(), format!("{upstream}{uri}"));
     for (name, value) in &parts.headers {
         // The Host header stays as signed: moto verifies the signature over it.
         if !matches!(name.as_str(), "connection" | "transfer-encoding" | "keep-alive") {
@@ -199,7 +223,7 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
             }
             response
         }
-        Err(e) => plain(StatusCode::BAD_GATEWAY, &format!("moto did not answer: {e}")),
+        Err(e) => plain(StatusCode::BAD_GATEWAY, &format!("{upstream} did not answer: {e}")),
     }
 }
 
@@ -309,6 +333,38 @@ fn authorization_requests(
         },
         other => Err(format!("service {other}")),
     }
+}
+
+/// API Gateway's Management API: `POST|GET|DELETE /{stage}/@connections/{id}` is
+/// `execute-api:ManageConnections` on `arn:aws:execute-api:{region}:{account}:{api
+/// id}/{stage}/{method}/@connections/{id}` (API Gateway developer guide, "Control access to
+/// a WebSocket API with IAM authorization": the `@connections` resource). The operation, the
+/// requests, and the Management API's URL.
+fn management(
+    gate: &Gate,
+    parts: &axum::http::request::Parts,
+) -> (String, Result<Vec<Request>, String>, String) {
+    let path = parts.uri.path();
+    let method = parts.method.as_str();
+    let operation = match method {
+        "POST" => "PostToConnection",
+        "GET" => "GetConnection",
+        "DELETE" => "DeleteConnection",
+        other => other,
+    }
+    .to_owned();
+    let mut steps = path.trim_start_matches('/').splitn(3, '/');
+    let (Some(stage), Some("@connections"), Some(id)) = (steps.next(), steps.next(), steps.next()) else {
+        return (operation, Err(format!("execute-api {method} {path}")), String::new());
+    };
+    let Some((api_id, url)) = gate.ledger().management.get(stage).cloned() else {
+        return (operation, Err(format!("no WebSocket API has stage {stage}")), String::new());
+    };
+    let resource = format!(
+        "arn:aws:execute-api:{}:{}:{api_id}/{stage}/{method}/@connections/{id}",
+        gate.region, gate.account
+    );
+    (operation, Ok(vec![Request::new("execute-api:ManageConnections", resource)]), url)
 }
 
 fn str_field<'a>(input: &'a Json, name: &str) -> Result<&'a str, String> {

@@ -15,14 +15,17 @@
 //!   that polls with the dispatch function's role and invokes its batch handler under the
 //!   template's timeout; and the sweep on a schedule.
 //!
+//! The ahp function is behind the WebSocket API ([`websocket`]), whose Management API every
+//! function reaches through the gate.
+//!
 //! Faults: [`Deployed::kill_next_dispatch`], [`Deployed::throttle_next_dispatch`],
-//! [`Deployed::set_dispatch_timeout`] and [`Deployed::duplicate_batches`]. What is not here
-//! yet: the WebSocket API (the ahp function has its principal but is not served).
+//! [`Deployed::set_dispatch_timeout`] and [`Deployed::duplicate_batches`].
 
 pub mod front;
 pub mod gate;
 pub mod policy;
 pub mod template;
+pub mod websocket;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -146,6 +149,7 @@ pub struct Deployed {
     pub app: Arc<App>,
     url: String,
     stream_url: String,
+    ahp_url: String,
     source: Arc<EventSource>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
@@ -216,6 +220,7 @@ impl Deployed {
         let secret_arn = secret.arn.expect("the secret's ARN");
         account.gate.register_secret(&secret_name, &secret_arn);
 
+        let ahp_api = format!("ahp{}", stage.replace('-', ""));
         let stack = Stack {
             account: ACCOUNT.to_owned(),
             region: REGION.to_owned(),
@@ -231,7 +236,7 @@ impl Deployed {
                     &[("Arn", &format!("arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{table}"))],
                 ),
                 physical("WakeUpQueue", &queue_url, &[("Arn", &queue_arn), ("QueueName", &queue)]),
-                physical("AhpApi", &format!("ahp{}", stage.replace('-', "")), &[]),
+                physical("AhpApi", &ahp_api, &[]),
             ]),
         };
         let functions = template.functions(&stack)?;
@@ -295,10 +300,6 @@ impl Deployed {
                 secrets_arn: Some(secret_arn.clone()),
                 ahp_endpoint: Some(format!("{}/{stage}", account.gate.url())),
             };
-            // The ahp function is not served here yet (see the module's documentation).
-            if function.logical_id == "AhpFunction" {
-                continue;
-            }
             let deployment = Deployment::open(&settings, &sdk)
                 .await
                 .map_err(|error| StartError::Function { function: function.logical_id.clone(), error })?;
@@ -319,8 +320,13 @@ impl Deployed {
             );
         }
         let mut take = |id: &str| built.remove(id).unwrap_or_else(|| panic!("the template has no {id}"));
-        let (api, stream, dispatch, sweep) =
-            (take("ApiFunction"), take("StreamFunction"), take("DispatchFunction"), take("SweepFunction"));
+        let (api, stream, dispatch, sweep, ahp) = (
+            take("ApiFunction"),
+            take("StreamFunction"),
+            take("DispatchFunction"),
+            take("SweepFunction"),
+            take("AhpFunction"),
+        );
         let anonymous = config.auth.is_none();
         let app = Arc::clone(&api.deployment.engine.app);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the HTTP API");
@@ -328,6 +334,10 @@ impl Deployed {
         let stream_listener =
             tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the Function URL");
         let stream_url = format!("http://{}", stream_listener.local_addr().expect("an address"));
+        let ws_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the WebSocket API");
+        let ws_url = format!("http://{}", ws_listener.local_addr().expect("an address"));
+        let ahp_url = format!("{}/{stage}", ws_url.replacen("http://", "ws://", 1));
+        account.gate.register_management(&stage, &ahp_api, &ws_url);
         let (shutdown, stopped) = oneshot::channel::<()>();
         let source = Arc::new(EventSource {
             sqs: aws_sdk_sqs::Client::new(&dispatch.sdk),
@@ -343,10 +353,19 @@ impl Deployed {
             duplicates: AtomicBool::new(false),
             largest_batch: AtomicUsize::new(0),
         });
-        let fronts = Fronts::new(&stage, api, stream, anonymous)?;
-        let task =
-            tokio::spawn(serve(fronts, Arc::clone(&source), sweep, [listener, stream_listener], stopped));
-        Ok(Deployed { stage, app, url, stream_url, source, shutdown: Some(shutdown), task: Some(task) })
+        let fronts = Fronts::new(&stage, &ahp_api, api, stream, ahp, anonymous)?;
+        let listeners = [listener, stream_listener, ws_listener];
+        let task = tokio::spawn(serve(fronts, Arc::clone(&source), sweep, listeners, stopped));
+        Ok(Deployed {
+            stage,
+            app,
+            url,
+            stream_url,
+            ahp_url,
+            source,
+            shutdown: Some(shutdown),
+            task: Some(task),
+        })
     }
 
     /// A fault: the next dispatch invocation is killed `after` it starts (its future dropped,
@@ -400,6 +419,11 @@ impl Deployed {
         &self.stream_url
     }
 
+    /// `ws://127.0.0.1:<port>/<stage>`: the WebSocket API's stage (the stack's `AhpUrl`).
+    pub fn ahp_url(&self) -> &str {
+        &self.ahp_url
+    }
+
     /// Every AWS call this stack's functions made.
     pub fn calls(&self) -> Vec<Call> {
         account().gate.calls(&self.stage)
@@ -432,17 +456,26 @@ fn physical(id: &str, reference: &str, attributes: &[(&str, &str)]) -> (String, 
     (id.to_owned(), Physical { reference: reference.to_owned(), attributes })
 }
 
-/// The HTTP API and the Function URL, with their functions.
+/// The HTTP API, the Function URL and the WebSocket API, with their functions.
 struct Fronts {
     api: front::HttpApi,
     stream: front::StreamingUrl,
+    websocket: websocket::WebSocketApi,
 }
 
 impl Fronts {
     /// The api function behind the template's `HttpApi` routes, the stream function behind its
-    /// `FunctionUrlConfig`. Without `[auth]` the test stands for a deployment whose
-    /// configuration says `[server] allow_anonymous = true`.
-    fn new(stage: &str, api: Built, stream: Built, anonymous: bool) -> Result<Fronts, TemplateError> {
+    /// `FunctionUrlConfig`, the ahp function behind WebSocket API `ahp_api`. Without `[auth]`
+    /// the test stands for a deployment whose configuration says `[server] allow_anonymous =
+    /// true`.
+    fn new(
+        stage: &str,
+        ahp_api: &str,
+        api: Built,
+        stream: Built,
+        ahp: Built,
+        anonymous: bool,
+    ) -> Result<Fronts, TemplateError> {
         let http = |built: &Built| {
             let mut http = built.deployment.http.clone();
             if anonymous {
@@ -477,7 +510,22 @@ impl Fronts {
             router,
         };
         let api_function = function(&api, api_router);
+        let Some(pushes) = ahp.deployment.ahp.clone() else {
+            return Err(TemplateError {
+                at: "AhpFunction".into(),
+                message: "no TURNSTONE_AHP_ENDPOINT".into(),
+            });
+        };
+        let gateway = Arc::new(turnstone_runtime::ahp::Gateway::new(pushes, &http(&ahp)));
+        let websocket = websocket::WebSocketApi::new(
+            ahp_api.to_owned(),
+            stage.to_owned(),
+            Arc::clone(&ahp.deployment.engine.app),
+            gateway,
+            ahp.timeout,
+        );
         Ok(Fronts {
+            websocket,
             api: front::HttpApi {
                 api_id: format!("api{}", stage.replace('-', "")),
                 routes: api.routes.iter().map(|r| (r.clone(), api_function.clone())).collect(),
@@ -490,16 +538,17 @@ impl Fronts {
     }
 }
 
-/// The functions at work until `stopped`: the fronts (the HTTP API on the first listener, the
-/// Function URL on the second), the event source mapping's pollers, the sweep's schedule.
+/// The functions at work until `stopped`: the fronts (the HTTP API, the Function URL and the
+/// WebSocket API on their listeners), the event source mapping's pollers, the sweep's
+/// schedule.
 async fn serve(
     fronts: Fronts,
     source: Arc<EventSource>,
     sweep: Built,
-    [api_listener, stream_listener]: [tokio::net::TcpListener; 2],
+    listeners: [tokio::net::TcpListener; 3],
     stopped: oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
-    let Fronts { api, stream } = fronts;
+    let Fronts { api, stream, websocket } = fronts;
     let (api, stream) = (Arc::new(api), Arc::new(stream));
     let api = axum::Router::new().fallback(move |request: HttpRequest<Body>| {
         let api = Arc::clone(&api);
@@ -519,26 +568,33 @@ async fn serve(
             tokio::time::sleep(SWEEP_EVERY).await;
         }
     });
-    let (stop_stream, stream_stopped) = oneshot::channel::<()>();
-    let streams = tokio::spawn(
-        axum::serve(stream_listener, stream.into_make_service())
-            .with_graceful_shutdown(async move {
-                let _ = stream_stopped.await;
-            })
-            .into_future(),
-    );
-    let result = axum::serve(api_listener, api.into_make_service())
-        .with_graceful_shutdown(async move {
-            let _ = stopped.await;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let servers: Vec<_> = listeners
+        .into_iter()
+        .zip([api, stream, Arc::new(websocket).router()])
+        .map(|(listener, router)| {
+            let mut stopping = stopping.clone();
+            tokio::spawn(
+                axum::serve(listener, router.into_make_service())
+                    .with_graceful_shutdown(async move {
+                        let _ = stopping.wait_for(|stop| *stop).await;
+                    })
+                    .into_future(),
+            )
         })
-        .await;
-    let _ = stop_stream.send(());
-    let streamed = streams.await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        .collect();
+    let _ = stopped.await;
+    let _ = stop.send(true);
+    let mut result = Ok(());
+    for server in servers {
+        let served = server.await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        result = result.and(served);
+    }
     schedule.abort();
     for poller in pollers {
         poller.abort();
     }
-    result.and(streamed)
+    result
 }
 
 /// Lambda's event source mapping for the wake-up queue: batches of up to 10, each invoking

@@ -171,6 +171,23 @@ impl Template {
         Ok(copy)
     }
 
+    /// A copy without the statement `sid` of function `function`'s `Policies`.
+    pub fn without_statement(&self, function: &str, sid: &str) -> Result<Template, TemplateError> {
+        let mut copy = self.clone();
+        let mut found = false;
+        for policy in copy.policies_mut(function)? {
+            if let Some(statements) = policy.get_mut("Statement").and_then(Yaml::as_sequence_mut) {
+                let before = statements.len();
+                statements.retain(|s| s.get("Sid").and_then(Yaml::as_str) != Some(sid));
+                found |= statements.len() != before;
+            }
+        }
+        if !found {
+            return Err(error(&format!("{function}.Policies.{sid}"), "no such statement"));
+        }
+        Ok(copy)
+    }
+
     /// A copy without the `Policies` entry of `function` that refers to resource `policy`
     /// (a managed policy such as `ConfigReadPolicy`).
     pub fn without_policy(&self, function: &str, policy: &str) -> Result<Template, TemplateError> {
