@@ -16,12 +16,13 @@ use ahp_types::state::{ChatState, SnapshotState};
 use ahp_ws::WebSocketTransport;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use turnstone_engine::protocol::Trigger;
 use turnstone_engine::session::TurnStatus;
-use turnstone_tests::ApiClient;
 use turnstone_tests::ledger::{Ledger, Rng, assert_survived, calc_turn, ledger_worker, scripted_config};
 use turnstone_tests::topology::gate::Call;
 use turnstone_tests::topology::template::Template;
 use turnstone_tests::topology::{Deployed, StartError};
+use turnstone_tests::{ApiClient, FakeAnswer, FakeWorker, tool_answer};
 
 const CONFIG: &str = r#"
 [llm.s]
@@ -547,4 +548,70 @@ async fn without_ahp_push_a_committing_function_cannot_reach_a_subscriber() {
     drop(sub);
     drop(client);
     drop(deployed.stop());
+}
+
+/// A dispatch run that is told its invocation's deadline hands the rest of its work back to
+/// the queue instead of starting an effect that cannot end before it: with 4 s invocations and
+/// worker tools of 1.5 s (2 s timeouts), four queued turns of one session (6 s of tools in a
+/// row) complete, over more invocations than one, and none ran into its timeout. Before the
+/// deadline was read, a run went on into its next effect, was killed at the timeout, and that
+/// effect ran again after the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatch_run_hands_back_its_work_before_its_deadline() {
+    let worker = FakeWorker::start(None, |request, _| match &request.trigger {
+        Trigger::ToolExecute(_) if request.proposed.is_empty() => {
+            FakeAnswer::delayed(Duration::from_millis(1500), FakeAnswer::Respond(tool_answer(Ok(json!(7)))))
+        }
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let mut deployed = Deployed::start(&scripted_config(&worker), |_| None, &template())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    deployed.set_dispatch_timeout(Some(Duration::from_secs(4)));
+    let api = client(&deployed);
+    let turns: Vec<String> = (0..4).map(|n| format!("turn-budget-{n}")).collect();
+    for turn in &turns {
+        let input = json!({"type": "client.message", "agent_id": "calc", "turn_id": turn,
+            "message": {"role": "user", "content": "/tool add {\"a\": 1, \"b\": 2}"}});
+        // Behind the first, each waits its turn.
+        let (status, body) = api.post("/v1/sessions/s-budget/inputs?queue=true", &input).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    for turn in &turns {
+        let ended = api.wait_turn_within("s-budget", turn, Duration::from_secs(90)).await;
+        assert_eq!(ended.status, TurnStatus::Completed, "{ended:?}");
+    }
+    let (invocations, timed_out) = deployed.dispatch_invocations();
+    println!(
+        "{invocations} dispatch invocations of 4 s for 4 turns of 1.5 s tools, {timed_out} ran into their timeout"
+    );
+    assert_eq!(timed_out, 0, "a run went on past its deadline and was killed ({invocations} invocations)");
+    assert!(invocations > 1, "the run handed work back: {invocations} invocations");
+    drop(worker);
+    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
+    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+}
+
+/// A record that is not a wake-up is in the dead-letter queue within seconds (the template's
+/// redrive limit of receives, each coming back at once), while the sessions beside it run on.
+/// Before, it came back after 60, 60, 120 and 240 s like a failed run: 16 minutes of retries
+/// that could never succeed before anyone could look at it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_that_is_not_a_wake_up_reaches_the_dead_letter_queue_within_seconds() {
+    let mut deployed = deploy(&template()).await;
+    let api = client(&deployed);
+    deployed.send_to_wake_ups("this is not a wake-up").await;
+    one_turn(&api, "s-beside").await;
+    let started = tokio::time::Instant::now();
+    loop {
+        if deployed.dead_letters().await.iter().any(|b| b == "this is not a wake-up") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "not in the dead-letter queue after a minute");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!("in the dead-letter queue after {:?}", started.elapsed());
+    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
+    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
 }

@@ -4,10 +4,10 @@
 //! session: the first run does all that is due), sessions concurrently. The wake-ups of one
 //! session are merged ([`WakeUp::merge`]): one announcing a commit that has not landed yet
 //! makes the run wait for it, whichever record of the batch carried it. A record whose run
-//! failed is reported as a batch item failure, so SQS delivers it again after the queue's
-//! visibility timeout and, after the redrive limit, moves it to the dead-letter queue; a
-//! record that is not a wake-up at all is reported the same way, so it ends in the
-//! dead-letter queue for someone to look at instead of being dropped.
+//! failed is reported as a batch item failure, so SQS delivers it again (after [`retry_after`])
+//! and, after the redrive limit, moves it to the dead-letter queue; a record that is not a
+//! wake-up at all is reported the same way and made visible at once, so it is in the
+//! dead-letter queue within seconds for someone to look at instead of being dropped.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -45,6 +45,9 @@ pub async fn handle_batch(
     queue: Option<&SqsQueue>,
 ) -> SqsBatchResponse {
     let mut failed: Vec<String> = Vec::new();
+    // Records that are not wake-ups: they come back at once, so after the redrive limit they
+    // are in the dead-letter queue within seconds (no later receive can make them one).
+    let mut poisoned: Vec<String> = Vec::new();
     // Message ids by session, in arrival order.
     let mut sessions: BTreeMap<String, (WakeUp, Vec<String>)> = BTreeMap::new();
     // Receipt handle and receive count by message id.
@@ -68,11 +71,11 @@ pub async fn handle_batch(
             },
             Some(Err(e)) => {
                 tracing::error!(message_id, error = %e, "an SQS record is not a wake-up; it goes to the dead-letter queue");
-                failed.push(message_id);
+                poisoned.push(message_id);
             }
             None => {
                 tracing::error!(message_id, "an SQS record has no body; it goes to the dead-letter queue");
-                failed.push(message_id);
+                poisoned.push(message_id);
             }
         }
     }
@@ -119,13 +122,17 @@ pub async fn handle_batch(
     };
     failed.extend(runs.into_iter().flatten());
     if let Some(queue) = queue {
-        for id in &failed {
+        let back =
+            failed.iter().map(|id| (id, None)).chain(poisoned.iter().map(|id| (id, Some(Duration::ZERO))));
+        for (id, after) in back {
             let Some((receipt, count)) = receipts.get(id) else { continue };
-            if let Err(e) = queue.hold(std::slice::from_ref(receipt), retry_after(*count)).await {
-                tracing::warn!(message_id = %id, error = %e, "could not set when a failed wake-up comes back");
+            let after = after.unwrap_or_else(|| retry_after(*count));
+            if let Err(e) = queue.hold(std::slice::from_ref(receipt), after).await {
+                tracing::warn!(message_id = %id, error = %e, "could not set when a failed record comes back");
             }
         }
     }
+    failed.extend(poisoned);
     // Pushes to AHP subscribers finish before the invocation ends (the process may freeze).
     dispatcher.app().notifier().flush().await;
     // Both types are non-exhaustive: built from their defaults.

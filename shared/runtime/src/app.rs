@@ -444,6 +444,9 @@ impl App {
             let mut plan = session.plan(now);
             if mode.claim_next
                 && let Some(effect) = claimable(&plan)
+                && mode
+                    .claim_before
+                    .is_none_or(|deadline| crate::dispatch::fits(&session, &effect, now, deadline))
                 && let Ok(t) = handle(&session, claim_command(&effect), &self.ctx(&used))
             {
                 events.extend(t.events);
@@ -609,7 +612,7 @@ impl App {
             commands.push(command.clone());
             Ok(commands)
         };
-        let mode = Mode { claim_next: self.claim_ahead, in_run: false };
+        let mode = Mode { claim_next: self.claim_ahead, ..Mode::default() };
         let executed = match self.execute_with(session_id, None, mode, build).await {
             Ok(executed) => executed,
             Err(Error::Rejected(rejection)) => {
@@ -901,6 +904,10 @@ pub(crate) struct Mode {
     /// The claimed effect is returned in [`Executed::claimed`]; if nobody performs it, its
     /// deadline retries it.
     pub claim_next: bool,
+    /// Claim only an effect that can end before this (a run's deadline, with its margin:
+    /// `dispatch::fits`); one that cannot is left unclaimed, for the run that the one at work
+    /// hands the session back to, instead of held by a claim nobody will perform.
+    pub claim_before: Option<Timestamp>,
     /// The commit is made by a run of this session, which arms the next wake-up when it ends:
     /// the commit itself sends none.
     pub in_run: bool,

@@ -37,9 +37,13 @@ const ANNOUNCED_COMMIT_LAST_PAUSE: Duration = Duration::from_millis(256);
 const LATE_COMMIT_CHECK: Duration = Duration::from_secs(60);
 
 /// A run's commits to its own session: the run arms the next wake-up when it ends.
-const IN_RUN: Mode = Mode { claim_next: false, in_run: true };
-/// An effect's outcome, claiming the next due effect in the same write.
-const IN_RUN_CLAIMING: Mode = Mode { claim_next: true, in_run: true };
+const IN_RUN: Mode = Mode { claim_next: false, claim_before: None, in_run: true };
+
+/// An effect's outcome, claiming the next due effect in the same write if it can end before
+/// the run's `deadline`.
+fn in_run_claiming(deadline: Option<Timestamp>) -> Mode {
+    Mode { claim_next: true, claim_before: deadline, in_run: true }
+}
 
 /// Runs sessions' due work: what every host's wake-up consumer calls (the local host's queue
 /// workers, the Lambda `dispatch` function's SQS batch handler).
@@ -101,7 +105,8 @@ impl Dispatcher {
             }
             if let Some(effect) = claimed.take() {
                 if still_claimed(&session, &effect) {
-                    let after = self.perform_claimed(session_id, effect, (session, version)).await?;
+                    let after =
+                        self.perform_claimed(session_id, effect, (session, version), deadline).await?;
                     (known, claimed) = split(after);
                 } else {
                     known = Some((session, version));
@@ -134,7 +139,7 @@ impl Dispatcher {
             {
                 return self.app.wake(session_id, "deadline").await;
             }
-            match self.perform(session_id, effect, (session, version)).await {
+            match self.perform(session_id, effect, (session, version), deadline).await {
                 Ok(after) => (known, claimed) = split(after),
                 Err(e) if is_stale_claim(&e) => {}
                 Err(e) => return Err(e),
@@ -191,6 +196,7 @@ impl Dispatcher {
         session_id: &str,
         effect: Effect,
         known: (Session, u64),
+        deadline: Option<Timestamp>,
     ) -> Result<Option<Executed>> {
         match effect {
             Effect::Tick => {
@@ -201,33 +207,41 @@ impl Dispatcher {
                 let claim =
                     self.app.command_with(session_id, Some(known), IN_RUN, claim_command(&effect)).await?;
                 let state = (claim.session, claim.version);
-                self.perform_claimed(session_id, effect, state).await
+                self.perform_claimed(session_id, effect, state, deadline).await
             }
         }
     }
 
     /// Performs the I/O of a claimed effect and commits its outcome (claiming the next effect
-    /// in the same commit).
+    /// in the same commit, if it can end before `deadline`).
     async fn perform_claimed(
         &self,
         session_id: &str,
         effect: Effect,
         claimed: (Session, u64),
+        deadline: Option<Timestamp>,
     ) -> Result<Option<Executed>> {
         match effect {
             Effect::DeliverDecision { decision_id, attempt } => {
-                self.deliver_decision(session_id, decision_id, attempt, claimed).await
+                self.deliver_decision(session_id, decision_id, attempt, claimed, deadline).await
             }
             Effect::RunLlmCall { call_id, attempt } => {
-                self.run_llm_call(session_id, call_id, attempt, claimed).await
+                self.run_llm_call(session_id, call_id, attempt, claimed, deadline).await
             }
             Effect::Tick | Effect::Route { .. } => Ok(None),
         }
     }
 
-    /// Commits an effect's outcome, claiming the next due effect in the same write.
-    async fn outcome(&self, session_id: &str, known: (Session, u64), command: Command) -> Result<Executed> {
-        self.app.command_with(session_id, Some(known), IN_RUN_CLAIMING, command).await
+    /// Commits an effect's outcome, claiming the next due effect in the same write if it can
+    /// end before `deadline`.
+    async fn outcome(
+        &self,
+        session_id: &str,
+        known: (Session, u64),
+        command: Command,
+        deadline: Option<Timestamp>,
+    ) -> Result<Executed> {
+        self.app.command_with(session_id, Some(known), in_run_claiming(deadline), command).await
     }
 
     async fn deliver_decision(
@@ -236,6 +250,7 @@ impl Dispatcher {
         decision_id: DecisionId,
         attempt: u32,
         claimed: (Session, u64),
+        deadline: Option<Timestamp>,
     ) -> Result<Option<Executed>> {
         let Some(request) = claimed.0.decision_request() else { return Ok(None) };
         let session = &claimed.0;
@@ -272,7 +287,7 @@ impl Dispatcher {
                     response: Box::new(answer.response),
                     ignored_fields: answer.ignored_fields,
                 };
-                self.outcome(session_id, claimed, command).await.map(Some)
+                self.outcome(session_id, claimed, command, deadline).await.map(Some)
             }
             Err(e) => {
                 tracing::info!(session_id, attempt, code = e.code(), error = %e, "decision delivery failed");
@@ -302,6 +317,7 @@ impl Dispatcher {
         call_id: CallId,
         attempt: u32,
         claimed: (Session, u64),
+        deadline: Option<Timestamp>,
     ) -> Result<Option<Executed>> {
         let session = &claimed.0;
         let Some(call) = session.call(&call_id) else { return Ok(None) };
@@ -336,7 +352,7 @@ impl Dispatcher {
         trace::record_outcome(&span, failure.as_ref().map_or(Ok(()), |(code, error)| Err((code, error))));
         drop(span);
         let command = Command::LlmCallFinished { call_id, attempt, outcome };
-        match self.outcome(session_id, claimed, command).await {
+        match self.outcome(session_id, claimed, command, deadline).await {
             // The attempt timed out or was voided meanwhile: its result is refused, rightly.
             Err(Error::Rejected(_)) => Ok(None),
             other => other.map(Some),
@@ -416,7 +432,7 @@ impl Dispatcher {
 /// Whether `effect` of `session`, started at `now`, ends before `deadline`: its own bound
 /// (the call's or the delivery's timeout; a timer or a route, none) plus [`DEADLINE_MARGIN`].
 /// An unbounded effect fits only a run without a deadline.
-fn fits(session: &Session, effect: &Effect, now: Timestamp, deadline: Timestamp) -> bool {
+pub(crate) fn fits(session: &Session, effect: &Effect, now: Timestamp, deadline: Timestamp) -> bool {
     let bound = match effect {
         Effect::Tick | Effect::Route { .. } => Some(0),
         Effect::DeliverDecision { .. } => session.delivery_timeout_ms(),

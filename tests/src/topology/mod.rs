@@ -151,6 +151,10 @@ pub struct Deployed {
     stream_url: String,
     ahp_url: String,
     source: Arc<EventSource>,
+    /// The account's administrator on SQS (the test's own hand, not a function's).
+    admin: aws_sdk_sqs::Client,
+    /// The dead-letter queue's URL.
+    dead_letters: String,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -180,10 +184,10 @@ impl Deployed {
         let queue = format!("turnstone-{stage}-wakeups");
         let clients = AwsClients::new(&admin);
         DynamoStore::new(clients.dynamodb.clone(), &table).create_table().await.expect("CreateTable");
-        // The template's visibility timeout; no dead-letter queue to fill.
+        // The template's visibility timeout and redrive limit, to its dead-letter queue.
         let visibility_timeout = template.visibility_timeout("WakeUpQueue")?;
-        let settings =
-            QueueSettings { visibility_timeout, max_receive_count: None, ..QueueSettings::default() };
+        let max_receive_count = Some(template.max_receive_count("WakeUpQueue")?);
+        let settings = QueueSettings { visibility_timeout, max_receive_count, ..QueueSettings::default() };
         let queue_url = SqsQueue::create_queue(&clients.sqs, &queue, &settings).await.expect("CreateQueue");
         let queue_arn = format!("arn:aws:sqs:{REGION}:{ACCOUNT}:{queue}");
 
@@ -352,10 +356,14 @@ impl Deployed {
             last_fault: Mutex::new(None),
             duplicates: AtomicBool::new(false),
             largest_batch: AtomicUsize::new(0),
+            invocations: AtomicUsize::new(0),
+            timeouts: AtomicUsize::new(0),
         });
         let fronts = Fronts::new(&stage, &ahp_api, api, stream, ahp, anonymous)?;
         let listeners = [listener, stream_listener, ws_listener];
         let task = tokio::spawn(serve(fronts, Arc::clone(&source), sweep, listeners, stopped));
+        let dead_letters = format!("{}-dlq", source.queue_url);
+        let admin = aws_sdk_sqs::Client::new(&admin);
         Ok(Deployed {
             stage,
             app,
@@ -363,6 +371,8 @@ impl Deployed {
             stream_url,
             ahp_url,
             source,
+            admin,
+            dead_letters,
             shutdown: Some(shutdown),
             task: Some(task),
         })
@@ -409,6 +419,12 @@ impl Deployed {
         self.source.largest_batch.load(Ordering::Relaxed)
     }
 
+    /// How many dispatch invocations there were, and how many of them ran into their timeout
+    /// (and were killed there).
+    pub fn dispatch_invocations(&self) -> (usize, usize) {
+        (self.source.invocations.load(Ordering::Relaxed), self.source.timeouts.load(Ordering::Relaxed))
+    }
+
     /// `http://127.0.0.1:<port>`: the HTTP API's `$default` stage (the stack's `ApiUrl`).
     pub fn url(&self) -> &str {
         &self.url
@@ -422,6 +438,32 @@ impl Deployed {
     /// `ws://127.0.0.1:<port>/<stage>`: the WebSocket API's stage (the stack's `AhpUrl`).
     pub fn ahp_url(&self) -> &str {
         &self.ahp_url
+    }
+
+    /// Sends `body` to the wake-up queue as someone other than the functions would (a message
+    /// that is not a wake-up, say).
+    pub async fn send_to_wake_ups(&self, body: &str) {
+        self.admin
+            .send_message()
+            .queue_url(&self.source.queue_url)
+            .message_body(body)
+            .send()
+            .await
+            .expect("SendMessage");
+    }
+
+    /// The bodies in the dead-letter queue now (received and made visible again at once).
+    pub async fn dead_letters(&self) -> Vec<String> {
+        let out = self
+            .admin
+            .receive_message()
+            .queue_url(&self.dead_letters)
+            .max_number_of_messages(10)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .expect("ReceiveMessage from the dead-letter queue");
+        out.messages.unwrap_or_default().into_iter().filter_map(|m| m.body).collect()
     }
 
     /// Every AWS call this stack's functions made.
@@ -623,6 +665,9 @@ struct EventSource {
     duplicates: AtomicBool,
     /// The most records one invocation was handed.
     largest_batch: AtomicUsize,
+    /// Invocations, and those that ran into their timeout.
+    invocations: AtomicUsize,
+    timeouts: AtomicUsize,
 }
 
 /// A batch as at-least-once delivery may hand it over: each record twice (the copy under its
@@ -702,11 +747,17 @@ impl EventSource {
                 Some(&self.queue),
             );
             let kill = self.kills.lock().unwrap().pop_front();
+            self.invocations.fetch_add(1, Ordering::Relaxed);
             let Ok(response) = tokio::time::timeout(kill.unwrap_or(timeout).min(timeout), run).await else {
                 self.fault();
                 match kill {
-                    Some(after) => tracing::warn!(?after, "a dispatch invocation was killed (a fault)"),
-                    None => tracing::warn!("a dispatch invocation ran past its timeout and was killed"),
+                    Some(after) if after < timeout => {
+                        tracing::warn!(?after, "a dispatch invocation was killed (a fault)");
+                    }
+                    _ => {
+                        self.timeouts.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!("a dispatch invocation ran past its timeout and was killed");
+                    }
                 }
                 continue;
             };

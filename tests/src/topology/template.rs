@@ -219,6 +219,19 @@ impl Template {
             .ok_or_else(|| error(&format!("{queue}.Properties.VisibilityTimeout"), "not a number"))
     }
 
+    /// The `RedrivePolicy.maxReceiveCount` of queue resource `queue`.
+    pub fn max_receive_count(&self, queue: &str) -> Result<u32, TemplateError> {
+        self.entry("Resources", queue)
+            .and_then(|q| q.get("Properties"))
+            .and_then(|p| p.get("RedrivePolicy"))
+            .and_then(|r| r.get("maxReceiveCount"))
+            .and_then(Yaml::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| {
+                error(&format!("{queue}.Properties.RedrivePolicy.maxReceiveCount"), "not a number")
+            })
+    }
+
     /// Every `AWS::Serverless::Function`, resolved against `stack`.
     pub fn functions(&self, stack: &Stack) -> Result<Vec<Function>, TemplateError> {
         let resolver = Resolver { template: self, stack };
