@@ -59,6 +59,12 @@ async fn one_turn(api: &ApiClient, session: &str) {
     assert_eq!(ended.status, TurnStatus::Completed, "{ended:?}");
 }
 
+/// Stops the stack, which must stop within 10 s and cleanly.
+async fn stop(deployed: &mut Deployed) {
+    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
+    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+}
+
 /// The operations `function` made, as `service:Operation`.
 fn operations(calls: &[Call], function: &str) -> BTreeSet<String> {
     calls.iter().filter(|c| c.function == function).map(|c| c.operation.clone()).collect()
@@ -131,8 +137,7 @@ async fn each_function_runs_under_its_own_role_and_iam_allows_what_it_calls() {
     // for the wire operation's name.
     let transact = calls.iter().find(|c| c.operation == "dynamodb:TransactWriteItems").unwrap();
     assert!(transact.requests.iter().all(|r| r.action != "dynamodb:TransactWriteItems"), "{transact:?}");
-    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
-    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+    stop(&mut deployed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,8 +330,7 @@ async fn an_event_stream_through_the_http_api_ends_with_its_news_before_the_30_s
     let first_new: u64 = body.lines().find_map(|l| l.strip_prefix("id:")).unwrap().trim().parse().unwrap();
     assert_eq!(first_new, last + 1, "resumed where it left off: {body}");
     drop(api);
-    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
-    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+    stop(&mut deployed).await;
 }
 
 /// The HTTP API serves only the template's routes (`ANY /{proxy+}`, `GET /`), and a long-poll
@@ -351,8 +355,7 @@ async fn the_http_api_routes_as_the_template_says_and_long_polls_end_before_its_
     let took = started.elapsed();
     assert_eq!((status, body["status"].as_str()), (200, Some("active")), "{body}");
     assert!(took > Duration::from_secs(20) && took < Duration::from_secs(30), "{took:?}");
-    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
-    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+    stop(&mut deployed).await;
 }
 
 /// Sessions started per round of faults.
@@ -429,8 +432,7 @@ async fn dispatch_runs_killed_throttled_and_timed_out_at_random_lose_nothing_and
         ledger.lock().unwrap().redelivered.len()
     );
     drop(worker);
-    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
-    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+    stop(&mut deployed).await;
 }
 
 /// `[auth]` with one client key, for the WebSocket API's `$connect`.
@@ -516,8 +518,7 @@ async fn an_ahp_client_follows_a_chat_through_the_websocket_api() {
     );
     let refused: Vec<_> = calls.iter().filter_map(|c| c.refused.clone()).collect();
     assert!(refused.is_empty(), "IAM refused: {refused:#?}");
-    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
-    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+    stop(&mut deployed).await;
 }
 
 /// Without the `AhpPush` statement of the functions that commit (api, dispatch), their pushes
@@ -589,8 +590,7 @@ async fn a_dispatch_run_hands_back_its_work_before_its_deadline() {
     assert_eq!(timed_out, 0, "a run went on past its deadline and was killed ({invocations} invocations)");
     assert!(invocations > 1, "the run handed work back: {invocations} invocations");
     drop(worker);
-    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
-    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+    stop(&mut deployed).await;
 }
 
 /// A record that is not a wake-up is in the dead-letter queue within seconds (the template's
@@ -612,6 +612,5 @@ async fn a_record_that_is_not_a_wake_up_reaches_the_dead_letter_queue_within_sec
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     println!("in the dead-letter queue after {:?}", started.elapsed());
-    let stopped = tokio::time::timeout(Duration::from_secs(10), deployed.stop().unwrap()).await;
-    stopped.expect("the stack stops within 10 s").unwrap().unwrap();
+    stop(&mut deployed).await;
 }

@@ -78,9 +78,12 @@ async fn smoke_passes_against_turnstone_serve_and_names_the_step_that_fails() {
 async fn smoke_passes_against_the_templates_functions() {
     let config = "[llm.s]\ntype = \"scripted\"\n\n[agent.demo]\nmodel = \"scripted\"\nllm = \"s\"\n";
     let deployed = Deployed::start(config, |_| None, &Template::load().unwrap()).await.unwrap();
-    let url = deployed.url().to_owned();
-    // The front serves both the api function's routes and the stream function's.
-    passed(&smoke(&["--url", &url, "--stream-url", &url]).await);
+    let (url, stream_url) = (deployed.url().to_owned(), deployed.stream_url().to_owned());
+    // As README "Deploy to AWS" runs it: the stream at the stream function's URL.
+    passed(&smoke(&["--url", &url, "--stream-url", &stream_url]).await);
+    // And with the stream on the HTTP API, which answers it as long-polls: each response
+    // ends once it carries news, and the stream step resumes after its last event.
+    passed(&smoke(&["--url", &url]).await);
     let refused = deployed.refused();
     assert!(refused.is_empty(), "{refused:#?}");
 }
