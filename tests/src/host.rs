@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use turnstone_aws::QueueSettings;
@@ -331,18 +331,43 @@ impl ApiClient {
         }
     }
 
-    /// `GET /v1/sessions/{session}/messages`: the active path.
+    /// `GET /v1/sessions/{session}/messages`: the active path, every page of it.
     pub async fn messages(&self, session: &str) -> Vec<Value> {
-        let (status, body) = self.get(&format!("/v1/sessions/{session}/messages")).await;
-        assert_eq!(status, 200, "GET messages: {body}");
-        body["messages"].as_array().cloned().unwrap_or_default()
+        let pages = self.pages(&format!("/v1/sessions/{session}/messages")).await;
+        pages.iter().flat_map(|page| page["messages"].as_array().cloned().unwrap_or_default()).collect()
     }
 
-    /// `GET /v1/sessions/{session}/messages?tree=1`: the whole message tree.
+    /// `GET /v1/sessions/{session}/messages?tree=1`: the whole message tree, every page of it
+    /// (`{"nodes": [...], "head_id": ...}`).
     pub async fn message_tree(&self, session: &str) -> Value {
-        let (status, body) = self.get(&format!("/v1/sessions/{session}/messages?tree=1")).await;
-        assert_eq!(status, 200, "GET message tree: {body}");
-        body
+        let pages = self.pages(&format!("/v1/sessions/{session}/messages?tree=1")).await;
+        let nodes: Vec<Value> =
+            pages.iter().flat_map(|page| page["nodes"].as_array().cloned().unwrap_or_default()).collect();
+        let mut tree = json!({ "nodes": nodes });
+        if let Some(head) = pages.last().and_then(|p| p.get("head_id")) {
+            tree["head_id"] = head.clone();
+        }
+        tree
+    }
+
+    /// Every page of `path`, following `next_after`.
+    pub async fn pages(&self, path: &str) -> Vec<Value> {
+        let mut pages: Vec<Value> = Vec::new();
+        loop {
+            let after = pages.last().and_then(|p| p["next_after"].as_str()).map(|a| format!("after={a}"));
+            let page_path = match after {
+                None => path.to_owned(),
+                Some(after) if path.contains('?') => format!("{path}&{after}"),
+                Some(after) => format!("{path}?{after}"),
+            };
+            let (status, body) = self.get(&page_path).await;
+            assert_eq!(status, 200, "GET {page_path}: {body}");
+            let last = body.get("next_after").is_none_or(Value::is_null);
+            pages.push(body);
+            if last {
+                return pages;
+            }
+        }
     }
 
     /// Every durable event after `after`, paging through `GET .../events?after=`; the events

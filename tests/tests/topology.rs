@@ -614,3 +614,36 @@ async fn a_record_that_is_not_a_wake_up_reaches_the_dead_letter_queue_within_sec
     println!("in the dead-letter queue after {:?}", started.elapsed());
     stop(&mut deployed).await;
 }
+
+/// A conversation of 8 MB (sixteen turns of a 250 KB message, each echoed), read through the
+/// HTTP API as a client reads it: the active path, the tree and the log come in pages that each
+/// fit Lambda's 6 MB response limit. Before they were paged in bytes, each read was one
+/// response of all of it, and Lambda refused it: API Gateway answered 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_conversation_reads_in_pages_under_lambdas_response_limit() {
+    let mut deployed = deploy(&template()).await;
+    let api = client(&deployed);
+    for n in 0..16 {
+        let text = format!("{n:02}{}", "x".repeat(250_000));
+        let input = json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": text}});
+        let turn = api.submit_ok("s-long", &input).await;
+        assert_eq!(api.wait_turn("s-long", &turn).await.status, TurnStatus::Completed);
+    }
+    for path in ["/v1/sessions/s-long/messages", "/v1/sessions/s-long/messages?tree=1"] {
+        let pages = api.pages(path).await;
+        assert!(pages.len() >= 2, "{path}: 8 MB in one page?");
+        let items: usize =
+            pages.iter().map(|p| p["messages"].as_array().or(p["nodes"].as_array()).unwrap().len()).sum();
+        assert_eq!(items, 32, "{path}: every message, once");
+    }
+    let messages = api.messages("s-long").await;
+    let first: Vec<String> = messages
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap_or_default()[..2].to_owned())
+        .collect();
+    assert_eq!(first, (0..16).map(|n| format!("{n:02}")).collect::<Vec<_>>(), "in order, root first");
+    let events = api.events("s-long", 0).await;
+    assert!(events.len() > 32, "the log, every page: {}", events.len());
+    stop(&mut deployed).await;
+}

@@ -409,9 +409,25 @@ function draftOf(m) {
 async function loadEvents(id, signal, after = 0) {
   const out = [];
   for (;;) {
+    // A page may hold fewer than the limit and not be the last (pages are bounded in bytes
+    // too): only an empty one ends the log.
     const page = await api(`/v1/sessions/${enc(id)}/events?after=${after}&limit=1000`, { signal });
+    if (!page.events.length) return out;
     out.push(...page.events);
-    if (page.events.length < 1000) return out;
+    after = page.next_after;
+  }
+}
+
+/** The whole message tree (`GET /messages?tree=1`), page by page. */
+async function loadTree(id, signal) {
+  const tree = { nodes: [], head_id: undefined };
+  let after = null;
+  for (;;) {
+    const query = after === null ? "" : `&after=${enc(after)}`;
+    const page = await api(`/v1/sessions/${enc(id)}/messages?tree=1&limit=1000${query}`, { signal });
+    tree.nodes.push(...page.nodes);
+    tree.head_id = page.head_id;
+    if (!page.next_after) return tree;
     after = page.next_after;
   }
 }
@@ -892,7 +908,7 @@ async function sessionView(id, branchId, signal) {
     // The summary, then the tree (as new or newer), then the log up to the summary's last
     // event, whatever the stream's lag; events after it come on the stream, and refresh again.
     const sum = await api(`/v1/sessions/${enc(id)}`, { signal });
-    const wire = await api(`/v1/sessions/${enc(id)}/messages?tree=1`, { signal });
+    const wire = await loadTree(id, signal);
     if (log.last < sum.last_seq) for (const e of await loadEvents(id, signal, log.last)) log.add(e.seq, e.event);
     if (signal.aborted) return;
     summary = sum;
@@ -1021,7 +1037,7 @@ async function sessionView(id, branchId, signal) {
 
 async function treeView(id, signal) {
   document.title = `${id} tree · Turnstone`;
-  const wire = await api(`/v1/sessions/${enc(id)}/messages?tree=1`, { signal });
+  const wire = await loadTree(id, signal);
   if (signal.aborted) return;
   const t = indexTree(wire);
 

@@ -11,8 +11,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use turnstone_engine::ids::{CallId, InterruptId, SessionId, TurnId};
-use turnstone_engine::protocol::{Message, StreamDelta};
+use turnstone_engine::ids::{CallId, InterruptId, MessageId, SessionId, TurnId};
+use turnstone_engine::protocol::{Message, MessageTree, StreamDelta};
 use turnstone_engine::session::{CallRecord, CallSpec, Event, ForkOrigin, ParentLink, Session};
 use turnstone_engine::time::Timestamp;
 
@@ -264,11 +264,26 @@ impl SessionSummary {
     }
 }
 
-/// `GET /v1/sessions/{id}/messages`: the active path, root first.
+/// `GET /v1/sessions/{id}/messages`: a page of the active path, root first.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
 pub struct ActivePath {
     pub messages: Vec<Message>,
+    /// Pass as `?after=` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<MessageId>,
+}
+
+/// `GET /v1/sessions/{id}/messages?tree=1`: a page of the message tree's nodes, parents
+/// before children, with the head of the active branch: a [`MessageTree`] and `next_after`
+/// (the OpenAPI document says so itself, so `MessageTree` stays the protocol's schema).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TreePage {
+    #[serde(flatten)]
+    pub tree: MessageTree,
+    /// Pass as `?after=` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<MessageId>,
 }
 
 /// `GET /v1/sessions/{id}/events`: a page of the durable log.

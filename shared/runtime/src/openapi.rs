@@ -200,7 +200,14 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
     let summary = schema(|g| g.subschema_for::<SessionSummary>());
     let disposed = schema(|g| g.subschema_for::<Disposed>());
     let active_path = schema(|g| g.subschema_for::<ActivePath>());
-    let tree = schema(|g| g.subschema_for::<MessageTree>());
+    // `TreePage`: the protocol's `MessageTree` and the page's `next_after`.
+    let tree = json!({ "allOf": [
+        schema(|g| g.subschema_for::<MessageTree>()),
+        { "type": "object", "properties": { "next_after": {
+            "type": "string",
+            "description": "Pass as `?after=` for the next page; absent on the last.",
+        } } },
+    ] });
     let turn = schema(|g| g.subschema_for::<Turn>());
     let events = schema(|g| g.subschema_for::<EventPage<LogEvent>>());
     let chat = schema(|g| g.subschema_for::<ChatState>());
@@ -345,7 +352,11 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
             path: "/v1/sessions/{id}/messages",
             id: "getMessages",
             summary: "The conversation",
-            description: "The active path, root first; with `?tree=1` the whole message tree.",
+            description: "A page of the active path, root first; with `?tree=1` a page of the \
+                message tree's nodes, parents before children. A page holds at most `limit` \
+                messages and at most 4 MiB of them (one at least); `next_after`, absent on the \
+                last page, is the `after` of the next. An `after` no longer on the active path \
+                (an edit moved it) is 409 `not_on_active_path`.",
             params: vec![
                 session_param(),
                 query_param(
@@ -353,6 +364,12 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
                     "`1` or `true`: the whole tree, every branch.",
                     json!({ "type": "string", "enum": ["0", "1", "false", "true"] }),
                 ),
+                query_param(
+                    "after",
+                    "The `next_after` of the page before: the page starts after that message.",
+                    json!({ "type": "string" }),
+                ),
+                query_param("limit", "Messages per page: default 500, at most 1000.", count.clone()),
             ],
             body: None,
             ok: vec![(
@@ -360,7 +377,7 @@ fn operations(g: &mut SchemaGenerator) -> Vec<Op> {
                 "The active path (`messages`), or the tree (`nodes`) with `?tree=1`.",
                 json_content(json!({ "anyOf": [active_path, tree] })),
             )],
-            errors: &[400, 401, 404, 503],
+            errors: &[400, 401, 404, 409, 503],
             auth: true,
             links: Value::Null,
             example: None,

@@ -6,6 +6,7 @@ mod console;
 mod error;
 mod open_host;
 pub mod openapi;
+mod pages;
 mod query;
 mod redact;
 mod sse;
@@ -21,8 +22,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use serde::Deserialize;
-use turnstone_engine::ids::{SessionId, TurnId};
-use turnstone_engine::protocol::{Action, ClientInput, parse_slice};
+use turnstone_engine::ids::{MessageId, SessionId, TurnId};
+use turnstone_engine::protocol::{Action, ClientInput, MessageTree, parse_slice};
 use turnstone_engine::session::{Command, Event, Rejection, Session};
 
 pub use crate::api::ApiError;
@@ -30,7 +31,7 @@ pub use open_host::{Anonymous, OpenHost};
 
 use crate::api::{
     ActivePath, CancelRequest, Cancelled, CreateSessionRequest, CreatedSession, Disposed, EventPage,
-    ForkRequest, Placement, SessionPage, SessionSummary, Settled, Submitted, Turn,
+    ForkRequest, Placement, SessionPage, SessionSummary, Settled, Submitted, TreePage, Turn,
 };
 use crate::app::App;
 use crate::auth::{Access, AuthError, Authenticator, Caller, Listing};
@@ -374,6 +375,11 @@ async fn session_summary(
 struct MessagesQuery {
     #[serde(default)]
     tree: Option<String>,
+    /// The last message of the page before.
+    #[serde(default)]
+    after: Option<MessageId>,
+    #[serde(default)]
+    limit: Option<usize>,
 }
 
 async fn messages(
@@ -384,12 +390,47 @@ async fn messages(
 ) -> Result<Response, ApiError> {
     let caller = authenticate(&state, &headers)?;
     let tree = query::flag(query.tree.as_deref(), "tree")?;
+    let limit = query.limit.unwrap_or(500).clamp(1, 1000);
     let session = reachable(&state, &caller, &id, Access::Read).await?;
+    let after = query.after.as_ref();
     if tree {
-        return Ok(Json(session.tree().to_wire()).into_response());
+        let wire = session.tree().to_wire();
+        // Nodes only ever join the tree, after their parents: a node's place is stable.
+        let start = match after {
+            None => 0,
+            Some(after) => {
+                1 + wire.nodes.iter().position(|n| &n.message.id == after).ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "unknown_message",
+                        format!("no message {after} in this session (?after=)"),
+                    )
+                })?
+            }
+        };
+        let rest = &wire.nodes[start..];
+        let taken = pages::fitting(rest, limit);
+        let next_after = (taken < rest.len()).then(|| rest[taken - 1].message.id.clone());
+        let nodes = rest[..taken].to_vec();
+        let tree = MessageTree { nodes, head_id: wire.head_id };
+        return Ok(Json(TreePage { tree, next_after }).into_response());
     }
-    let messages = session.tree().active_path().into_iter().cloned().collect();
-    Ok(Json(ActivePath { messages }).into_response())
+    let path = session.tree().active_path();
+    let start = match after {
+        None => 0,
+        Some(after) => 1 + path.iter().position(|m| &m.id == after).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "not_on_active_path",
+                format!("message {after} (?after=) is not on the active path: it changed since the page before; read it again from the start"),
+            )
+        })?,
+    };
+    let rest = &path[start..];
+    let taken = pages::fitting(rest, limit);
+    let next_after = (taken < rest.len()).then(|| rest[taken - 1].id.clone());
+    let messages = rest[..taken].iter().map(|m| (*m).clone()).collect();
+    Ok(Json(ActivePath { messages, next_after }).into_response())
 }
 
 #[derive(Deserialize)]
@@ -466,7 +507,6 @@ async fn events(
     let limit = query.limit.unwrap_or(500).clamp(1, 1000);
     let mut events =
         state.app.store().events_after(&id, query.after, limit).await.map_err(crate::error::Error::from)?;
-    let next_after = events.last().map_or(query.after, |e| e.seq);
     if !redact::sees_internals(&caller, state.config.expose_internal_events) {
         for logged in &mut events {
             if let std::borrow::Cow::Owned(shown) = redact::for_clients(&logged.event) {
@@ -474,6 +514,8 @@ async fn events(
             }
         }
     }
+    events.truncate(pages::fitting(&events, limit));
+    let next_after = events.last().map_or(query.after, |e| e.seq);
     Ok(Json(EventPage { events, next_after }))
 }
 
