@@ -142,6 +142,7 @@ fn corpus() -> Vec<Case> {
         get("a cursor that is not one", "/v1/sessions?cursor=%ff%fe").answers(400, "invalid_cursor", Some("cursor"), "cursor"),
         get("a wait that is not a number", "/v1/sessions/s-bad/turns/t1?wait=soon").answers(400, "invalid_query", Some("wait"), "float"),
         get("a wait that is not a length of time", "/v1/sessions/s-bad/turns/t1?wait=NaN").answers(400, "invalid_query", Some("wait"), "number of seconds"),
+        get("a negative wait", "/v1/sessions/s-bad/turns/t1?wait=-8.2e307").answers(400, "invalid_query", Some("wait"), "0 or more"),
         get("an event position below zero", "/v1/sessions/s-bad/events?after=-5").answers(400, "invalid_query", Some("after"), "invalid digit"),
         get("a turn count that is not a number", "/v1/sessions/s-bad/chat?turns=x").answers(400, "invalid_query", Some("turns"), "invalid digit"),
         get("a tree flag that is neither", "/v1/sessions/s-bad/messages?tree=maybe").answers(400, "invalid_query", Some("tree"), "maybe"),
@@ -227,4 +228,28 @@ async fn limits_are_refused_clearly() {
     let (status, _) = host.get("/v1/sessions/l3").await;
     assert_eq!(status, 404, "the refused session was not created");
     server.stop().await;
+}
+
+/// A page of messages that starts after a message the session does not have (the tree), or
+/// one that is not on the active path, is refused, naming it; a page after the last message
+/// is empty and the last.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_of_messages_after_a_message_it_cannot_place_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let input =
+        json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": "hi"}});
+    let turn = host.submit_ok("s-pages", &input).await;
+    host.wait_turn("s-pages", &turn).await;
+    let (status, body) = host.get("/v1/sessions/s-pages/messages?tree=1&after=msg_none").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("unknown_message")), "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("msg_none"), "{body}");
+    let (status, body) = host.get("/v1/sessions/s-pages/messages?after=msg_none").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("not_on_active_path")), "{body}");
+    let messages = host.messages("s-pages").await;
+    let last = messages.last().unwrap()["id"].as_str().unwrap().to_owned();
+    let (status, page) = host.get(&format!("/v1/sessions/s-pages/messages?after={last}&limit=1")).await;
+    assert_eq!((status, page["messages"].as_array().map(Vec::len)), (200, Some(0)), "{page}");
+    assert!(page.get("next_after").is_none(), "the last page: {page}");
+    host.stop().await;
 }

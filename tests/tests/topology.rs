@@ -645,5 +645,23 @@ async fn a_long_conversation_reads_in_pages_under_lambdas_response_limit() {
     assert_eq!(first, (0..16).map(|n| format!("{n:02}")).collect::<Vec<_>>(), "in order, root first");
     let events = api.events("s-long", 0).await;
     assert!(events.len() > 32, "the log, every page: {}", events.len());
+    // The chat as AHP's `ChatState`: its turns page newest first, each page within the bound.
+    let (mut turns, mut cursor, mut pages) = (0, None::<String>, 0);
+    loop {
+        let path = match &cursor {
+            None => "/v1/sessions/s-long/chat?turns=50".to_owned(),
+            Some(c) => format!("/v1/sessions/s-long/chat?turns=50&cursor={c}"),
+        };
+        let (status, chat) = api.get(&path).await;
+        assert_eq!(status, 200, "GET {path}: {}", chat.to_string().chars().take(300).collect::<String>());
+        turns += chat["turns"].as_array().unwrap().len();
+        pages += 1;
+        match chat["turnsNextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(turns, 16, "every turn, once");
+    assert!(pages >= 2, "8 MB of turns in one page?");
     stop(&mut deployed).await;
 }

@@ -33,6 +33,24 @@ pub fn tail(chat: &ChatState, cursor: Option<&str>, limit: usize) -> Result<Chat
     Ok(ChatState { turns, turns_next_cursor: next, ..chat.clone() })
 }
 
+/// As [`tail`], and no more of the newest turns than make one page of JSON that fits behind a
+/// Lambda function ([`crate::http::pages::fitting`]; the newest turn always comes).
+pub fn tail_within_a_page(
+    chat: &ChatState,
+    cursor: Option<&str>,
+    limit: usize,
+) -> Result<ChatState, InvalidCursor> {
+    let mut page = tail(chat, cursor, limit)?;
+    let keep = crate::http::pages::fitting(page.turns.iter().rev(), limit);
+    let dropped = page.turns.len() - keep;
+    if dropped > 0 {
+        let start = page.turns_next_cursor.as_deref().and_then(parse_cursor).unwrap_or(0) + dropped;
+        page.turns.drain(..dropped);
+        page.turns_next_cursor = Some(format!("{CURSOR_PREFIX}{start}"));
+    }
+    Ok(page)
+}
+
 fn parse_cursor(cursor: &str) -> Option<usize> {
     cursor.strip_prefix(CURSOR_PREFIX)?.parse().ok()
 }

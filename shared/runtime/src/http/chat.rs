@@ -47,8 +47,9 @@ pub(super) async fn chat(
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", format!("session {id}: {e}"))
         }
     })?;
-    let chat = turns::tail(projection.chat(), query.cursor.as_deref(), limit).map_err(|_| {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "invalid cursor").with_param("cursor")
-    })?;
+    let chat =
+        turns::tail_within_a_page(projection.chat(), query.cursor.as_deref(), limit).map_err(|_| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_cursor", "invalid cursor").with_param("cursor")
+        })?;
     Ok(Json(chat))
 }

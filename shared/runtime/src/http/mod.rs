@@ -6,7 +6,7 @@ mod console;
 mod error;
 mod open_host;
 pub mod openapi;
-mod pages;
+pub(crate) mod pages;
 mod query;
 mod redact;
 mod sse;
@@ -448,12 +448,13 @@ async fn turn(
     let caller = authenticate(&state, &headers)?;
     let max = state.config.max_wait.as_secs_f64();
     let wait = query.wait.unwrap_or(0.0);
-    // `NaN` parses as a number but is no length of time (`from_secs_f64` would panic on it).
-    if wait.is_nan() {
+    // `NaN` parses as a number but is no length of time (`from_secs_f64` would panic on it),
+    // and a negative wait is none either (the document says `minimum: 0`; a long one is cut).
+    if wait.is_nan() || wait < 0.0 {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_query",
-            "wait must be a number of seconds",
+            format!("wait must be a number of seconds, 0 or more, not {wait}"),
         )
         .with_param("wait"));
     }

@@ -7,15 +7,15 @@ use serde::Serialize;
 
 /// The most JSON one page's items carry: 4 MiB, under Lambda's 6 MB with room for the
 /// envelope and for API Gateway's escaping.
-pub(super) const MAX_PAGE_BYTES: usize = 4 << 20;
+pub(crate) const MAX_PAGE_BYTES: usize = 4 << 20;
 
 /// How many of `items`, from the first, make one page of at most `limit`: whole items while
 /// their JSON stays within [`MAX_PAGE_BYTES`], and always the first (an item is never split,
 /// and one too big for any page must still be readable).
-pub(super) fn fitting<T: Serialize>(items: &[T], limit: usize) -> usize {
+pub(crate) fn fitting<'a, T: Serialize + 'a>(items: impl IntoIterator<Item = &'a T>, limit: usize) -> usize {
     let mut bytes = 0;
     let mut taken = 0;
-    for item in items.iter().take(limit) {
+    for item in items.into_iter().take(limit) {
         bytes += serde_json::to_vec(item).map_or(0, |json| json.len());
         if taken > 0 && bytes > MAX_PAGE_BYTES {
             break;
@@ -39,5 +39,6 @@ mod tests {
         let huge = vec!["z".repeat(MAX_PAGE_BYTES * 2)];
         assert_eq!(fitting(&huge, 10), 1, "a huge item still comes, alone");
         assert_eq!(fitting::<&str>(&[], 10), 0);
+        assert_eq!(fitting(big.iter().rev(), 10), 2, "from the end as well");
     }
 }
