@@ -21,7 +21,7 @@ use turnstone_engine::session::TurnStatus;
 use turnstone_tests::ledger::{Ledger, Rng, assert_survived, calc_turn, ledger_worker, scripted_config};
 use turnstone_tests::topology::gate::Call;
 use turnstone_tests::topology::template::Template;
-use turnstone_tests::topology::{Deployed, StartError};
+use turnstone_tests::topology::{Deployed, Encryption, StartError};
 use turnstone_tests::{ApiClient, FakeAnswer, FakeWorker, tool_answer};
 
 const CONFIG: &str = r#"
@@ -664,4 +664,38 @@ async fn a_long_conversation_reads_in_pages_under_lambdas_response_limit() {
     assert_eq!(turns, 16, "every turn, once");
     assert!(pages >= 2, "8 MB of turns in one page?");
     stop(&mut deployed).await;
+}
+
+/// A configuration and secret under a customer managed KMS key (`ConfigKeyArn`): every
+/// function reads them, each read also authorized as `kms:Decrypt` on the key through its
+/// service, which the template grants only then. Without that statement a function cannot
+/// start: IAM refuses the decrypt (before, the read policies had no `kms:Decrypt` at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_under_a_customer_key_is_read_with_kms_decrypt() {
+    let mut deployed = Deployed::start_with(CONFIG, |_| None, &template(), Encryption::CustomerKey)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    one_turn(&client(&deployed), "s-kms").await;
+    let calls = deployed.calls();
+    let decrypts: BTreeSet<&str> = calls
+        .iter()
+        .filter(|c| c.requests.iter().any(|r| r.action == "kms:Decrypt"))
+        .map(|c| c.operation.as_str())
+        .collect();
+    assert_eq!(
+        decrypts,
+        BTreeSet::from(["secretsmanager:GetSecretValue", "ssm:GetParameter"]),
+        "each read of the configuration and the secret needs the key"
+    );
+    let refused: Vec<_> = calls.iter().filter_map(|c| c.refused.clone()).collect();
+    assert!(refused.is_empty(), "IAM refused: {refused:#?}");
+    stop(&mut deployed).await;
+
+    let without = template().without_statement_of_policy("ConfigReadPolicy", 1).unwrap();
+    let error = Deployed::start_with(CONFIG, |_| None, &without, Encryption::CustomerKey)
+        .await
+        .err()
+        .expect("no function starts");
+    let error = error.to_string();
+    assert!(error.contains("kms:Decrypt"), "{error}");
 }

@@ -55,6 +55,8 @@ struct Ledger {
     secrets: BTreeMap<String, String>,
     /// WebSocket API stage -> its API's id and the URL of its Management API.
     management: BTreeMap<String, (String, String)>,
+    /// Parameter or secret ARN -> the customer managed KMS key it is encrypted under.
+    keys: BTreeMap<String, String>,
     calls: Vec<Call>,
 }
 
@@ -125,6 +127,27 @@ impl Gate {
         self.ledger()
             .management
             .insert(stage.to_owned(), (api_id.to_owned(), url.trim_end_matches('/').to_owned()));
+    }
+
+    /// The parameter or secret `arn` is encrypted under the customer managed key `key`: reading
+    /// it also needs `kms:Decrypt` on the key, through that service (AWS Systems Manager user
+    /// guide, "How Parameter Store uses AWS KMS"; Secrets Manager user guide, "Secret
+    /// encryption and decryption").
+    pub fn register_key(&self, arn: &str, key: &str) {
+        self.ledger().keys.insert(arn.to_owned(), key.to_owned());
+    }
+
+    /// With the read of `arn` through `service`, the decrypt its key needs, if it has one.
+    fn with_decrypt(&self, service: &str, arn: String, read: Request) -> Vec<Request> {
+        let key = self.ledger().keys.get(&arn).cloned();
+        let mut requests = vec![read];
+        if let Some(key) = key {
+            let mut decrypt = Request::new("kms:Decrypt", key);
+            let via = format!("{service}.{}.amazonaws.com", self.region);
+            decrypt.context.insert("kms:ViaService".to_owned(), vec![via]);
+            requests.push(decrypt);
+        }
+        requests
     }
 
     /// The calls the functions of `stage` made, in order.
@@ -299,7 +322,12 @@ fn authorization_requests(
                 )
             };
             match operation {
-                "GetParameter" | "PutParameter" | "DeleteParameter" => {
+                "GetParameter" => {
+                    let arn = arn(str_field(&input, "Name")?);
+                    let read = Request::new("ssm:GetParameter", arn.clone());
+                    Ok(gate.with_decrypt("ssm", arn, read))
+                }
+                "PutParameter" | "DeleteParameter" => {
                     let name = str_field(&input, "Name")?;
                     Ok(vec![Request::new(format!("ssm:{operation}"), arn(name))])
                 }
@@ -327,7 +355,11 @@ fn authorization_requests(
                         .cloned()
                         .ok_or_else(|| format!("secret {id} is not registered"))?
                 };
-                Ok(vec![Request::new(format!("secretsmanager:{operation}"), arn)])
+                let read = Request::new(format!("secretsmanager:{operation}"), arn.clone());
+                Ok(match operation {
+                    "GetSecretValue" => gate.with_decrypt("secretsmanager", arn, read),
+                    _ => vec![read],
+                })
             }
             other => Err(format!("secretsmanager:{other}")),
         },

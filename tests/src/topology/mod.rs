@@ -142,6 +142,16 @@ pub enum StartError {
     Function { function: String, error: DeploymentError },
 }
 
+/// How the stack's configuration parameter and secret are encrypted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encryption {
+    /// Under AWS's own keys (aws/ssm, aws/secretsmanager): reading them is all it takes.
+    AwsOwned,
+    /// Under a customer managed key, named to the template as `ConfigKeyArn`: reading them
+    /// also takes `kms:Decrypt` on it.
+    CustomerKey,
+}
+
 /// One deployed stack.
 pub struct Deployed {
     pub stage: String,
@@ -177,6 +187,16 @@ impl Deployed {
         env: impl Fn(&str) -> Option<String>,
         template: &Template,
     ) -> Result<Deployed, StartError> {
+        Deployed::start_with(config_toml, env, template, Encryption::AwsOwned).await
+    }
+
+    /// [`Deployed::start`], the configuration and the secret encrypted as `encryption` says.
+    pub async fn start_with(
+        config_toml: &str,
+        env: impl Fn(&str) -> Option<String>,
+        template: &Template,
+        encryption: Encryption,
+    ) -> Result<Deployed, StartError> {
         let account = account();
         let stage = moto::unique("t").to_lowercase();
         let admin = sdk(account.moto, account.admin.clone()).await;
@@ -193,11 +213,18 @@ impl Deployed {
 
         // The configuration in its parameter, the secrets it names in the stack's secret.
         let parameter = format!("/turnstone/{stage}/config");
+        let key = match encryption {
+            Encryption::AwsOwned => None,
+            Encryption::CustomerKey => {
+                Some(format!("arn:aws:kms:{REGION}:{ACCOUNT}:key/{}", moto::unique("key")))
+            }
+        };
         aws_sdk_ssm::Client::new(&admin)
             .put_parameter()
             .name(&parameter)
             .value(config_toml)
             .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+            .set_key_id(key.clone())
             .send()
             .await
             .expect("PutParameter");
@@ -218,11 +245,17 @@ impl Deployed {
             .create_secret()
             .name(&secret_name)
             .secret_string(serde_json::to_string(&named.into_inner().unwrap()).unwrap())
+            .set_kms_key_id(key.clone())
             .send()
             .await
             .expect("CreateSecret");
         let secret_arn = secret.arn.expect("the secret's ARN");
         account.gate.register_secret(&secret_name, &secret_arn);
+        if let Some(key) = &key {
+            let parameter_arn = format!("arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{parameter}");
+            account.gate.register_key(&parameter_arn, key);
+            account.gate.register_key(&secret_arn, key);
+        }
 
         let ahp_api = format!("ahp{}", stage.replace('-', ""));
         let stack = Stack {
@@ -232,6 +265,7 @@ impl Deployed {
                 ("Stage".to_owned(), stage.clone()),
                 ("ConfigParameter".to_owned(), parameter.clone()),
                 ("SecretsArn".to_owned(), secret_arn.clone()),
+                ("ConfigKeyArn".to_owned(), key.clone().unwrap_or_default()),
             ]),
             resources: BTreeMap::from([
                 physical(

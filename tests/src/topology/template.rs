@@ -188,6 +188,24 @@ impl Template {
         Ok(copy)
     }
 
+    /// A copy without statement `index` (from 0) of managed policy resource `policy`.
+    pub fn without_statement_of_policy(&self, policy: &str, index: usize) -> Result<Template, TemplateError> {
+        let mut copy = self.clone();
+        let at = format!("{policy}.Properties.PolicyDocument.Statement");
+        let statements = copy
+            .resource_mut(policy)
+            .and_then(|r| r.get_mut("Properties"))
+            .and_then(|p| p.get_mut("PolicyDocument"))
+            .and_then(|d| d.get_mut("Statement"))
+            .and_then(Yaml::as_sequence_mut)
+            .ok_or_else(|| error(&at, "no statement list"))?;
+        if index >= statements.len() {
+            return Err(error(&at, format!("no statement {index} (it has {})", statements.len())));
+        }
+        statements.remove(index);
+        Ok(copy)
+    }
+
     /// A copy without the `Policies` entry of `function` that refers to resource `policy`
     /// (a managed policy such as `ConfigReadPolicy`).
     pub fn without_policy(&self, function: &str, policy: &str) -> Result<Template, TemplateError> {
