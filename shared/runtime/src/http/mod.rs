@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use serde::Deserialize;
 use turnstone_engine::ids::{MessageId, SessionId, TurnId};
-use turnstone_engine::protocol::{Action, ClientInput, MessageTree, parse_slice};
+use turnstone_engine::protocol::{Action, ClientInput, MessageTree, TreeNode, parse_slice};
 use turnstone_engine::session::{Command, Event, Rejection, Session};
 
 pub use crate::api::ApiError;
@@ -394,12 +394,14 @@ async fn messages(
     let session = reachable(&state, &caller, &id, Access::Read).await?;
     let after = query.after.as_ref();
     if tree {
-        let wire = session.tree().to_wire();
-        // Nodes only ever join the tree, after their parents: a node's place is stable.
+        let tree = session.tree();
+        // Nodes only ever join the tree, after their parents: a node's place is stable. Only
+        // the page's nodes are cloned, not the tree.
+        let nodes: Vec<&TreeNode> = tree.nodes().collect();
         let start = match after {
             None => 0,
             Some(after) => {
-                1 + wire.nodes.iter().position(|n| &n.message.id == after).ok_or_else(|| {
+                1 + nodes.iter().position(|n| &n.message.id == after).ok_or_else(|| {
                     ApiError::new(
                         StatusCode::BAD_REQUEST,
                         "unknown_message",
@@ -408,11 +410,11 @@ async fn messages(
                 })?
             }
         };
-        let rest = &wire.nodes[start..];
+        let rest = &nodes[start..];
         let taken = pages::fitting(rest, limit);
         let next_after = (taken < rest.len()).then(|| rest[taken - 1].message.id.clone());
-        let nodes = rest[..taken].to_vec();
-        let tree = MessageTree { nodes, head_id: wire.head_id };
+        let page = rest[..taken].iter().map(|n| (*n).clone()).collect();
+        let tree = MessageTree { nodes: page, head_id: tree.head().cloned() };
         return Ok(Json(TreePage { tree, next_after }).into_response());
     }
     let path = session.tree().active_path();
