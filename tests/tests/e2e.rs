@@ -1508,3 +1508,53 @@ async fn a_model_call_is_claimed_durably_before_it_is_made() {
     assert!(!names.contains(&"call.settled"), "the call has not come back yet: {names:?}");
     host.stop().await;
 }
+
+/// A worker's state is branch-scoped, and the head holds only the version in force: an edit
+/// back to the first turn makes the state written there current again, read back from the log
+/// (`state.restored`), so the worker's next decision sees it, not the newest.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_edit_brings_back_the_state_of_its_branch_from_the_log() {
+    let openai = FakeOpenAi::start().await;
+    for reply in ["r1", "r2", "r3", "r4"] {
+        openai.push(Reply::text(reply));
+    }
+    let turns = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&turns);
+    let worker = FakeWorker::start(None, move |request, _| match &request.trigger {
+        Trigger::ClientMessages(_) => {
+            let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+            let state = (n <= 3).then(|| json!({"turn": n, "memory": "x".repeat(4096)}));
+            FakeAnswer::Respond(DecisionResponse { state, ..request.proposed.clone() })
+        }
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let agents = format!("[agent.w]\nmodel = \"gpt-fake\"\nllm = \"fake\"\nworker = \"{}\"\n", worker.url());
+    let (host, _dir) = host(&config(&openai, &agents)).await;
+    for text in ["one", "two", "three"] {
+        let turn_id = host.submit_ok("s-edit", &message("w", text)).await;
+        assert_eq!(host.wait_turn("s-edit", &turn_id).await.status, TurnStatus::Completed);
+    }
+    let path = host.messages("s-edit").await;
+    assert_eq!(transcript(&path).len(), 6);
+    let kept: Vec<Value> = path[..2]
+        .iter()
+        .map(|m| json!({"role": m["role"], "content": m["content"], "id": m["id"]}))
+        .collect();
+    let mut messages = kept.clone();
+    messages.push(json!({"role": "user", "content": "two, again"}));
+    let edit = json!({"type": "client.messages", "agent_id": "w", "messages": messages});
+    let turn_id = host.submit_ok("s-edit", &edit).await;
+    assert_eq!(host.wait_turn("s-edit", &turn_id).await.status, TurnStatus::Completed);
+    assert_eq!(
+        transcript(&host.messages("s-edit").await),
+        ["user: one", "assistant: r1", "user: two, again", "assistant: r4"]
+    );
+    let last = worker.records().into_iter().rfind(|r| r.trigger_name() == "llm.finished").unwrap();
+    assert_eq!(last.request.state["turn"], 1, "the edited branch's state is the first turn's");
+    let events = host.events("s-edit", 0).await;
+    let restored: Vec<&Value> =
+        events.iter().map(|e| &e.event).filter(|e| e["type"] == "state_restored").collect();
+    assert_eq!(restored.len(), 1, "{:?}", event_types(&events));
+    host.stop().await;
+}

@@ -215,6 +215,8 @@ impl ChatProjection {
             | Event::HeadMoved { .. }
             | Event::StateWritten { .. }
             | Event::AgentWritten { .. }
+            | Event::StateRestored { .. }
+            | Event::AgentRestored { .. }
             | Event::CallRetryScheduled { .. }
             | Event::CallRequeued { .. }
             | Event::CallReported { .. }
@@ -757,6 +759,8 @@ pub fn shows_in_chat(event: &Event) -> bool {
             | Event::HeadMoved { .. }
             | Event::StateWritten { .. }
             | Event::AgentWritten { .. }
+            | Event::StateRestored { .. }
+            | Event::AgentRestored { .. }
             | Event::CallRetryScheduled { .. }
             | Event::CallRequeued { .. }
             | Event::CallReported { .. }

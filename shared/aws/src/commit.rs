@@ -16,7 +16,9 @@
 //! 3. one item per turn or call id first used since the last checkpoint (`T#`, `C#`), each
 //!    conditioned on its absence: ids are kept for good from here on;
 //! 4. one item of the message nodes recorded since the last checkpoint (`M#<last position>`);
-//! 5. the chunks of any payload too large for its item.
+//! 5. one item of the version entries written since (`L#<last seq>`: where each version of
+//!    the state and agent config applies from, and the event that wrote it);
+//! 6. the chunks of any payload too large for its item.
 //!
 //! A checkpoint is due when the session is created; after [`CHECKPOINT_COMMITS`] commits,
 //! [`CHECKPOINT_BYTES`] of packs or [`CHECKPOINT_IDS`] new ids (they bound what a cold load
@@ -58,6 +60,8 @@ pub(crate) const CHECKPOINT_IDS: usize = 32;
 pub(crate) struct Tail {
     /// How many message nodes the `M#` items hold (every one recorded up to the checkpoint).
     pub stored_messages: u64,
+    /// How many version entries the `L#` items hold (every one up to the checkpoint).
+    pub stored_versions: u64,
     /// Turn and call ids first used since the checkpoint, not yet kept as items.
     pub pending: Vec<UsedId>,
     /// Commits and bytes of packs since the checkpoint.
@@ -67,10 +71,11 @@ pub(crate) struct Tail {
 
 impl Tail {
     /// The tail after a pack of `events` (`bytes` long) written by an ordinary commit, or by a
-    /// checkpoint that left the session with `messages` nodes (all stored by it).
-    pub fn after(&self, events: &[Event], bytes: usize, checkpoint: Option<u64>) -> Tail {
-        if let Some(messages) = checkpoint {
-            return Tail { stored_messages: messages, ..Tail::default() };
+    /// checkpoint that left the session with `(messages, versions)` nodes and version entries
+    /// (all stored by it).
+    pub fn after(&self, events: &[Event], bytes: usize, checkpoint: Option<(u64, u64)>) -> Tail {
+        if let Some((messages, versions)) = checkpoint {
+            return Tail { stored_messages: messages, stored_versions: versions, ..Tail::default() };
         }
         let mut pending = self.pending.clone();
         for id in UsedId::first_used_by(events) {
@@ -208,6 +213,19 @@ pub(crate) fn plan(
         chunk_items.extend(chunks::lay_out(session_id, &sk, body, None, &mut batch));
         puts.push((batch, Role::Data));
     }
+    let versions = session.version_entry_count() as u64;
+    if versions > tail.stored_versions {
+        let entries: Vec<_> =
+            session.version_entries().into_iter().skip(tail.stored_versions as usize).collect();
+        let last = entries.last().map_or(0, |e| e.seq);
+        let sk = items::versions_key(last);
+        let mut batch = items::key(session_id, sk.as_str());
+        batch.insert(FIRST.to_owned(), items::n(tail.stored_versions));
+        batch.insert(COUNT.to_owned(), items::n(entries.len()));
+        let body = serde_json::to_string(&entries).map_err(serialize)?;
+        chunk_items.extend(chunks::lay_out(session_id, &sk, body, None, &mut batch));
+        puts.push((batch, Role::Data));
+    }
     puts.extend(chunk_items.into_iter().map(|chunk| (chunk, Role::Data)));
 
     let bytes = fits(session_id, &puts)?;
@@ -230,7 +248,7 @@ pub(crate) fn plan(
         items.push(TransactWriteItem::builder().put(put).build());
         roles.push(role);
     }
-    let tail = Tail { stored_messages: messages, ..Tail::default() };
+    let tail = Tail { stored_messages: messages, stored_versions: versions, ..Tail::default() };
     Ok(Planned { write: Write::Checkpoint(Transaction { items, roles }), new_version, tail, bytes })
 }
 
@@ -358,7 +376,7 @@ mod tests {
         let two = one.after(&[started("b")], 50, None);
         assert_eq!(two.pending.len(), 2);
         assert_eq!((two.commits, two.bytes), (2, 150));
-        let reset = two.after(&[started("c")], 10, Some(4));
-        assert_eq!(reset, Tail { stored_messages: 4, ..Tail::default() });
+        let reset = two.after(&[started("c")], 10, Some((4, 2)));
+        assert_eq!(reset, Tail { stored_messages: 4, stored_versions: 2, ..Tail::default() });
     }
 }

@@ -7,6 +7,7 @@
 //! | `E#<first seq>`      | one commit: its events, packed (a JSON array), from `first` on     |
 //! | `H`                  | the head: the snapshot as of the last checkpoint, listing fields  |
 //! | `I`                  | the declared agent config the session was created with            |
+//! | `L#<last seq>`       | where the state and agent config versions one checkpoint stored apply from (immutable) |
 //! | `M#<last pos>`       | the message nodes one checkpoint stored, `first..=last` (immutable) |
 //! | `T#<turn id>`        | a turn id the session used (kept for good)                        |
 //! | `C#<call id>`        | a call id the session used (kept for good)                        |
@@ -112,6 +113,13 @@ pub(crate) fn event_key(first: u64) -> String {
 /// The sort key of the message item whose last node is at `last`.
 pub(crate) fn messages_key(last: u64) -> String {
     format!("M#{}", padded(last))
+}
+
+/// The sort key of the version entries item whose last version was written by event `last`.
+/// `L` sorts between the head's `H`/`I` and the message items' `M#`, so the query that reads
+/// a checkpoint reads these too.
+pub(crate) fn versions_key(last: u64) -> String {
+    format!("L#{}", padded(last))
 }
 
 /// The sort key of a used turn or call id.
@@ -234,6 +242,7 @@ mod tests {
         }
         assert!(event_key(9) < event_key(10));
         assert!(messages_key(99) < messages_key(100));
+        assert!(DECLARED < versions_key(0).as_str() && versions_key(u64::MAX) < messages_key(0));
         assert_eq!(chunk_key("M#1", 3), "B#M#1#0003");
     }
 

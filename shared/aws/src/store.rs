@@ -24,7 +24,7 @@ use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{DeleteRequest, PutRequest, WriteRequest};
 use serde::de::DeserializeOwned;
 use turnstone_engine::protocol::TreeNode;
-use turnstone_engine::session::{Event, Session, UsedId};
+use turnstone_engine::session::{Event, Session, UsedId, VersionEntry};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
 use turnstone_runtime::store::{
@@ -173,7 +173,8 @@ impl DynamoStore {
                     _ => self.read_checkpoint(session_id, true).await?,
                 };
                 let Some(head) = head else { return Ok(None) };
-                let tail = Tail { stored_messages: head.messages, ..Tail::default() };
+                let stored_versions = head.session.version_entry_count() as u64;
+                let tail = Tail { stored_messages: head.messages, stored_versions, ..Tail::default() };
                 Cached { session: head.session, version: head.version, tail }
             }
         };
@@ -216,7 +217,9 @@ impl DynamoStore {
             for event in &events {
                 session.apply(event);
             }
-            tail = tail.after(&events, pack_bytes(pack), items::get_u64(pack, MESSAGES));
+            let checkpoint =
+                items::get_u64(pack, MESSAGES).map(|m| (m, session.version_entry_count() as u64));
+            tail = tail.after(&events, pack_bytes(pack), checkpoint);
         }
         Ok(Cached { session, version, tail })
     }
@@ -231,6 +234,9 @@ impl DynamoStore {
             let messages_at =
                 found.iter().position(|i| items::get_s(i, SK).is_some_and(|sk| sk.starts_with("M#")));
             let message_items = messages_at.map(|at| found.split_off(at)).unwrap_or_default();
+            let versions_at =
+                found.iter().position(|i| items::get_s(i, SK).is_some_and(|sk| sk.starts_with("L#")));
+            let version_items = versions_at.map(|at| found.split_off(at)).unwrap_or_default();
             let declared = found
                 .iter()
                 .position(|i| items::get_s(i, SK) == Some(DECLARED))
@@ -264,6 +270,8 @@ impl DynamoStore {
                 snapshot.restore_declared(self.payloads(session_id, &[declared]).await?.pop());
             }
             snapshot.restore_messages(self.message_nodes(session_id, &message_items, messages).await?);
+            let entries = self.version_entries(session_id, &version_items, snapshot.events_applied()).await?;
+            snapshot.restore_versions(entries).map_err(|e| corrupt(session_id, e))?;
             return Ok(Some(Head { session: snapshot, version, messages }));
         }
         Err(AwsError::HeadKeptChanging { session_id: session_id.to_owned(), attempts: HEAD_ATTEMPTS }.into())
@@ -382,6 +390,31 @@ impl DynamoStore {
             return Err(corrupt(session_id, format!("{} of {count} messages found", nodes.len())));
         }
         Ok(nodes)
+    }
+
+    /// The version entries of the versions written up to event `through`, from the entry
+    /// items `found` (in key order; items a later checkpoint wrote may follow, and are left
+    /// out).
+    async fn version_entries(
+        &self,
+        session_id: &str,
+        found: &[Item],
+        through: u64,
+    ) -> Result<Vec<VersionEntry>, StoreError> {
+        let batches: Vec<Vec<VersionEntry>> = self.payloads(session_id, found).await?;
+        let mut entries = Vec::new();
+        for (item, batch) in found.iter().zip(batches) {
+            let first = items::get_u64(item, FIRST).unwrap_or_default();
+            if first != entries.len() as u64 || items::get_u64(item, COUNT) != Some(batch.len() as u64) {
+                return Err(corrupt(
+                    session_id,
+                    format!("the version item at {first} does not fit its neighbours"),
+                ));
+            }
+            entries.extend(batch);
+        }
+        entries.retain(|e| e.seq <= through);
+        Ok(entries)
     }
 
     /// Every item of a session with sort keys from `from` to `to` (inclusive), in order.

@@ -32,6 +32,7 @@ store_cases!(
     store_list_sessions,
     store_due,
     store_large_session,
+    store_long_lived_state,
     store_dispose,
 );
 

@@ -84,6 +84,12 @@ macro_rules! store_cases {
             }
 
             #[tokio::test]
+            async fn store_long_lived_state() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_long_lived_state(&store).await;
+            }
+
+            #[tokio::test]
             async fn store_dispose() {
                 let (_dir, store) = store_at($durability);
                 conformance::store_dispose(&store).await;

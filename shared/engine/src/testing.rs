@@ -123,8 +123,19 @@ impl Driver {
     /// the rejection is returned (and nothing changes).
     pub fn try_exec(&mut self, command: Command) -> Result<Vec<Event>, Rejection> {
         self.seed = self.seed.wrapping_add(1);
-        let ctx = Ctx { limits: self.limits, ..Ctx::new(self.now, self.seed) };
-        let transition = handle(&self.session, command, &ctx)?;
+        let mut ctx = Ctx { limits: self.limits, ..Ctx::new(self.now, self.seed) };
+        // Versions the head let go are read back from the log, as a store does.
+        let transition = loop {
+            match handle(&self.session, command.clone(), &ctx) {
+                Err(Rejection::Recall(seqs)) if seqs.iter().any(|&seq| !ctx.recalled.has(seq)) => {
+                    for seq in seqs {
+                        let event = self.log.get(seq as usize - 1).expect("a recalled event is logged");
+                        ctx.recalled.insert(seq, event);
+                    }
+                }
+                handled => break handled?,
+            }
+        };
         self.session = transition.session;
         self.log.extend(transition.events.iter().cloned());
         self.uncommitted += transition.events.len();
@@ -407,7 +418,9 @@ pub fn check_invariants(session: &Session, log: &[Event]) {
     assert!(back.declared().is_none(), "the snapshot leaves the declared config out");
     back.restore_messages(session.tree().nodes().cloned().collect());
     back.restore_declared(session.declared().cloned());
+    back.restore_versions(session.version_entries()).expect("the version entries fit the snapshot");
     assert_eq!(&back, session, "snapshot round trip must be lossless");
+    assert!(session.missing_versions().is_empty(), "the head holds its current versions between commands");
     let mut settled = HashSet::new();
     for e in log {
         if let Event::CallSettled { call_id, .. } = e {

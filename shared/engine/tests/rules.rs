@@ -713,6 +713,12 @@ fn state_is_branch_scoped_and_a_fork_sees_the_state_of_its_point() {
     let (req, _) = h.accept();
     assert_eq!(req.state, json!(2));
     assert_eq!(h.session.current_state(), json!(1));
+    // The head had let version 0 go (it holds the current version only): the fork read it
+    // back from the log and wrote it down again, so a replay holds it too.
+    let restored: Vec<&Event> = h.log.iter().filter(|e| matches!(e, Event::StateRestored { .. })).collect();
+    assert_eq!(restored, [&Event::StateRestored { index: 0, value: json!(1) }]);
+    let snapshot = serde_json::to_value(&h.session).unwrap();
+    assert_eq!(snapshot["states"]["held"].as_array().map(Vec::len), Some(1), "{}", snapshot["states"]);
     h.run_llm(reply("ok"));
     let req = h.deliver();
     assert_eq!(req.state, json!(1));

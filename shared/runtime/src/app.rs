@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 use turnstone_engine::ids::{SessionId, TurnId};
 use turnstone_engine::protocol::{Action, AgentConfig, ClientInput, WorkerIdentity};
 use turnstone_engine::session::{
-    Budget, CallSpec, Command, Ctx, Defaults, Effect, Event, ParentLink, Plan, Rejection, Session,
+    Budget, CallSpec, Command, Ctx, Defaults, Effect, Event, ParentLink, Plan, Recalled, Rejection, Session,
     SessionInit, Tree, TurnOrigin, TurnRecord, UsedId, UsedIds, handle,
 };
 use turnstone_engine::time::Timestamp;
@@ -127,6 +127,15 @@ const SESSIONS_PER_READ: usize = 500;
 
 /// Session creations buffered per listener before a slow one skips some.
 const CREATED_BUFFER: usize = 256;
+
+/// What the store told a command that the head forgot, kept across its attempts.
+#[derive(Debug, Default)]
+struct Known {
+    /// Ids used before, from a refused commit.
+    used: UsedIds,
+    /// Versions read back from the log.
+    recalled: Recalled,
+}
 
 /// The result of a commit: the session after it and the events it wrote.
 #[derive(Debug, Clone)]
@@ -300,9 +309,34 @@ impl App {
     }
 
     /// A context for one command, knowing the ids in `used` beyond the session's head.
-    fn ctx(&self, used: &UsedIds) -> Ctx {
+    fn ctx(&self, known: &Known) -> Ctx {
         let n = self.entropy.fetch_add(1, Ordering::Relaxed);
-        Ctx { now: self.clock.now(), seed: command_seed(n), used: used.clone(), limits: self.limits.engine() }
+        Ctx {
+            now: self.clock.now(),
+            seed: command_seed(n),
+            used: known.used.clone(),
+            limits: self.limits.engine(),
+            recalled: known.recalled.clone(),
+        }
+    }
+
+    /// Reads back from the log the versions a command asked for ([`Rejection::Recall`]).
+    async fn recall(&self, session_id: &str, seqs: &[u64], into: &mut Recalled) -> Result<()> {
+        for &seq in seqs {
+            if into.has(seq) {
+                continue;
+            }
+            let logged = self.store.events_after(session_id, seq.saturating_sub(1), 1).await?;
+            let found = logged.first().filter(|l| l.seq == seq).is_some_and(|l| into.insert(seq, &l.event));
+            if !found {
+                return Err(StoreError::Corrupt {
+                    session_id: session_id.to_owned(),
+                    message: format!("event {seq} is not the version the head says it wrote"),
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Whether `owner` may have session `session_id` created for it: one that exists already
@@ -411,8 +445,9 @@ impl App {
     where
         F: FnMut(&Session) -> Result<Vec<Command>>,
     {
-        // Ids the store says were used before, learnt from a refused commit (see `UsedIds`).
-        let mut used = UsedIds::default();
+        // What the store knows that the head forgot: ids used before, learnt from a refused
+        // commit (see `UsedIds`), and versions read back from the log.
+        let mut known_ids = Known::default();
         // A commit creating the session was refused: if the session still does not exist, no
         // racing create won, the store keeps the id of a disposed session.
         let mut create_refused = false;
@@ -432,7 +467,7 @@ impl App {
             // When the session was due to be looked at before this commit (a wake-up for it is
             // on its way, or a run is at it).
             let scheduled = if mode.in_run { None } else { wake_time(&session.plan(now), now) };
-            let handled = self.handle_all(session, &mut build, &used);
+            let handled = self.handle_all(session_id, session, &mut build, &mut known_ids).await;
             if hinted && !handled.as_ref().is_ok_and(|(_, events)| !events.is_empty()) {
                 continue;
             }
@@ -447,7 +482,7 @@ impl App {
                 && mode
                     .claim_before
                     .is_none_or(|deadline| crate::dispatch::fits(&session, &effect, now, deadline))
-                && let Ok(t) = handle(&session, claim_command(&effect), &self.ctx(&used))
+                && let Ok(t) = handle(&session, claim_command(&effect), &self.ctx(&known_ids))
             {
                 events.extend(t.events);
                 session = t.session;
@@ -490,19 +525,21 @@ impl App {
                 }
                 // The head forgot these ids, the store did not: handle again knowing them (an
                 // old turn id then names its turn, a reused call id is a no-op).
-                Err(StoreError::IdsUsed { ids, .. }) => used.extend(ids),
+                Err(StoreError::IdsUsed { ids, .. }) => known_ids.used.extend(ids),
                 Err(e) => return Err(e.into()),
             }
         }
         Err(Error::Contended(session_id.to_owned()))
     }
 
-    /// Handles the commands `build` asks for against `session`, in order.
-    fn handle_all<F>(
+    /// Handles the commands `build` asks for against `session`, in order; a command that
+    /// needs versions the head let go is handled again once they are read back.
+    async fn handle_all<F>(
         &self,
+        session_id: &str,
         mut session: Session,
         build: &mut F,
-        used: &UsedIds,
+        known: &mut Known,
     ) -> Result<(Session, Vec<Event>)>
     where
         F: FnMut(&Session) -> Result<Vec<Command>>,
@@ -510,7 +547,15 @@ impl App {
         let commands = build(&session)?;
         let mut events = Vec::new();
         for command in commands {
-            let transition = handle(&session, command, &self.ctx(used))?;
+            let transition = loop {
+                match handle(&session, command.clone(), &self.ctx(known)) {
+                    // Each round reads what it lacks; a recall of what was read is a fault.
+                    Err(Rejection::Recall(seqs)) if seqs.iter().any(|&seq| !known.recalled.has(seq)) => {
+                        self.recall(session_id, &seqs, &mut known.recalled).await?;
+                    }
+                    handled => break handled?,
+                }
+            };
             events.extend(transition.events);
             session = transition.session;
         }

@@ -140,6 +140,7 @@ pub async fn store_suite(store: &dyn Store) {
     store_list_sessions(store).await;
     store_due(store).await;
     store_large_session(store).await;
+    store_long_lived_state(store).await;
     store_used_ids_are_kept_for_good(store).await;
     store_dispose(store).await;
 }
@@ -539,6 +540,56 @@ pub async fn store_large_session(store: &dyn Store) {
         loaded.session.tree().nodes().any(|n| n.message.content_text() == big),
         "the 300 KB message comes back whole"
     );
+}
+
+/// A worker that keeps 12 KB of changing state writes it 1,000 times: the head holds only the
+/// current version, so every commit, and the head, stay the size they were at the start (and
+/// a DynamoDB checkpoint fits its transaction); the store keeps where each version applies
+/// from, the log keeps every value (what a head move reads back), and replay rebuilds it all.
+pub async fn store_long_lived_state(store: &dyn Store) {
+    use turnstone_engine::protocol::{Action, DecisionResponse, DoneAction};
+    use turnstone_engine::session::VersionKind;
+    const WRITES: usize = 1000;
+    let mut d = Driver::create("conf-state", "conf-state-agent", Some("conf-state-owner"), true, T0);
+    d.accept();
+    d.commit_ok(store).await;
+    let state = |i: usize| serde_json::json!({"turn": i, "memory": format!("{i:06}").repeat(2048)});
+    let mut sizes = Vec::new();
+    for i in 0..WRITES {
+        d.submit(&format!("message {i}"));
+        let done = Action::Done(DoneAction::default());
+        d.answer(DecisionResponse { state: Some(state(i)), actions: Some(vec![done]), ..Default::default() });
+        let events = serde_json::to_string(d.uncommitted()).unwrap().len();
+        let head = serde_json::to_string(&d.session).unwrap().len();
+        sizes.push((events, head));
+        if i % 250 == 0 || i + 1 == WRITES {
+            eprintln!("state write {i}: {events} bytes of events, a {head}-byte head");
+        }
+        d.commit_ok(store).await;
+    }
+    let (first, last) = (sizes[0], sizes[WRITES - 1]);
+    let flat = |a: usize, b: usize| (b as f64) <= 1.3 * a as f64;
+    assert!(flat(first.0, last.0), "a commit's events grew from {} to {} bytes", first.0, last.0);
+    assert!(flat(first.1, last.1), "the head grew from {} to {} bytes", first.1, last.1);
+    assert!(last.1 < 2 * 12 * 1024 + 8 * 1024, "the head holds one state, not {} bytes", last.1);
+    assert_stored(store, &d).await;
+    assert_eq!(d.session.current_state(), state(WRITES - 1));
+    // Every version's entry points at the event that wrote it, with its anchor.
+    let loaded = store.load("conf-state").await.unwrap().unwrap().session;
+    // The worker's first answer wrote the agent config (its session.start proposal) too.
+    let entries: Vec<_> =
+        loaded.version_entries().into_iter().filter(|e| e.kind == VersionKind::State).collect();
+    assert_eq!(entries.len(), WRITES);
+    for (i, entry) in entries.iter().enumerate().step_by(97) {
+        let logged = store.events_after("conf-state", entry.seq - 1, 1).await.unwrap();
+        match logged.first().map(|l| (l.seq, &l.event)) {
+            Some((seq, Event::StateWritten { anchor, value })) if seq == entry.seq => {
+                assert_eq!((anchor, value), (&entry.anchor, &state(i)), "version {i}");
+            }
+            other => panic!("version {i} points at {other:?}"),
+        }
+    }
+    turnstone_engine::testing::check_invariants(&d.session, &d.log);
 }
 
 /// How a queue is expected to behave, for [`queue_suite`].

@@ -10,7 +10,7 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use turnstone_engine::protocol::TreeNode;
-use turnstone_engine::session::{Event, Session, UsedId};
+use turnstone_engine::session::{Event, Session, UsedId, VersionEntry, VersionKind};
 use turnstone_engine::time::Timestamp;
 
 /// A session as loaded: its state (messages restored) and the version to commit against.
@@ -64,6 +64,24 @@ impl Commit<'_> {
             .collect();
         let first = total - recorded.len() as u64;
         recorded.into_iter().enumerate().map(|(i, n)| (first + i as u64, n)).collect()
+    }
+}
+
+impl Commit<'_> {
+    /// Where the versions of the state and agent config these events write apply from: the
+    /// store keeps them apart from the snapshot, which holds only the values the head needs,
+    /// and puts them back on load ([`Session::restore_versions`]).
+    pub fn new_versions(&self) -> Vec<VersionEntry> {
+        let first = self.first_seq();
+        let entry = |kind, seq, anchor: &Option<_>| VersionEntry { kind, seq, anchor: anchor.clone() };
+        (first..)
+            .zip(self.events)
+            .filter_map(|(seq, event)| match event {
+                Event::StateWritten { anchor, .. } => Some(entry(VersionKind::State, seq, anchor)),
+                Event::AgentWritten { anchor, .. } => Some(entry(VersionKind::Agent, seq, anchor)),
+                _ => None,
+            })
+            .collect()
     }
 }
 

@@ -80,7 +80,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use serde::de::DeserializeOwned;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use turnstone_engine::protocol::{AgentConfig, TreeNode};
-use turnstone_engine::session::{Event, Session, UsedId};
+use turnstone_engine::session::{Event, Session, UsedId, VersionEntry, VersionKind};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
 pub use turnstone_runtime::config::Durability;
@@ -582,6 +582,8 @@ struct PreparedCommit {
     messages: Vec<(i64, String)>,
     /// The turn and call ids the events use first, written only if never used before.
     used: Vec<UsedId>,
+    /// Where the versions the events write apply from.
+    versions: Vec<VersionEntry>,
 }
 
 /// What writing a commit came to.
@@ -641,6 +643,7 @@ impl PreparedCommit {
             events,
             messages,
             used: commit.first_used(),
+            versions: commit.new_versions(),
         })
     }
 
@@ -717,6 +720,17 @@ impl PreparedCommit {
             for (pos, body) in &self.messages {
                 insert.execute(params![self.session_id, pos, body])?;
             }
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO versions (session_id, seq, kind, anchor) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for v in &self.versions {
+                insert.execute(params![
+                    self.session_id,
+                    to_i64(v.seq),
+                    v.kind.as_str(),
+                    v.anchor.as_deref()
+                ])?;
+            }
         }
         Ok(Written::Committed(new_version))
     }
@@ -776,6 +790,24 @@ fn read_messages(conn: &Connection, session_id: &str, from: i64) -> Result<Vec<(
     Ok(nodes)
 }
 
+/// Where each version of the session's state and agent config applies from, in log order.
+fn read_versions(conn: &Connection, session_id: &str) -> Result<Vec<VersionEntry>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT seq, kind, anchor FROM versions WHERE session_id = ?1 ORDER BY seq")
+        .map_err(backend)?;
+    let mut rows = stmt.query([session_id]).map_err(backend)?;
+    let mut entries = Vec::new();
+    while let Some(row) = rows.next().map_err(backend)? {
+        let seq: i64 = row.get(0).map_err(backend)?;
+        let kind: String = row.get(1).map_err(backend)?;
+        let anchor: Option<String> = row.get(2).map_err(backend)?;
+        let kind = VersionKind::parse(&kind)
+            .ok_or_else(|| corrupt(session_id, format!("version {seq} is of kind {kind:?}")))?;
+        entries.push(VersionEntry { kind, seq: to_u64(seq), anchor: anchor.map(Into::into) });
+    }
+    Ok(entries)
+}
+
 fn load_session(conn: &mut Connection, session_id: &str) -> Result<Option<Loaded>, StoreError> {
     let Some((mut loaded, nodes)) = load_session_since(conn, session_id, 0)? else { return Ok(None) };
     loaded.session.restore_messages(nodes);
@@ -815,6 +847,7 @@ fn load_session_since(
         return Err(corrupt(session_id, format!("the head holds session {:?}", session.id())));
     }
     let nodes = read_messages(&tx, session_id, from)?;
+    session.restore_versions(read_versions(&tx, session_id)?).map_err(|e| corrupt(session_id, e))?;
     tx.finish().map_err(backend)?;
     let nodes = nodes.into_iter().map(|(_, node)| node).collect();
     Ok(Some((Loaded { session, version: to_u64(version) }, nodes)))

@@ -12,7 +12,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use crate::error::SqliteError;
 
 /// The schema version this build reads and writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Version 1: heads (one row per session), the event log, and the message nodes.
 ///
@@ -97,6 +97,21 @@ CREATE TABLE IF NOT EXISTS disposed (
 ) WITHOUT ROWID;
 ";
 
+/// Version 5: `versions`, where each version of a session's state and agent config applies
+/// from (`anchor`, a message id; NULL: the root) and the log position of the event that wrote
+/// it, so the head holds only the values it needs (see `turnstone_engine::session`'s
+/// `versions`). Append-only, one row per `state.written` / `agent.written`. Heads of older
+/// versions hold every version whole and keep them so: their versions need no rows.
+const SCHEMA_V5: &str = "
+CREATE TABLE IF NOT EXISTS versions (
+    session_id TEXT NOT NULL REFERENCES heads (session_id) ON DELETE CASCADE,
+    seq        INTEGER NOT NULL CHECK (seq > 0),
+    kind       TEXT NOT NULL CHECK (kind IN ('state', 'agent')),
+    anchor     TEXT,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+";
+
 /// How many prepared statements each connection keeps (the store uses about a dozen).
 const STATEMENT_CACHE: usize = 32;
 
@@ -144,10 +159,11 @@ pub(crate) fn ensure(conn: &mut Connection, path: &Path) -> Result<(), SqliteErr
             tx.execute_batch(SCHEMA_V2)?;
             tx.execute_batch(SCHEMA_V3)?;
             tx.execute_batch(SCHEMA_V4)?;
+            tx.execute_batch(SCHEMA_V5)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
             tracing::info!(path = %path.display(), version = SCHEMA_VERSION, "created the store schema");
         }
-        older @ (1..=3) => {
+        older @ (1..=4) => {
             if older == 1 {
                 tx.execute_batch(SCHEMA_V2)?;
                 tx.execute_batch(BACKFILL_V2)?;
@@ -155,7 +171,10 @@ pub(crate) fn ensure(conn: &mut Connection, path: &Path) -> Result<(), SqliteErr
             if older <= 2 {
                 tx.execute_batch(SCHEMA_V3)?;
             }
-            tx.execute_batch(SCHEMA_V4)?;
+            if older <= 3 {
+                tx.execute_batch(SCHEMA_V4)?;
+            }
+            tx.execute_batch(SCHEMA_V5)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
             tracing::info!(path = %path.display(), from = older, to = SCHEMA_VERSION, "migrated the store schema");
         }

@@ -2,7 +2,7 @@
 
 use super::event::Event;
 use super::outbox::OutboxItem;
-use super::records::{CallSpec, ChildTask, TurnStatus, Versioned};
+use super::records::{CallSpec, ChildTask, TurnStatus};
 use super::{CallClosure, Session};
 use crate::ids::{CallId, DecisionId, SessionId, TurnId};
 use crate::protocol::{CallStatus, DraftMessage};
@@ -139,11 +139,13 @@ impl Session {
             }
             Event::HeadMoved { head_id } => self.tree.move_head(head_id.clone()),
             Event::StateWritten { anchor, value } => {
-                self.states.push(Versioned { anchor: anchor.clone(), value: value.clone() })
+                self.states.push(anchor.clone(), self.events_applied, value.clone())
             }
             Event::AgentWritten { anchor, config } => {
-                self.agents.push(Versioned { anchor: anchor.clone(), value: config.clone() })
+                self.agents.push(anchor.clone(), self.events_applied, config.clone())
             }
+            Event::StateRestored { index, value } => self.states.hold(*index, value.clone()),
+            Event::AgentRestored { index, config } => self.agents.hold(*index, config.clone()),
             Event::CallCreated { call } => self.calls.push(call.clone()),
             Event::CallDispatched { call_id, attempt, deadline, .. } => {
                 if let Some(c) = self.call_mut(call_id) {
@@ -209,6 +211,8 @@ impl Session {
                 self.outbox.remove(seq);
             }
         }
+        // What the head holds of the versions follows from the log, so a replay holds the same.
+        self.settle_versions();
     }
 
     /// The first message sent to a child is its delegation's task (a retry sends it again).

@@ -199,6 +199,11 @@ pub enum Rejection {
     /// A claim for an effect that is no longer due (another host took it, or it changed).
     #[error("effect no longer due: {0}")]
     StaleClaim(String),
+    /// Not a refusal of the command: it moves the head onto versions of the state or agent
+    /// config whose values the head let go. Read the events at these log positions and handle
+    /// it again with them in [`super::Ctx::recalled`] (the runtime does; a client never sees it).
+    #[error("the command needs the versions written by events {0:?}: read them and handle it again")]
+    Recall(Vec<u64>),
 }
 
 impl Rejection {
@@ -223,6 +228,7 @@ impl Rejection {
             Rejection::NoActiveTurn => "no_active_turn",
             Rejection::InvalidInput(_) => "invalid_input",
             Rejection::StaleClaim(_) => "stale_claim",
+            Rejection::Recall(_) => "recall",
         }
     }
 

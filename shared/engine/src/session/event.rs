@@ -194,6 +194,11 @@ pub enum Event {
         anchor: Option<MessageId>,
         config: AgentConfig,
     },
+    /// A head move made state version `index` current again, whose value the head had let go
+    /// (read back from its `state.written`): the head holds it again.
+    StateRestored { index: u32, value: Value },
+    /// The same for agent config version `index`.
+    AgentRestored { index: u32, config: AgentConfig },
     /// A call was created.
     CallCreated {
         /// Status queued.
@@ -287,6 +292,8 @@ impl Event {
             Event::HeadMoved { .. } => "head.moved",
             Event::StateWritten { .. } => "state.written",
             Event::AgentWritten { .. } => "agent.written",
+            Event::StateRestored { .. } => "state.restored",
+            Event::AgentRestored { .. } => "agent.restored",
             Event::CallCreated { .. } => "call.created",
             Event::CallDispatched { .. } => "call.dispatched",
             Event::CallRetryScheduled { .. } => "call.retry_scheduled",

@@ -32,6 +32,11 @@ pub(super) struct Tx {
     /// `Tx::accept_step`); written after all if an event comes to name the decision.
     pub unrecorded_step: Option<crate::ids::DecisionId>,
     pub limits: super::Limits,
+    /// Version values the store read back for this command.
+    pub recalled: super::Recalled,
+    /// Log positions of versions this command needs that neither the head nor `recalled`
+    /// holds: the command is refused with [`Rejection::Recall`] and handled again.
+    pub recall: Vec<u64>,
 }
 
 impl Tx {
@@ -44,12 +49,39 @@ impl Tx {
             used: ctx.used.clone(),
             unrecorded_step: None,
             limits: ctx.limits,
+            recalled: ctx.recalled.clone(),
+            recall: Vec::new(),
         }
     }
 
     pub fn emit(&mut self, event: Event) {
+        let moves_head = matches!(event, Event::MessageRecorded { .. } | Event::HeadMoved { .. });
         self.session.apply(&event);
         self.events.push(event);
+        if moves_head {
+            self.restore_versions();
+        }
+    }
+
+    /// After a head move: the current versions whose values the head let go are restored
+    /// from what the store read back, or asked for.
+    fn restore_versions(&mut self) {
+        for (kind, index, seq) in self.session.missing_versions() {
+            let restored = match kind {
+                super::VersionKind::State => {
+                    self.recalled.state(seq).map(|value| Event::StateRestored { index, value: value.clone() })
+                }
+                super::VersionKind::Agent => self
+                    .recalled
+                    .agent(seq)
+                    .map(|config| Event::AgentRestored { index, config: config.clone() }),
+            };
+            match restored {
+                Some(event) => self.emit(event),
+                None if !self.recall.contains(&seq) => self.recall.push(seq),
+                None => {}
+            }
+        }
     }
 
     pub fn run(&mut self, command: Command) -> Result<(), Rejection> {

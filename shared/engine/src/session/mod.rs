@@ -20,6 +20,7 @@ mod respond;
 mod tool_input;
 mod tree;
 mod used;
+mod versions;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -40,6 +41,8 @@ pub use records::{
 pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};
 pub use used::{UsedId, UsedIds};
+use versions::Versions;
+pub use versions::{Recalled, VersionEntry, VersionKind};
 
 use crate::ids::{CallId, SessionId, TurnId};
 use crate::protocol::{AgentConfig, AgentTool, TreeNode, WorkerIdentity};
@@ -102,7 +105,7 @@ pub fn turn_from_log<'a>(
 
 /// What a command needs from the outside world: the time, entropy for fresh ids, and what
 /// the store knows that the head forgot.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Ctx {
     pub now: Timestamp,
     /// Seeds the ids this command mints; use fresh randomness per command.
@@ -112,12 +115,15 @@ pub struct Ctx {
     pub used: UsedIds,
     /// What the session may be sent or hold.
     pub limits: Limits,
+    /// Versions of the state and agent config the head let go, read back from the log for this
+    /// command (the store's answer to [`Rejection::Recall`]; empty otherwise).
+    pub recalled: Recalled,
 }
 
 impl Ctx {
     /// A context at `now` with entropy `seed`, knowing nothing beyond the head.
     pub fn new(now: Timestamp, seed: u64) -> Self {
-        Ctx { now, seed, used: UsedIds::default(), limits: Limits::default() }
+        Ctx { now, seed, used: UsedIds::default(), limits: Limits::default(), recalled: Recalled::default() }
     }
 }
 
@@ -145,12 +151,12 @@ pub struct Session {
     init: Option<SessionInit>,
     created_at: Timestamp,
     tree: Tree,
-    /// Agent state versions, oldest first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    states: Vec<Versioned<Value>>,
-    /// Agent config versions, oldest first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    agents: Vec<Versioned<AgentConfig>>,
+    /// Agent state versions (the head holds the current one's value; see [`versions`]).
+    #[serde(default, skip_serializing_if = "Versions::is_empty")]
+    states: Versions<Value>,
+    /// Agent config versions (the head holds the current one's and those open calls refer to).
+    #[serde(default, skip_serializing_if = "Versions::is_empty")]
+    agents: Versions<AgentConfig>,
     /// Calls not yet reported, in creation order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     calls: Vec<CallRecord>,
@@ -220,6 +226,9 @@ pub struct Transition {
 pub fn handle(session: &Session, command: Command, ctx: &Ctx) -> Result<Transition, Rejection> {
     let mut tx = handle::Tx::new(session.clone(), ctx);
     tx.run(command)?;
+    if !tx.recall.is_empty() {
+        return Err(Rejection::Recall(tx.recall));
+    }
     Ok(Transition { events: tx.events, session: tx.session })
 }
 
@@ -391,27 +400,72 @@ impl Session {
 
     /// The agent state on the active path (`null` when never written).
     pub fn current_state(&self) -> Value {
-        newest_on_path(&self.tree, &self.states).cloned().unwrap_or(Value::Null)
+        self.states.current_value(&self.tree).cloned().unwrap_or(Value::Null)
     }
 
     /// The agent config on the active path. An engine-hosted agent's is its declared config
     /// until a response writes another: the engine accepts its `session.start` proposal (the
     /// declared config) at once, so that version is derived from the init, never written.
     pub fn current_agent(&self) -> Option<&AgentConfig> {
-        newest_on_path(&self.tree, &self.agents)
+        self.agents
+            .current_value(&self.tree)
             .or_else(|| self.init.as_ref().filter(|i| !i.has_worker).and_then(|i| i.declared.as_ref()))
     }
 
     /// The agent config version on the active path (its index among the versions), if one
     /// was written.
     pub fn current_agent_version(&self) -> Option<u32> {
-        let at = self.agents.iter().rposition(|v| self.tree.is_on_active_path(v.anchor.as_ref()))?;
-        u32::try_from(at).ok()
+        self.agents.current(&self.tree)
     }
 
-    /// Agent config version `index`.
+    /// Agent config version `index`, if the head holds it (it holds the current one and every
+    /// one an open call refers to).
     pub fn agent_version(&self, index: u32) -> Option<&AgentConfig> {
-        self.agents.get(usize::try_from(index).ok()?).map(|v| &v.value)
+        self.agents.value(index)
+    }
+
+    /// Where each state and agent config version applies from, as a store keeps it apart from
+    /// the snapshot, in log order.
+    pub fn version_entries(&self) -> Vec<VersionEntry> {
+        let mut entries: Vec<VersionEntry> =
+            self.states.entries(VersionKind::State).chain(self.agents.entries(VersionKind::Agent)).collect();
+        entries.sort_by_key(|e| e.seq);
+        entries
+    }
+
+    /// How many entries [`Session::version_entries`] holds.
+    pub fn version_entry_count(&self) -> usize {
+        self.states.kept_apart() + self.agents.kept_apart()
+    }
+
+    /// Puts back the version entries a store keeps apart from the snapshot (every one it kept,
+    /// in log order), after loading the snapshot and restoring its messages. An error says
+    /// what does not add up (the store and the head disagree: a partly read checkpoint, or
+    /// corruption).
+    pub fn restore_versions(&mut self, entries: Vec<VersionEntry>) -> Result<(), String> {
+        let (states, agents): (Vec<_>, Vec<_>) =
+            entries.into_iter().partition(|e| e.kind == VersionKind::State);
+        self.states.restore(VersionKind::State, states)?;
+        self.agents.restore(VersionKind::Agent, agents)
+    }
+
+    /// The current versions whose values the head let go (after a head move, before they
+    /// are restored): kind, number and the log position of the event that wrote each.
+    #[doc(hidden)]
+    pub fn missing_versions(&self) -> Vec<(VersionKind, u32, u64)> {
+        let state = self.states.missing(&self.tree).map(|(i, seq)| (VersionKind::State, i, seq));
+        let agent = self.agents.missing(&self.tree).map(|(i, seq)| (VersionKind::Agent, i, seq));
+        state.into_iter().chain(agent).collect()
+    }
+
+    /// Lets go of the version values the head no longer needs: all but the current ones and
+    /// the agent configs open calls refer to.
+    fn settle_versions(&mut self) {
+        self.states.settle(&self.tree, |_| false);
+        let calls = &self.calls;
+        self.agents.settle(&self.tree, |index| {
+            calls.iter().any(|c| matches!(&c.spec, CallSpec::LlmCall { agent: Some(v), .. } if *v == index))
+        });
     }
 
     /// An open (not yet reported) call.
@@ -550,10 +604,4 @@ impl Session {
 /// `handler` says (a client tool cannot be a worker's).
 pub(crate) fn client_tool(tool: &AgentTool) -> AgentTool {
     AgentTool { handler: Some(crate::protocol::ToolHandler::Client), ..tool.clone() }
-}
-
-fn newest_on_path<'a, T>(tree: &Tree, versions: &'a [Versioned<T>]) -> Option<&'a T> {
-    // Newest first; each check walks up from the head without allocating (versions are few,
-    // and the newest usually applies).
-    versions.iter().rev().find(|v| tree.is_on_active_path(v.anchor.as_ref())).map(|v| &v.value)
 }

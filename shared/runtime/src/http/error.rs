@@ -62,6 +62,12 @@ fn rejection(r: Rejection) -> ApiError {
         }
         Rejection::InvalidInput(p) => return ApiError::invalid(p.path.clone(), p.message.clone()),
         Rejection::AgentMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+        // The app answers it itself (it reads the versions and handles the command again);
+        // reaching a client is a fault of this service.
+        Rejection::Recall(_) => {
+            tracing::error!(rejection = %r, "a version recall reached a client");
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
         _ => StatusCode::CONFLICT,
     };
     let error = ApiError::new(status, r.code(), r.to_string());

@@ -24,17 +24,20 @@ pub fn sees_internals(caller: &Caller, expose_internal_events: bool) -> bool {
 pub fn for_clients(event: &Event) -> Cow<'_, Event> {
     let mut event = match event {
         Event::SessionCreated { init, .. } if init.declared.is_some() => event.clone(),
-        Event::StateWritten { value, .. } if !value.is_null() => event.clone(),
-        Event::AgentWritten { .. } | Event::DecisionOpened { .. } | Event::DecisionResolved { .. } => {
+        Event::StateWritten { value, .. } | Event::StateRestored { value, .. } if !value.is_null() => {
             event.clone()
         }
+        Event::AgentWritten { .. }
+        | Event::AgentRestored { .. }
+        | Event::DecisionOpened { .. }
+        | Event::DecisionResolved { .. } => event.clone(),
         Event::CallCreated { call } if matches!(call.spec, CallSpec::LlmCall { .. }) => event.clone(),
         _ => return Cow::Borrowed(event),
     };
     match &mut event {
         Event::SessionCreated { init, .. } => init.declared = None,
-        Event::StateWritten { value, .. } => *value = Value::Null,
-        Event::AgentWritten { config, .. } => hide_config(config),
+        Event::StateWritten { value, .. } | Event::StateRestored { value, .. } => *value = Value::Null,
+        Event::AgentWritten { config, .. } | Event::AgentRestored { config, .. } => hide_config(config),
         Event::DecisionOpened { decision, .. } => {
             hide_response(&mut decision.proposed);
             if let Trigger::LlmExecute(trigger) = &mut decision.trigger {
@@ -109,6 +112,16 @@ mod tests {
         config.system = Some("You are secret.".into());
         let written = Event::AgentWritten { anchor: None, config };
         let Event::AgentWritten { config, .. } = for_clients(&written).into_owned() else { unreachable!() };
+        assert_eq!(config, AgentConfig::new("m"));
+        let restored = Event::StateRestored { index: 0, value: json!({"secret": 1}) };
+        assert_eq!(
+            for_clients(&restored).into_owned(),
+            Event::StateRestored { index: 0, value: Value::Null }
+        );
+        let mut config = AgentConfig::new("m");
+        config.system = Some("You are secret.".into());
+        let restored = Event::AgentRestored { index: 0, config };
+        let Event::AgentRestored { config, .. } = for_clients(&restored).into_owned() else { unreachable!() };
         assert_eq!(config, AgentConfig::new("m"));
         // Others pass as they are, uncopied.
         let other = Event::HeadMoved { head_id: None };
