@@ -699,3 +699,59 @@ async fn a_configuration_under_a_customer_key_is_read_with_kms_decrypt() {
     let error = error.to_string();
     assert!(error.contains("kms:Decrypt"), "{error}");
 }
+
+/// A session waiting a day for a person: its wake-up is one EventBridge Scheduler schedule at
+/// the call's deadline (authorized by the template's `WakeUpSchedulePolicy`), not a wake-up
+/// re-armed every 15 minutes (96 dispatch invocations a day). A day later (the stack's clock
+/// moved on) Scheduler sends it as the template's scheduler role, and the dispatch run it
+/// wakes times the call out: the wait cost at most two dispatch invocations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_long_wait_is_one_schedule_and_at_most_two_dispatch_invocations() {
+    let config = format!(
+        "{CONFIG}\n[defaults]\nclient_tool = {{ timeout_secs = 86400, max_retries = 0, backoff_base_secs = 0, backoff_max_secs = 0 }}\n"
+    );
+    let mut deployed =
+        Deployed::start(&config, |_| None, &template()).await.unwrap_or_else(|e| panic!("{e}"));
+    let api = client(&deployed);
+    let ask = json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": "/tool confirm {}"}});
+    let turn = api.submit_ok("s-wait", &ask).await;
+    let started = tokio::time::Instant::now();
+    while deployed.schedules_waiting().is_empty() {
+        if started.elapsed() > Duration::from_secs(20) {
+            let session = deployed.app.session("s-wait").await.unwrap();
+            let ops: Vec<_> =
+                deployed.calls().into_iter().map(|c| (c.function, c.operation, c.refused)).collect();
+            panic!(
+                "no schedule; plan {:?}; calls {:?}; {ops:#?}",
+                session.plan(deployed.now()),
+                session.calls()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The client tool waits for the person: nothing runs meanwhile.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (waiting, _) = deployed.dispatch_invocations();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(deployed.dispatch_invocations().0, waiting, "a waiting session is not re-armed");
+    let scheduled = deployed.schedules_waiting();
+    assert_eq!(scheduled.len(), 1, "{scheduled:?}");
+    let calls = deployed.calls();
+    let created: Vec<_> = calls.iter().filter(|c| c.operation == "scheduler:CreateSchedule").collect();
+    assert!(!created.is_empty() && created.iter().all(|c| c.refused.is_none()), "{created:#?}");
+    assert!(
+        created.iter().all(|c| c.requests.iter().any(|r| r.action == "iam:PassRole")),
+        "CreateSchedule passes the scheduler role: {created:#?}"
+    );
+
+    deployed.advance(Duration::from_secs(24 * 3600 + 60));
+    let ended = api.wait_turn_within("s-wait", &turn, Duration::from_secs(30)).await;
+    assert_eq!(ended.status, TurnStatus::Completed, "{ended:?}");
+    let fired = deployed.schedules_fired();
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert!(fired[0].1.contains("s-wait"), "{fired:?}");
+    let (after, _) = deployed.dispatch_invocations();
+    assert!(after - waiting <= 2, "the day's wait cost {} dispatch invocations", after - waiting);
+    println!("a day's wait: 1 schedule, {} dispatch invocation(s)", after - waiting);
+    stop(&mut deployed).await;
+}

@@ -26,7 +26,7 @@
 //! uses an id first is refused if the id is among those of the packs since the checkpoint, or
 //! (between checkpoints, read before the pack is written) among the id items.
 
-use aws_sdk_dynamodb::types::{CancellationReason, Put, TransactWriteItem};
+use aws_sdk_dynamodb::types::{CancellationReason, Put, TransactWriteItem, Update};
 use turnstone_engine::session::{Event, UsedId};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::store::{Commit, StoreError};
@@ -34,8 +34,8 @@ use turnstone_runtime::store::{Commit, StoreError};
 use crate::chunks;
 use crate::error::{AwsError, build_error};
 use crate::items::{
-    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD, LISTED,
-    MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
+    self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DUE_SHARD, FIRST, HEAD, Item, LIST_SHARD,
+    MESSAGES, OWNER, PK, SESSIONS, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
 };
 
 /// The most items one `TransactWriteItems` takes.
@@ -110,6 +110,11 @@ pub(crate) enum Role {
     Head,
     Used(UsedId),
     Data,
+    /// The owner's session count, raised by a creating commit within this limit.
+    Owner {
+        owner: String,
+        limit: Option<u64>,
+    },
 }
 
 /// A commit, laid out.
@@ -185,7 +190,7 @@ pub(crate) fn plan(
     head.insert(CREATED_AT.to_owned(), items::n(session.created_at().0));
     head.insert(UPDATED_AT.to_owned(), items::n(now.0));
     head.insert(CREATED_KEY.to_owned(), items::s(items::timed_key(session.created_at(), session_id)));
-    head.insert(LIST_SHARD.to_owned(), items::s(LISTED));
+    head.insert(LIST_SHARD.to_owned(), items::s(items::list_shard(session_id)));
     // The snapshot leaves the declared agent config out (the bulk of an agent, and it never
     // changes): the creating commit writes it once as its own item.
     let snapshot = serde_json::to_string(session).map_err(serialize)?;
@@ -228,10 +233,33 @@ pub(crate) fn plan(
     }
     puts.extend(chunk_items.into_iter().map(|chunk| (chunk, Role::Data)));
 
+    if let Some(owner) = commit.counted_owner(expected) {
+        let limit = commit.sessions_per_owner;
+        puts.push((items::owner_count_key(owner), Role::Owner { owner: owner.to_owned(), limit }));
+    }
     let bytes = fits(session_id, &puts)?;
     let mut items = Vec::with_capacity(puts.len());
     let mut roles = Vec::with_capacity(puts.len());
     for (item, role) in puts {
+        if let Role::Owner { limit, .. } = &role {
+            // Counted in the creating transaction: exact, however many hosts create at once.
+            let update = Update::builder()
+                .table_name(table)
+                .set_key(Some(item))
+                .update_expression("ADD #n :one")
+                .expression_attribute_names("#n", SESSIONS)
+                .expression_attribute_values(":one", items::n(1));
+            let update = match limit {
+                Some(limit) => update
+                    .condition_expression("attribute_not_exists(#n) OR #n < :limit")
+                    .expression_attribute_values(":limit", items::n(*limit)),
+                None => update,
+            };
+            let update = update.build().map_err(build_error("TransactWriteItems"))?;
+            items.push(TransactWriteItem::builder().update(update).build());
+            roles.push(role);
+            continue;
+        }
         let put = Put::builder().table_name(table).set_item(Some(item));
         let put = match &role {
             Role::Pack | Role::Used(_) => {
@@ -242,7 +270,7 @@ pub(crate) fn plan(
                 .expression_attribute_names("#pk", PK)
                 .expression_attribute_names("#version", VERSION)
                 .expression_attribute_values(":new", items::n(new_version)),
-            Role::Data => put,
+            Role::Data | Role::Owner { .. } => put,
         };
         let put = put.build().map_err(build_error("TransactWriteItems"))?;
         items.push(TransactWriteItem::builder().put(put).build());
@@ -294,6 +322,7 @@ pub(crate) fn refusal(
     let failed = |reason: &CancellationReason, code: &str| reason.code() == Some(code);
     let conflict = StoreError::Conflict { session_id: session_id.to_owned(), expected };
     let mut used = Vec::new();
+    let mut full = None;
     for (role, reason) in roles.iter().zip(reasons) {
         // Another transaction on the same items is in flight: a concurrent writer.
         if failed(reason, "TransactionConflict") {
@@ -302,8 +331,14 @@ pub(crate) fn refusal(
         match role {
             Role::Pack | Role::Head if failed(reason, "ConditionalCheckFailed") => return Ok(conflict),
             Role::Used(id) if failed(reason, "ConditionalCheckFailed") => used.push(id.clone()),
+            Role::Owner { owner, limit: Some(limit) } if failed(reason, "ConditionalCheckFailed") => {
+                full = Some(StoreError::OwnerFull { owner: owner.clone(), limit: *limit });
+            }
             _ => {}
         }
+    }
+    if let Some(full) = full {
+        return Ok(full);
     }
     if !used.is_empty() {
         return Ok(StoreError::IdsUsed { session_id: session_id.to_owned(), ids: used });

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use aws_config::SdkConfig;
 use turnstone_runtime::assemble::{self, Engine, SetupError, Topology};
+use turnstone_runtime::clock::{Clock, SystemClock};
 use turnstone_runtime::config::{Config, ConfigError};
 use turnstone_runtime::http::{Anonymous, HttpConfig};
 
@@ -19,6 +20,7 @@ use crate::connections::DynamoRegistry;
 use crate::error::AwsError;
 use crate::management::ManagementFrames;
 use crate::queue::SqsQueue;
+use crate::schedule::Scheduler;
 
 /// The variables the template sets (DESIGN.md section 9).
 pub const TABLE_VAR: &str = "TURNSTONE_TABLE";
@@ -28,6 +30,11 @@ pub const SECRETS_ARN_VAR: &str = "TURNSTONE_SECRETS_ARN";
 /// The AHP WebSocket API's Management endpoint (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`):
 /// set, the function pushes its commits to AHP subscribers.
 pub const AHP_ENDPOINT_VAR: &str = "TURNSTONE_AHP_ENDPOINT";
+/// The EventBridge Scheduler group, the role Scheduler sends with and the queue's ARN: set
+/// (all three), wake-ups further away than SQS's 15 minutes are scheduled once there.
+pub const SCHEDULE_GROUP_VAR: &str = "TURNSTONE_SCHEDULE_GROUP";
+pub const SCHEDULER_ROLE_VAR: &str = "TURNSTONE_SCHEDULER_ROLE_ARN";
+pub const QUEUE_ARN_VAR: &str = "TURNSTONE_QUEUE_ARN";
 
 /// Where a deployment's parts are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +49,16 @@ pub struct Settings {
     pub secrets_arn: Option<String>,
     /// The AHP WebSocket API's Management endpoint; `None`: no AHP on this deployment.
     pub ahp_endpoint: Option<String>,
+    /// Where long wake-ups are scheduled; `None`: they are re-armed on SQS every 15 minutes.
+    pub schedules: Option<Schedules>,
+}
+
+/// The EventBridge Scheduler side of a deployment (see `schedule.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedules {
+    pub group: String,
+    pub role_arn: String,
+    pub queue_arn: String,
 }
 
 impl Settings {
@@ -59,6 +76,14 @@ impl Settings {
             config_parameter: set(CONFIG_PARAMETER_VAR),
             secrets_arn: set(SECRETS_ARN_VAR),
             ahp_endpoint: set(AHP_ENDPOINT_VAR),
+            schedules: match set(SCHEDULE_GROUP_VAR) {
+                Some(group) => Some(Schedules {
+                    group,
+                    role_arn: required(SCHEDULER_ROLE_VAR)?,
+                    queue_arn: required(QUEUE_ARN_VAR)?,
+                }),
+                None => None,
+            },
         })
     }
 }
@@ -84,6 +109,15 @@ impl Deployment {
 
     /// The deployment `settings` describe, through `sdk`.
     pub async fn open(settings: &Settings, sdk: &SdkConfig) -> Result<Deployment, DeploymentError> {
+        Deployment::open_at(settings, sdk, Arc::new(SystemClock)).await
+    }
+
+    /// [`Deployment::open`] on `clock` (a test's).
+    pub async fn open_at(
+        settings: &Settings,
+        sdk: &SdkConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Deployment, DeploymentError> {
         let config = match &settings.config_parameter {
             Some(name) => {
                 let text = read_parameter(sdk, name).await?;
@@ -99,13 +133,20 @@ impl Deployment {
             config.resolve_secrets(|name| stored.get(name).cloned().or_else(|| std::env::var(name).ok()))?;
         let clients = AwsClients::new(sdk);
         let (store, queue) = settings.aws.connect_with(&clients).await?;
+        let queue = match &settings.schedules {
+            Some(s) => queue.scheduling(
+                Scheduler::new(aws_sdk_scheduler::Client::new(sdk), &s.group, &s.role_arn, &s.queue_arn)
+                    .with_clock(Arc::clone(&clock)),
+            ),
+            None => queue,
+        };
         let agents = assemble::agents(&config, &secrets)?;
         let ahp = settings.ahp_endpoint.as_deref().map(|endpoint| {
             let registry = DynamoRegistry::new(clients.dynamodb.clone(), settings.aws.table.clone());
             Pushes::new(Arc::new(registry), Arc::new(ManagementFrames::new(sdk, endpoint)))
         });
         let pushes = ahp.clone();
-        let engine = assemble::engine_notifying(
+        let engine = assemble::engine_at(
             &config,
             agents,
             Arc::new(store),
@@ -115,6 +156,7 @@ impl Deployment {
                 Some(pushes) => Arc::new(Pusher::new(notifier, pushes)),
                 None => notifier,
             },
+            clock,
         )
         .map_err(|e| DeploymentError::HttpClient(e.to_string()))?;
         if let Some(pushes) = &ahp {

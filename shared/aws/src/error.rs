@@ -47,6 +47,9 @@ pub enum AwsError {
     /// The head of a session changed between reading it and reading its chunks, every time.
     #[error("the head of session {session_id} kept changing while it was read ({attempts} attempts)")]
     HeadKeptChanging { session_id: String, attempts: u32 },
+    /// A wake-up could not be scheduled with EventBridge Scheduler.
+    #[error("EventBridge Scheduler CreateSchedule of {name} failed: {message}")]
+    Schedule { name: String, message: String },
     /// A request could not be built (a field the SDK requires was missing).
     #[error("cannot build the {what} request: {message}")]
     Build { what: &'static str, message: String },

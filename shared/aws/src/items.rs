@@ -13,6 +13,9 @@
 //! | `C#<call id>`        | a call id the session used (kept for good)                        |
 //! | `B#<item SK>#<n>`    | chunk `n` of a payload too large for its item (see `chunks`)      |
 //!
+//! Each owner's session count is an item of its own, `PK = O#<owner>`, `SK = O`, attribute
+//! `sessions` (N): raised by the creating checkpoint, lowered by `dispose`'s fence.
+//!
 //! A disposed session keeps only husks of its packs (their keys and `disposed`), one more husk
 //! after its last pack, and nothing else.
 //!
@@ -77,9 +80,14 @@ pub(crate) const COUNT: &str = "count";
 
 /// The range key of the listing indexes (S): `<created_at>#<session>`, newest last.
 pub(crate) const CREATED_KEY: &str = "created_key";
-/// The hash key of the index of all sessions (S): always [`LISTED`].
+/// The hash key of the index of all sessions (S): the session's [`list_shard`].
 pub(crate) const LIST_SHARD: &str = "list_shard";
+/// The one shard of heads written before the index was sharded: listed with the others.
 pub(crate) const LISTED: &str = "all";
+/// How many partitions the index of all sessions is spread over: every creation writes one
+/// entry, so one partition would take every creation in the deployment; a listing queries
+/// each (and [`LISTED`]) and merges them newest first. Changing it re-keys every head.
+pub(crate) const LIST_SHARDS: u64 = 8;
 /// The due index's keys (S), present only while the session has a wake time: the shard
 /// (`0`..[`DUE_SHARDS`]) and `<wake_at>#<session>`.
 pub(crate) const DUE_SHARD: &str = "due_shard";
@@ -122,6 +130,21 @@ pub(crate) fn versions_key(last: u64) -> String {
     format!("L#{}", padded(last))
 }
 
+/// The sort key of an owner's session count (its partition is [`owner_partition`]).
+pub(crate) const OWNER_COUNT: &str = "O";
+/// The owner count's attribute: how many sessions the owner has (N).
+pub(crate) const SESSIONS: &str = "sessions";
+
+/// The partition key of `owner`'s session count.
+pub(crate) fn owner_partition(owner: &str) -> String {
+    format!("O#{owner}")
+}
+
+/// The key of `owner`'s session count item.
+pub(crate) fn owner_count_key(owner: &str) -> Item {
+    HashMap::from([(PK.to_owned(), s(owner_partition(owner))), (SK.to_owned(), s(OWNER_COUNT))])
+}
+
 /// The sort key of a used turn or call id.
 pub(crate) fn used_key(id: &UsedId) -> String {
     match id {
@@ -158,12 +181,23 @@ pub(crate) fn timed_key(t: Timestamp, session_id: &str) -> String {
 
 /// The due-index shard of a session: FNV-1a of its id, stable across builds and hosts.
 pub(crate) fn due_shard(session_id: &str) -> String {
+    (stable_hash(session_id) % DUE_SHARDS).to_string()
+}
+
+/// The `by-created` index's shard of a session: a stable hash of its id, so sessions created
+/// at once spread over [`LIST_SHARDS`] partitions instead of one.
+pub(crate) fn list_shard(session_id: &str) -> String {
+    (stable_hash(session_id) % LIST_SHARDS).to_string()
+}
+
+/// FNV-1a: stable across builds and platforms (the shards are stored).
+fn stable_hash(text: &str) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in session_id.bytes() {
+    for byte in text.bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    (hash % DUE_SHARDS).to_string()
+    hash
 }
 
 /// A string attribute value.

@@ -6,7 +6,8 @@
 //! - `items`: the single-table layout (keys, attributes); `commit`: what one commit writes;
 //!   `chunks`: payloads too large for one item; `table`: the indexes, creating the table;
 //!   `batch`: reads by key; `store`: the port itself.
-//! - `queue`: the SQS queue.
+//! - `queue`: the SQS queue; `schedule`: wake-ups beyond its 15-minute delay, as EventBridge
+//!   Scheduler one-time schedules.
 //! - `connections`: AHP WebSocket connections and their chat subscriptions in the table;
 //!   `management`: frames to them through API Gateway's Management API.
 //! - `deployment`: what a Lambda function builds at init (settings, configuration from SSM,
@@ -24,6 +25,7 @@ pub mod management;
 #[cfg(feature = "moto")]
 pub mod moto;
 pub mod queue;
+pub mod schedule;
 pub mod store;
 pub mod table;
 
@@ -33,4 +35,5 @@ pub use deployment::{Deployment, DeploymentError, Settings};
 pub use error::AwsError;
 pub use management::ManagementFrames;
 pub use queue::{LEASE, QueueSettings, SqsQueue};
+pub use schedule::Scheduler;
 pub use store::DynamoStore;

@@ -5,7 +5,9 @@
 //! `DelaySeconds`, rounded up to whole seconds (never early) and capped at SQS's 900 s: a
 //! wake-up for a later time arrives early, and the dispatcher, which plans from the session's
 //! stored wake time on every arrival, finds nothing due yet and leaves the next wake-up (the
-//! sweep of due heads finds anything a capped wake-up did not cover).
+//! sweep of due heads finds anything a capped wake-up did not cover). A queue with a
+//! [`Scheduler`] ([`SqsQueue::scheduling`], as the Lambda functions build it) sends those as
+//! one-time schedules instead, which Scheduler delivers to this queue when they are due.
 //!
 //! `receive` long-polls (20 s at most per request, SQS's limit) until something arrives or the
 //! wait is over; a received message stays invisible for the queue's visibility timeout, and
@@ -23,6 +25,7 @@ use tokio::time::Instant;
 use turnstone_runtime::queue::{Consumer, Delivery, Queue, QueueError, WakeUp};
 
 use crate::error::{AwsError, describe};
+use crate::schedule::Scheduler;
 
 /// The longest delay SQS takes.
 pub const MAX_DELAY: Duration = Duration::from_secs(900);
@@ -83,6 +86,9 @@ pub struct SqsQueue {
     /// How long a receive takes each message for ([`SqsQueue::leased`]); `None`: the queue's
     /// visibility timeout.
     lease: Option<Duration>,
+    /// Where wake-ups further away than [`MAX_DELAY`] go ([`SqsQueue::scheduling`]); `None`:
+    /// they are sent capped, and re-armed on arrival.
+    scheduler: Option<Scheduler>,
 }
 
 impl SqsQueue {
@@ -93,7 +99,14 @@ impl SqsQueue {
             url: url.into(),
             closed: std::sync::Arc::new(watch::Sender::new(false)),
             lease: None,
+            scheduler: None,
         }
+    }
+
+    /// The same queue, whose wake-ups further away than [`MAX_DELAY`] are scheduled once
+    /// with `scheduler` instead of re-armed every 15 minutes.
+    pub fn scheduling(self, scheduler: Scheduler) -> Self {
+        SqsQueue { scheduler: Some(scheduler), ..self }
     }
 
     /// The same queue, whose receives take each message for `lease` instead of the queue's
@@ -290,6 +303,11 @@ pub fn delay_seconds(delay: Duration) -> i32 {
 #[async_trait]
 impl Queue for SqsQueue {
     async fn send(&self, wake_up: WakeUp, delay: Duration) -> Result<(), QueueError> {
+        if delay > MAX_DELAY
+            && let Some(scheduler) = &self.scheduler
+        {
+            return scheduler.schedule(&wake_up, delay).await.map_err(QueueError::from);
+        }
         let body = wake_up.to_body();
         let delay_seconds = delay_seconds(delay);
         if delay > MAX_DELAY {

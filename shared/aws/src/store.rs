@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{DeleteRequest, PutRequest, WriteRequest};
+use aws_sdk_dynamodb::types::{DeleteRequest, Put, PutRequest, TransactWriteItem, Update, WriteRequest};
 use serde::de::DeserializeOwned;
 use turnstone_engine::protocol::TreeNode;
 use turnstone_engine::session::{Event, Session, UsedId, VersionEntry};
@@ -36,7 +36,7 @@ use crate::commit::{self, Tail, Write};
 use crate::error::{AwsError, describe};
 use crate::items::{
     self, AGENT, COUNT, CREATED_AT, CREATED_KEY, DECLARED, DISPOSED, DUE_SHARD, FIRST, HEAD, Item,
-    LIST_SHARD, LISTED, MESSAGES, OWNER, PK, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
+    LIST_SHARD, LISTED, MESSAGES, OWNER, PK, SESSIONS, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
 };
 use crate::table;
 
@@ -644,6 +644,64 @@ fn parse<T: DeserializeOwned>(
     serde_json::from_slice(bytes).map_err(|e| corrupt(session_id, format!("{}: {e}", what())))
 }
 
+impl DynamoStore {
+    /// The newest `want` sessions of one listing index partition (created strictly before
+    /// `after`, an index range key), filtered to `agent`: `(created_key, session)`.
+    async fn listed(
+        &self,
+        index: &str,
+        hash_name: &str,
+        hash_value: &str,
+        after: Option<&str>,
+        agent: Option<&str>,
+        want: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut sessions = Vec::with_capacity(want);
+        let mut start = None;
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(index)
+                .expression_attribute_names("#h", hash_name)
+                .expression_attribute_values(":h", items::s(hash_value))
+                .scan_index_forward(false)
+                .limit(i32::try_from(want).unwrap_or(i32::MAX))
+                .set_exclusive_start_key(start);
+            query = match after {
+                Some(after) => query
+                    .key_condition_expression("#h = :h AND #r < :after")
+                    .expression_attribute_names("#r", CREATED_KEY)
+                    .expression_attribute_values(":after", items::s(after)),
+                None => query.key_condition_expression("#h = :h"),
+            };
+            if let Some(agent) = agent {
+                query = query
+                    .filter_expression("#agent = :agent")
+                    .expression_attribute_names("#agent", AGENT)
+                    .expression_attribute_values(":agent", items::s(agent));
+            }
+            let out = query
+                .send()
+                .await
+                .map_err(|err| self.table_failed("Query (list sessions)", describe(&err)))?;
+            for item in out.items.unwrap_or_default() {
+                let (Some(session), Some(key)) =
+                    (items::get_s(&item, PK).and_then(items::session_of), items::get_s(&item, CREATED_KEY))
+                else {
+                    continue;
+                };
+                sessions.push((key.to_owned(), session.to_owned()));
+            }
+            match out.last_evaluated_key.filter(|k| !k.is_empty()) {
+                Some(key) if sessions.len() < want => start = Some(key),
+                _ => return Ok(sessions),
+            }
+        }
+    }
+}
+
 /// Whether `pack` is a husk left by `dispose`.
 fn is_husk(pack: &Item) -> bool {
     pack.contains_key(DISPOSED)
@@ -661,6 +719,18 @@ impl DynamoStore {
             let Some(current) = self.current(session_id).await? else { return Ok(false) };
             let mut husk = items::key(session_id, items::event_key(current.session.events_applied() + 1));
             husk.insert(DISPOSED.to_owned(), items::n(now.0));
+            let owner = current.session.init().and_then(|i| i.identity.id.clone()).filter(|o| !o.is_empty());
+            if let Some(owner) = owner {
+                match self.fence_counted(session_id, husk.clone(), &owner).await? {
+                    Some(true) => return Ok(true),
+                    Some(false) => {
+                        self.forget(session_id);
+                        continue;
+                    }
+                    // The owner has no count to lower (its sessions predate the counts).
+                    None => {}
+                }
+            }
             let put = self
                 .client
                 .put_item()
@@ -685,6 +755,60 @@ impl DynamoStore {
             }
         }
         Err(StoreError::Conflict { session_id: session_id.to_owned(), expected: 0 })
+    }
+
+    /// The fence and the lowering of the owner's session count in one transaction, so a
+    /// dispose lowers it once however often it is retried. `Some(false)`: a commit took the
+    /// husk's place; `None`: the owner has no count above zero (sessions created before the
+    /// counts), so only the fence is to be written.
+    async fn fence_counted(
+        &self,
+        session_id: &str,
+        husk: Item,
+        owner: &str,
+    ) -> Result<Option<bool>, StoreError> {
+        const OPERATION: &str = "TransactWriteItems (dispose)";
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(husk))
+            .condition_expression("attribute_not_exists(#pk)")
+            .expression_attribute_names("#pk", PK)
+            .build()
+            .map_err(|e| self.failed(OPERATION, session_id, e.to_string()))?;
+        let update = Update::builder()
+            .table_name(&self.table)
+            .set_key(Some(items::owner_count_key(owner)))
+            .update_expression("ADD #n :less")
+            .condition_expression("#n > :zero")
+            .expression_attribute_names("#n", SESSIONS)
+            .expression_attribute_values(":less", items::n(-1))
+            .expression_attribute_values(":zero", items::n(0))
+            .build()
+            .map_err(|e| self.failed(OPERATION, session_id, e.to_string()))?;
+        let result = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            .transact_items(TransactWriteItem::builder().update(update).build())
+            .send()
+            .await;
+        let err = match result {
+            Ok(_) => return Ok(Some(true)),
+            Err(err) => err,
+        };
+        let Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) = err.as_service_error()
+        else {
+            return Err(self.failed(OPERATION, session_id, describe(&err)));
+        };
+        let reasons = cancelled.cancellation_reasons();
+        let failed = |at: usize| reasons.get(at).and_then(|r| r.code()) == Some("ConditionalCheckFailed");
+        if failed(0) || reasons.iter().any(|r| r.code() == Some("TransactionConflict")) {
+            Ok(Some(false))
+        } else if failed(1) {
+            Ok(None)
+        } else {
+            Err(self.failed(OPERATION, session_id, describe(&err)))
+        }
     }
 
     /// Every item of the session's partition but the husks: packs become husks (their places
@@ -822,56 +946,38 @@ impl Store for DynamoStore {
         let after = ListingCursor::decode(cursor)?;
         // A page of nothing could not say where the next one starts: at least one item.
         let limit = limit.max(1);
-        let (index, hash_name, hash_value) = match (&filter.owner, &filter.agent_id) {
-            (Some(owner), _) => (table::BY_OWNER, OWNER, owner.as_str()),
-            (None, Some(agent)) => (table::BY_AGENT, AGENT, agent.as_str()),
-            (None, None) => (table::BY_CREATED, LIST_SHARD, LISTED),
-        };
         // One more than asked tells whether another page follows.
         let want = limit + 1;
-        let mut sessions: Vec<String> = Vec::with_capacity(want);
-        let mut start = None;
-        loop {
-            let mut query = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(index)
-                .expression_attribute_names("#h", hash_name)
-                .expression_attribute_values(":h", items::s(hash_value))
-                .scan_index_forward(false)
-                .limit(i32::try_from(want).unwrap_or(i32::MAX))
-                .set_exclusive_start_key(start);
-            query = match &after {
-                Some(cursor) => query
-                    .key_condition_expression("#h = :h AND #r < :after")
-                    .expression_attribute_names("#r", CREATED_KEY)
-                    .expression_attribute_values(
-                        ":after",
-                        items::s(items::timed_key(cursor.created_at, &cursor.session_id)),
-                    ),
-                None => query.key_condition_expression("#h = :h"),
-            };
-            if let (Some(_), Some(agent)) = (&filter.owner, &filter.agent_id) {
-                query = query
-                    .filter_expression("#agent = :agent")
-                    .expression_attribute_names("#agent", AGENT)
-                    .expression_attribute_values(":agent", items::s(agent));
-            }
-            let out = query
-                .send()
-                .await
-                .map_err(|err| self.table_failed("Query (list sessions)", describe(&err)))?;
-            for item in out.items.unwrap_or_default() {
-                if let Some(session) = items::get_s(&item, PK).and_then(items::session_of) {
-                    sessions.push(session.to_owned());
-                }
-            }
-            match out.last_evaluated_key.filter(|k| !k.is_empty()) {
-                Some(key) if sessions.len() < want => start = Some(key),
-                _ => break,
-            }
+        let partitions: Vec<(&str, &str, String)> = match (&filter.owner, &filter.agent_id) {
+            (Some(owner), _) => vec![(table::BY_OWNER, OWNER, owner.clone())],
+            (None, Some(agent)) => vec![(table::BY_AGENT, AGENT, agent.clone())],
+            (None, None) => (0..items::LIST_SHARDS)
+                .map(|shard| shard.to_string())
+                .chain([LISTED.to_owned()])
+                .map(|shard| (table::BY_CREATED, LIST_SHARD, shard))
+                .collect(),
+        };
+        let after_key = after.as_ref().map(|c| items::timed_key(c.created_at, &c.session_id));
+        let agent = filter.owner.as_ref().and(filter.agent_id.as_deref());
+        let mut reads = tokio::task::JoinSet::new();
+        for (index, hash_name, hash_value) in partitions {
+            let (store, after_key, agent) = (self.clone(), after_key.clone(), agent.map(str::to_owned));
+            reads.spawn(async move {
+                store
+                    .listed(index, hash_name, &hash_value, after_key.as_deref(), agent.as_deref(), want)
+                    .await
+            });
         }
+        // Newest first across the partitions: each gave its newest `want`.
+        let mut found: Vec<(String, String)> = Vec::new();
+        while let Some(joined) = reads.join_next().await {
+            let listed = joined.map_err(|err| {
+                self.table_failed("Query (list sessions)", format!("the query task failed: {err}"))
+            })?;
+            found.extend(listed?);
+        }
+        found.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut sessions: Vec<String> = found.into_iter().map(|(_, session)| session).take(want).collect();
         let more = sessions.len() > limit;
         sessions.truncate(limit);
         let keys = sessions.iter().map(|id| items::key(id, HEAD)).collect();

@@ -6,8 +6,9 @@
 //! - `by-owner` (`owner`, `created_key`), projecting `agent`: a caller's sessions, newest first
 //!   (filtered by agent when both are asked for).
 //! - `by-agent` (`agent`, `created_key`): an agent's sessions.
-//! - `by-created` (`list_shard`, `created_key`): every session; `list_shard` is one constant,
-//!   so one partition takes only the creation rate.
+//! - `by-created` (`list_shard`, `created_key`): every session; `list_shard` is one of 8 (a
+//!   stable hash of the session id), so creations spread over 8 partitions; a listing queries
+//!   each, and `all` (heads written before the shards), and merges them newest first.
 //! - `due` (`due_shard`, `wake_key`), sparse and on packs: only a pack whose wake time no queued
 //!   wake-up covers carries its keys; an entry with a newer pack after it is out of date, and
 //!   `due` takes it out (see the store).

@@ -238,6 +238,7 @@ impl World {
             config_parameter: Some(parameter),
             secrets_arn: secret.arn().map(str::to_owned),
             ahp_endpoint: Some(endpoint),
+            schedules: None,
         };
         let ahp = Deployment::open(&settings, &sdk).await.unwrap();
         let dispatch = Deployment::open(&settings, &sdk).await.unwrap();

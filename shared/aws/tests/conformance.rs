@@ -33,6 +33,7 @@ store_cases!(
     store_due,
     store_large_session,
     store_long_lived_state,
+    store_owner_quota,
     store_dispose,
 );
 

@@ -106,6 +106,11 @@ async fn a_function_starts_from_ssm_and_secrets_manager_and_runs_a_turn() {
 async fn a_function_that_cannot_start_says_why() {
     let missing = Settings::from_vars(vars(&[("TURNSTONE_TABLE", "t")])).err().unwrap();
     assert!(matches!(missing, DeploymentError::MissingSetting("TURNSTONE_QUEUE_URL")), "{missing}");
+    // A schedule group without the role to send with is named, not half-used.
+    let half =
+        vars(&[("TURNSTONE_TABLE", "t"), ("TURNSTONE_QUEUE_URL", "q"), ("TURNSTONE_SCHEDULE_GROUP", "g")]);
+    let missing = Settings::from_vars(half).err().unwrap();
+    assert!(matches!(missing, DeploymentError::MissingSetting("TURNSTONE_SCHEDULER_ROLE_ARN")), "{missing}");
 
     let sdk = sdk().await;
     let (store, clients) = support::store_and_clients().await;
@@ -117,6 +122,7 @@ async fn a_function_that_cannot_start_says_why() {
         config_parameter: Some("/turnstone/none-such".to_owned()),
         secrets_arn: None,
         ahp_endpoint: None,
+        schedules: None,
     };
     let error = Deployment::open(&base, &sdk).await.err().unwrap().to_string();
     assert!(error.contains("SSM parameter /turnstone/none-such"), "{error}");
@@ -141,6 +147,7 @@ async fn a_function_that_cannot_start_says_why() {
         config_parameter: None,
         secrets_arn: None,
         ahp_endpoint: None,
+        schedules: None,
     };
     let deployment = Deployment::open(&settings, &sdk).await.unwrap();
     assert!(deployment.engine.app.agent_ids().any(|a| a == "demo"));

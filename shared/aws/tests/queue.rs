@@ -150,3 +150,59 @@ async fn the_config_connects_to_the_table_and_the_queue_by_name() {
         "{err}"
     );
 }
+
+/// With a scheduler, a wake-up beyond SQS's 900 s is one EventBridge Scheduler schedule: at
+/// its due second, in the group, its target the queue with the scheduler role and the wake-up
+/// as its input, deleted once it fired; asked for twice, it is still one. A short delay stays
+/// an SQS message.
+#[tokio::test]
+async fn a_wake_up_beyond_sqs_delays_is_scheduled_once() {
+    use turnstone_aws::Scheduler;
+    use turnstone_aws::schedule::{at_expression, schedule_name};
+    use turnstone_runtime::clock::{Clock, SystemClock};
+
+    let (queue, _, name) = support::queue(&settings(30)).await;
+    let sdk = support::config("unused", "unused")
+        .loader()
+        .credentials_provider(aws_sdk_scheduler::config::Credentials::new("test", "test", None, None, "moto"))
+        .load()
+        .await;
+    let client = aws_sdk_scheduler::Client::new(&sdk);
+    let group = support::unique("wakeups");
+    client.create_schedule_group().name(&group).send().await.unwrap();
+    let role = "arn:aws:iam::123456789012:role/turnstone-scheduler";
+    let queue_arn = format!("arn:aws:sqs:us-east-1:123456789012:{name}");
+    let queue = queue.scheduling(Scheduler::new(client.clone(), &group, role, &queue_arn));
+
+    let day = Duration::from_secs(24 * 3600);
+    let before = SystemClock.now();
+    let waiting = WakeUp { seq: Some(7), ..wake("s-waiting", "commit") };
+    queue.send(waiting.clone(), day).await.unwrap();
+    queue.send(waiting.clone(), day).await.unwrap();
+    queue.send(wake("s-soon", "timer"), Duration::from_secs(1)).await.unwrap();
+
+    let listed = client.list_schedules().group_name(&group).send().await.unwrap();
+    let names: Vec<&str> = listed.schedules().iter().filter_map(|s| s.name()).collect();
+    assert_eq!(names.len(), 1, "one schedule for one wake-up: {names:?}");
+    let schedule = client.get_schedule().group_name(&group).name(names[0]).send().await.unwrap();
+    // Sent within this second or the next: its name and expression are of that second.
+    let due = |after: u64| before.plus_ms(24 * 3600 * 1000 + after);
+    let seconds = [0, 1000, 2000];
+    assert!(seconds.iter().any(|&s| names[0] == schedule_name("s-waiting", due(s))), "{}", names[0]);
+    let expression = schedule.schedule_expression().unwrap_or_default();
+    assert!(seconds.iter().any(|&s| expression == at_expression(due(s))), "{expression}");
+    assert!(expression.starts_with("at(") && !expression.contains('Z'), "{expression}");
+    let target = schedule.target().unwrap();
+    assert_eq!((target.arn(), target.role_arn()), (queue_arn.as_str(), role));
+    assert_eq!(WakeUp::from_body(target.input().unwrap_or_default()), Ok(waiting));
+    assert_eq!(schedule.action_after_completion().map(|a| a.as_str()), Some("DELETE"));
+    assert_eq!(schedule.flexible_time_window().map(|w| w.mode().as_str()), Some("OFF"));
+
+    // The short one is on the queue, not scheduled.
+    let mut got = Vec::new();
+    let sent = Instant::now();
+    while got.is_empty() && sent.elapsed() < Duration::from_secs(8) {
+        got = queue.receive(10, Duration::from_secs(2)).await.unwrap();
+    }
+    assert_eq!(got.iter().map(|d| d.wake_up.session_id.as_str()).collect::<Vec<_>>(), ["s-soon"]);
+}

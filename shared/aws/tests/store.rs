@@ -468,8 +468,13 @@ async fn due_work_is_found_across_the_index_shards_soonest_first() {
     // A wake time a queued wake-up covers is left out of the index (the queue holds it).
     let (id, _, d) = drivers.iter_mut().find(|(id, ..)| *id == by_time[1].1).unwrap();
     d.submit("covered");
-    let commit =
-        Commit { session: &d.session, events: d.uncommitted(), wake_at: Some(now), wake_queued: true };
+    let commit = Commit {
+        session: &d.session,
+        events: d.uncommitted(),
+        wake_at: Some(now),
+        wake_queued: true,
+        sessions_per_owner: None,
+    };
     let version = store.commit(id, d.version, commit).await.unwrap();
     d.committed(version);
     assert_eq!(

@@ -123,6 +123,18 @@ impl Store for MemoryStore {
                 ),
             });
         }
+        if let (Some(owner), Some(limit)) =
+            (commit.counted_owner(expected_version), commit.sessions_per_owner)
+        {
+            // Counted under the lock, so exact: the owner's sessions that exist.
+            let held = sessions
+                .values()
+                .filter(|s| s.session.init().and_then(|i| i.identity.id.as_deref()) == Some(owner))
+                .count() as u64;
+            if held >= limit {
+                return Err(StoreError::OwnerFull { owner: owner.to_owned(), limit });
+            }
+        }
         let stored = sessions.entry(session_id.to_owned()).or_insert_with(|| Stored {
             session: commit.session.clone(),
             version: 0,

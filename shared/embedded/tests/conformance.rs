@@ -90,6 +90,18 @@ macro_rules! store_cases {
             }
 
             #[tokio::test]
+            async fn store_owner_quota() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_owner_quota(&store).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn store_owner_quota_under_concurrency() {
+                let (_dir, store) = store_at($durability);
+                conformance::store_owner_quota_under_concurrency(&store).await;
+            }
+
+            #[tokio::test]
             async fn store_dispose() {
                 let (_dir, store) = store_at($durability);
                 conformance::store_dispose(&store).await;
@@ -123,6 +135,7 @@ async fn the_in_memory_store_conforms_too() {
 #[tokio::test]
 async fn the_memory_store_conforms() {
     conformance::store_suite(&MemoryStore::new()).await;
+    conformance::store_owner_quota_under_concurrency(&MemoryStore::new()).await;
 }
 
 const QUEUE: QueueSuite = QueueSuite {

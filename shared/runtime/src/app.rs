@@ -27,7 +27,7 @@ use crate::memo::Memo;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::queue::{Queue, WakeUp};
-use crate::store::{Commit, SessionFilter, Store, StoreError};
+use crate::store::{Commit, Store, StoreError};
 use crate::worker::WorkerEndpoint;
 
 /// How often a commit is retried when another writer moved the session on.
@@ -121,9 +121,6 @@ pub struct Removed {
     pub session_id: SessionId,
     pub owner: Option<String>,
 }
-
-/// Sessions read at a time while an owner's are counted.
-const SESSIONS_PER_READ: usize = 500;
 
 /// Session creations buffered per listener before a slow one skips some.
 const CREATED_BUFFER: usize = 256;
@@ -339,31 +336,6 @@ impl App {
         Ok(())
     }
 
-    /// Whether `owner` may have session `session_id` created for it: one that exists already
-    /// is no new session; a new one must fit `[limits] sessions_per_owner`. Anonymous callers
-    /// (no auth) have no quota. Reads nothing without a quota.
-    pub(crate) async fn admit(&self, session_id: &str, owner: &WorkerIdentity) -> Result<()> {
-        let (Some(limit), Some(owner_id)) = (self.limits.sessions_per_owner, owner.id.as_ref()) else {
-            return Ok(());
-        };
-        if self.load(session_id).await?.0.is_created() {
-            return Ok(());
-        }
-        let filter = SessionFilter { agent_id: None, owner: Some(owner_id.clone()) };
-        let (mut count, mut cursor) = (0, None);
-        loop {
-            let page = self.store.list_sessions(&filter, cursor.as_deref(), SESSIONS_PER_READ).await?;
-            count += page.items.len();
-            if count >= limit {
-                return Err(Error::TooManySessions { limit });
-            }
-            match page.next_cursor {
-                Some(next) => cursor = Some(next),
-                None => return Ok(()),
-            }
-        }
-    }
-
     /// The init of a new session for `agent_id`.
     pub(crate) fn session_init(&self, agent_id: &str, identity: WorkerIdentity) -> Result<SessionInit> {
         let agent = self.agents.get(agent_id).ok_or_else(|| Error::UnknownAgent(agent_id.to_owned()))?;
@@ -467,7 +439,10 @@ impl App {
             // When the session was due to be looked at before this commit (a wake-up for it is
             // on its way, or a run is at it).
             let scheduled = if mode.in_run { None } else { wake_time(&session.plan(now), now) };
-            let handled = self.handle_all(session_id, session, &mut build, &mut known_ids).await;
+            // Boxed: it holds sessions by value, and inline it made the futures of the paths
+            // that commit (a dispatcher run's, several calls deep) overflow a 2 MiB worker
+            // stack in a debug build (the crash test's restart on the AWS backend did).
+            let handled = Box::pin(self.handle_all(session_id, session, &mut build, &mut known_ids)).await;
             if hinted && !handled.as_ref().is_ok_and(|(_, events)| !events.is_empty()) {
                 continue;
             }
@@ -502,14 +477,25 @@ impl App {
                 }
                 _ => false,
             };
-            let commit =
-                Commit { session: &session, events: &events, wake_at, wake_queued: mode.in_run || announced };
+            let commit = Commit {
+                session: &session,
+                events: &events,
+                wake_at,
+                wake_queued: mode.in_run || announced,
+                sessions_per_owner: self.limits.sessions_per_owner.map(|n| n as u64),
+            };
             // Until the store answers for sure, the commit may land unseen (see `PendingCommit`).
             let pending = PendingCommit { committed: &self.committed, session_id, expected: version };
             let outcome = self.store.commit(session_id, version, commit).await;
             // Landed, or refused having written nothing; any other error may hide a landed
             // write (a lost answer), and `pending` forgets the state as it drops.
-            if matches!(outcome, Ok(_) | Err(StoreError::Conflict { .. } | StoreError::IdsUsed { .. })) {
+            if matches!(
+                outcome,
+                Ok(_)
+                    | Err(StoreError::Conflict { .. }
+                        | StoreError::IdsUsed { .. }
+                        | StoreError::OwnerFull { .. })
+            ) {
                 pending.settled();
             }
             match outcome {
@@ -526,6 +512,11 @@ impl App {
                 // The head forgot these ids, the store did not: handle again knowing them (an
                 // old turn id then names its turn, a reused call id is a no-op).
                 Err(StoreError::IdsUsed { ids, .. }) => known_ids.used.extend(ids),
+                Err(StoreError::OwnerFull { limit, .. }) => {
+                    return Err(Error::TooManySessions {
+                        limit: usize::try_from(limit).unwrap_or(usize::MAX),
+                    });
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -638,10 +629,6 @@ impl App {
             },
         };
         let not_found = || Error::SessionNotFound(session_id.to_owned());
-        // A quota is checked before a first input creates the session.
-        if let Some(owner) = caller.owner() {
-            self.admit(session_id, &owner).await?;
-        }
         let build = |session: &Session| {
             let mut commands = Vec::new();
             if session.is_created() {
@@ -723,7 +710,6 @@ impl App {
         caller: &Caller,
     ) -> Result<Executed> {
         let owner = caller.owner().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
-        self.admit(session_id, &owner).await?;
         let init = self.session_init(agent_id, owner)?;
         self.execute(session_id, |_| Ok(vec![Command::Create { init: Box::new(init.clone()) }])).await
     }

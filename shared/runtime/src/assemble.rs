@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::app::{AgentRuntime, App, Parts};
 use crate::auth::Authenticator;
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::config::{Config, Secrets};
 use crate::dispatch::Dispatcher;
 use crate::http::HttpConfig;
@@ -118,6 +118,19 @@ pub fn engine_notifying(
     topology: Topology,
     wrap: impl FnOnce(Arc<dyn Notifier>) -> Arc<dyn Notifier>,
 ) -> Result<Engine, reqwest::Error> {
+    engine_at(config, agents, store, queue, topology, wrap, Arc::new(SystemClock))
+}
+
+/// [`engine_notifying`] on `clock` (a test's, to let a day pass in a moment).
+pub fn engine_at(
+    config: &Config,
+    agents: BTreeMap<String, AgentRuntime>,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    topology: Topology,
+    wrap: impl FnOnce(Arc<dyn Notifier>) -> Arc<dyn Notifier>,
+    clock: Arc<dyn Clock>,
+) -> Result<Engine, reqwest::Error> {
     let notifier: Arc<dyn Notifier> = match topology {
         Topology::OneProcess => Arc::new(Hub::default()),
         Topology::Split => Arc::new(FollowStore::new(Arc::clone(&store))),
@@ -127,7 +140,7 @@ pub fn engine_notifying(
         store,
         queue,
         notifier,
-        clock: Arc::new(SystemClock),
+        clock,
         agents,
         defaults: config.defaults,
         limits: config.limits,

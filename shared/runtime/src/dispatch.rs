@@ -370,23 +370,18 @@ impl Dispatcher {
                 // delegation's own child (a redelivered spawn).
                 let mut refused: Option<String> = None;
                 // A sub-agent's session is one of its owner's sessions: it counts toward
-                // `sessions_per_owner` as any other.
-                let created = match self.app.admit(&spawn.session_id, &spawn.identity).await {
-                    Err(e) if e.is_retryable() => return Err(e),
-                    Err(e) => Err(e),
-                    Ok(()) => {
-                        self.app
-                            .execute(&spawn.session_id, |s| {
-                                if s.is_created() {
-                                    refused = spawn.check_existing(s).err();
-                                    return Ok(Vec::new());
-                                }
-                                let base = self.app.session_init(&spawn.agent_id, spawn.identity.clone())?;
-                                Ok(vec![spawn.command(base)])
-                            })
-                            .await
-                    }
-                };
+                // `sessions_per_owner` as any other (the creating commit is refused past it).
+                let created = self
+                    .app
+                    .execute(&spawn.session_id, |s| {
+                        if s.is_created() {
+                            refused = spawn.check_existing(s).err();
+                            return Ok(Vec::new());
+                        }
+                        let base = self.app.session_init(&spawn.agent_id, spawn.identity.clone())?;
+                        Ok(vec![spawn.command(base)])
+                    })
+                    .await;
                 let failure = match created {
                     Err(e) => Some(format!("cannot start sub-agent {:?}: {e}", spawn.agent_id)),
                     Ok(_) => refused,

@@ -35,9 +35,20 @@ pub struct Commit<'a> {
     /// making this commit. [`Store::due`] must find every session whose latest commit has a
     /// wake time that no wake-up covers; a store may leave covered ones out of its index.
     pub wake_queued: bool,
+    /// For a commit that creates a session with an owner: the most sessions that owner may
+    /// have (`None`: no limit). Every store counts each owner's sessions (created, less
+    /// disposed) in the creating commit itself, so the count is exact however many hosts
+    /// create at once, and refuses the one past the limit with [`StoreError::OwnerFull`].
+    pub sessions_per_owner: Option<u64>,
 }
 
 impl Commit<'_> {
+    /// The owner whose session count this commit raises: the session's, when it creates it.
+    pub fn counted_owner(&self, expected_version: u64) -> Option<&str> {
+        let owner = self.session.init()?.identity.id.as_deref()?;
+        (expected_version == 0 && !owner.is_empty()).then_some(owner)
+    }
+
     /// The turn and call ids these events use first: the store keeps them, and refuses the
     /// commit if any was used before.
     pub fn first_used(&self) -> Vec<UsedId> {
@@ -197,6 +208,10 @@ pub enum StoreError {
     /// (`Ctx::used`).
     #[error("session {session_id} used {} before", display_ids(.ids))]
     IdsUsed { session_id: String, ids: Vec<UsedId> },
+    /// The creating commit's owner has [`Commit::sessions_per_owner`] sessions already:
+    /// nothing was written.
+    #[error("owner {owner} has {limit} sessions, the most it may have")]
+    OwnerFull { owner: String, limit: u64 },
     /// A cursor that this store did not hand out.
     #[error("invalid cursor")]
     InvalidCursor,

@@ -58,6 +58,9 @@ struct Ledger {
     /// Parameter or secret ARN -> the customer managed KMS key it is encrypted under.
     keys: BTreeMap<String, String>,
     calls: Vec<Call>,
+    /// The schedules created through the gate (moto stored them too): their group, name and
+    /// `CreateSchedule` body, in order.
+    schedules: Vec<(String, String, Json)>,
 }
 
 /// The gate's shared state.
@@ -150,6 +153,14 @@ impl Gate {
         requests
     }
 
+    /// The schedules created in `group` through the gate: (name, `CreateSchedule` body). Read
+    /// here, not from moto, whose reads of a schedule group (a query string) fail its own
+    /// signature check with IAM enforcement on.
+    pub fn schedules(&self, group: &str) -> Vec<(String, Json)> {
+        let ledger = self.ledger();
+        ledger.schedules.iter().filter(|(g, ..)| g == group).map(|(_, n, b)| (n.clone(), b.clone())).collect()
+    }
+
     /// The calls the functions of `stage` made, in order.
     pub fn calls(&self, stage: &str) -> Vec<Call> {
         self.ledger().calls.iter().filter(|c| c.stage == stage).cloned().collect()
@@ -196,6 +207,27 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
     // Where an allowed call goes: moto, or a WebSocket API's Management API.
     let (operation, requests, upstream) = if service == "execute-api" {
         management(&gate, &parts)
+    } else if service == "scheduler" {
+        let path = parts.uri.path();
+        match super::scheduler::authorization(&gate.region, &gate.account, parts.method.as_str(), path, &body)
+        {
+            Ok((operation, requests)) => (operation, Ok(requests), gate.moto.clone()),
+            // Refused by the service itself (REST-JSON: the error type in a header).
+            Err(super::scheduler::Invalid(message)) => {
+                gate.ledger().calls.push(Call {
+                    function: principal.function.clone(),
+                    stage: principal.stage.clone(),
+                    operation: format!("scheduler:{} {path}", parts.method),
+                    requests: Vec::new(),
+                    refused: Some(format!("ValidationException: {message}")),
+                });
+                let mut response = plain(StatusCode::BAD_REQUEST, &json!({ "message": message }).to_string());
+                response
+                    .headers_mut()
+                    .insert("x-amzn-errortype", HeaderValue::from_static("ValidationException"));
+                return response;
+            }
+        }
     } else {
         let operation = target.rsplit('.').next().unwrap_or_default().to_owned();
         (operation.clone(), authorization_requests(&gate, &service, &operation, &body), gate.moto.clone())
@@ -213,8 +245,9 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
     });
     if let Some(message) = refused {
         tracing::warn!(function = %principal.function, %message, "IAM gate refused a call");
-        if service == "execute-api" {
-            // The Management API's refusal: 403, the error type in its header.
+        if matches!(service.as_str(), "execute-api" | "scheduler") {
+            // A REST API's refusal (the Management API's, Scheduler's): 403, the error type in
+            // its header.
             let mut response = plain(StatusCode::FORBIDDEN, &json!({ "message": message }).to_string());
             response
                 .headers_mut()
@@ -232,9 +265,18 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
             outgoing = outgoing.header(name, value);
         }
     }
+    let created = (service == "scheduler" && operation == "CreateSchedule").then(|| {
+        let name = parts.uri.path().rsplit('/').next().unwrap_or_default().to_owned();
+        let input: Json = serde_json::from_slice(&body).unwrap_or_default();
+        let group = input.get("GroupName").and_then(Json::as_str).unwrap_or("default").to_owned();
+        (group, name, input)
+    });
     match outgoing.body(body).send().await {
         Ok(answer) => {
             let status = answer.status();
+            if let Some(created) = created.filter(|_| status.is_success()) {
+                gate.ledger().schedules.push(created);
+            }
             let headers = answer.headers().clone();
             let bytes = answer.bytes().await.unwrap_or_default();
             let mut response = Response::new(Body::from(bytes));

@@ -18,12 +18,18 @@
 //! The ahp function is behind the WebSocket API ([`websocket`]), whose Management API every
 //! function reaches through the gate.
 //!
+//! Wake-ups beyond SQS's 15 minutes are EventBridge Scheduler schedules ([`scheduler`]): the
+//! gate authorizes and checks each `CreateSchedule`, and a runner fires the due ones as the
+//! template's scheduler role. The stack runs on its own clock, which [`Deployed::advance`]
+//! moves on, so a day's wait passes in a moment.
+//!
 //! Faults: [`Deployed::kill_next_dispatch`], [`Deployed::throttle_next_dispatch`],
 //! [`Deployed::set_dispatch_timeout`] and [`Deployed::duplicate_batches`].
 
 pub mod front;
 pub mod gate;
 pub mod policy;
+pub mod scheduler;
 pub mod template;
 pub mod websocket;
 
@@ -39,6 +45,7 @@ use axum::http::Request as HttpRequest;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use turnstone_aws::deployment::Schedules;
 use turnstone_aws::{
     AwsClients, AwsConfig, Deployment, DeploymentError, DynamoStore, QueueSettings, Settings, SqsQueue, moto,
 };
@@ -60,6 +67,18 @@ pub const REGION: &str = "us-east-1";
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// How many batches the event source mapping has in flight at once.
 const POLLERS: usize = 4;
+
+/// The stack's clock: the system's, moved on by [`Deployed::advance`].
+#[derive(Debug, Default)]
+struct StackClock {
+    offset_ms: std::sync::atomic::AtomicI64,
+}
+
+impl Clock for StackClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(SystemClock.now().0.saturating_add(self.offset_ms.load(Ordering::Relaxed)))
+    }
+}
 
 /// The account: the enforcing moto server, its administrator, and the gate in front of it.
 struct Account {
@@ -165,6 +184,10 @@ pub struct Deployed {
     admin: aws_sdk_sqs::Client,
     /// The dead-letter queue's URL.
     dead_letters: String,
+    /// The stack's clock, every function's.
+    clock: Arc<StackClock>,
+    /// EventBridge Scheduler's part.
+    schedules: Arc<scheduler::Runner>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
@@ -257,6 +280,18 @@ impl Deployed {
             account.gate.register_key(&secret_arn, key);
         }
 
+        // The schedule group and the role Scheduler sends with.
+        let schedule_group = format!("turnstone-{stage}-wakeups");
+        aws_sdk_scheduler::Client::new(&admin)
+            .create_schedule_group()
+            .name(&schedule_group)
+            .send()
+            .await
+            .expect("CreateScheduleGroup");
+        let scheduler_role = format!("turnstone-{stage}-scheduler");
+        let scheduler_role_arn = format!("arn:aws:iam::{ACCOUNT}:role/{scheduler_role}");
+        let clock = Arc::new(StackClock::default());
+
         let ahp_api = format!("ahp{}", stage.replace('-', ""));
         let stack = Stack {
             account: ACCOUNT.to_owned(),
@@ -275,8 +310,24 @@ impl Deployed {
                 ),
                 physical("WakeUpQueue", &queue_url, &[("Arn", &queue_arn), ("QueueName", &queue)]),
                 physical("AhpApi", &ahp_api, &[]),
+                physical(
+                    "WakeUpSchedules",
+                    &schedule_group,
+                    &[(
+                        "Arn",
+                        &format!("arn:aws:scheduler:{REGION}:{ACCOUNT}:schedule-group/{schedule_group}"),
+                    )],
+                ),
+                physical("WakeUpSchedulerRole", &scheduler_role, &[("Arn", &scheduler_role_arn)]),
             ]),
         };
+        let schedules = scheduler::Runner::new(
+            Arc::clone(&account.gate),
+            &admin,
+            &schedule_group,
+            template.role_statements("WakeUpSchedulerRole", &stack)?,
+            Arc::clone(&clock) as Arc<dyn Clock>,
+        );
         let functions = template.functions(&stack)?;
         let iam = aws_sdk_iam::Client::new(&admin);
         let mut built = BTreeMap::new();
@@ -337,8 +388,13 @@ impl Deployed {
                 config_parameter: Some(parameter.clone()),
                 secrets_arn: Some(secret_arn.clone()),
                 ahp_endpoint: Some(format!("{}/{stage}", account.gate.url())),
+                schedules: Some(Schedules {
+                    group: schedule_group.clone(),
+                    role_arn: scheduler_role_arn.clone(),
+                    queue_arn: queue_arn.clone(),
+                }),
             };
-            let deployment = Deployment::open(&settings, &sdk)
+            let deployment = Deployment::open_at(&settings, &sdk, Arc::clone(&clock) as Arc<dyn Clock>)
                 .await
                 .map_err(|error| StartError::Function { function: function.logical_id.clone(), error })?;
             let name = format!(
@@ -392,11 +448,13 @@ impl Deployed {
             largest_batch: AtomicUsize::new(0),
             invocations: AtomicUsize::new(0),
             timeouts: AtomicUsize::new(0),
+            clock: Arc::clone(&clock),
         });
         let fronts = Fronts::new(&stage, &ahp_api, api, stream, ahp, anonymous)?;
         let listeners = [listener, stream_listener, ws_listener];
         let task = tokio::spawn(serve(fronts, Arc::clone(&source), sweep, listeners, stopped));
         let dead_letters = format!("{}-dlq", source.queue_url);
+        schedules.spawn();
         let admin = aws_sdk_sqs::Client::new(&admin);
         Ok(Deployed {
             stage,
@@ -407,9 +465,32 @@ impl Deployed {
             source,
             admin,
             dead_letters,
+            clock,
+            schedules,
             shutdown: Some(shutdown),
             task: Some(task),
         })
+    }
+
+    /// Moves the stack's clock (every function's, and Scheduler's) on by `by`.
+    pub fn advance(&self, by: Duration) {
+        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+        self.clock.offset_ms.fetch_add(ms, Ordering::Relaxed);
+    }
+
+    /// The stack's clock now.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// The names of the wake-up schedules waiting to fire.
+    pub fn schedules_waiting(&self) -> Vec<String> {
+        self.schedules.waiting()
+    }
+
+    /// The wake-up schedules that fired: (name, the wake-up they sent).
+    pub fn schedules_fired(&self) -> Vec<(String, String)> {
+        self.schedules.fired()
     }
 
     /// A fault: the next dispatch invocation is killed `after` it starts (its future dropped,
@@ -702,6 +783,8 @@ struct EventSource {
     /// Invocations, and those that ran into their timeout.
     invocations: AtomicUsize,
     timeouts: AtomicUsize,
+    /// The stack's clock, which Lambda's deadlines are told in.
+    clock: Arc<StackClock>,
 }
 
 /// A batch as at-least-once delivery may hand it over: each record twice (the copy under its
@@ -773,7 +856,7 @@ impl EventSource {
                 tokio::time::sleep(throttled).await;
             }
             let timeout = *self.timeout.lock().unwrap();
-            let deadline = SystemClock.now().0 + i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
+            let deadline = self.clock.now().0 + i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
             let run = turnstone_lambda::sqs::handle_batch(
                 &self.dispatcher,
                 event,

@@ -250,6 +250,28 @@ impl Template {
             })
     }
 
+    /// The statements of the inline `Policies` of `AWS::IAM::Role` resource `role`, resolved
+    /// against `stack`.
+    pub fn role_statements(&self, role: &str, stack: &Stack) -> Result<Vec<Statement>, TemplateError> {
+        let resolver = Resolver { template: self, stack };
+        let policies = self
+            .entry("Resources", role)
+            .filter(|r| r.get("Type").and_then(Yaml::as_str) == Some("AWS::IAM::Role"))
+            .and_then(|r| r.get("Properties"))
+            .and_then(|p| p.get("Policies"))
+            .and_then(Yaml::as_sequence)
+            .ok_or_else(|| error(role, "no AWS::IAM::Role with Properties.Policies"))?;
+        let mut statements = Vec::new();
+        for (i, policy) in policies.iter().enumerate() {
+            let at = format!("{role}.Policies[{i}].PolicyDocument");
+            let document = policy.get("PolicyDocument").ok_or_else(|| error(&at, "missing"))?;
+            let document =
+                resolver.resolve(document, &at)?.ok_or_else(|| error(&at, "resolves to nothing"))?;
+            statements.extend(Statement::of_document(&document).map_err(|e| error(&at, e))?);
+        }
+        Ok(statements)
+    }
+
     /// Every `AWS::Serverless::Function`, resolved against `stack`.
     pub fn functions(&self, stack: &Stack) -> Result<Vec<Function>, TemplateError> {
         let resolver = Resolver { template: self, stack };

@@ -509,6 +509,9 @@ fn write_group(conn: &mut Connection, group: Vec<Pending>, counters: &Counters) 
                     Outcome::Written(Written::IdsUsed(ids)) => {
                         Err(StoreError::IdsUsed { session_id: commit.session_id.clone(), ids })
                     }
+                    Outcome::Written(Written::OwnerFull(owner, limit)) => {
+                        Err(StoreError::OwnerFull { owner, limit })
+                    }
                     Outcome::Failed(error) => Err(backend(error)),
                 };
                 // The caller may have gone away; the commit stands all the same.
@@ -584,6 +587,8 @@ struct PreparedCommit {
     used: Vec<UsedId>,
     /// Where the versions the events write apply from.
     versions: Vec<VersionEntry>,
+    /// The owner a creating commit counts a session for, and the most it may have.
+    counted: Option<(String, Option<u64>)>,
 }
 
 /// What writing a commit came to.
@@ -593,6 +598,8 @@ enum Written {
     VersionMoved,
     /// These ids were used before: nothing was written.
     IdsUsed(Vec<UsedId>),
+    /// The owner has as many sessions as it may: nothing was written.
+    OwnerFull(String, u64),
 }
 
 impl PreparedCommit {
@@ -644,6 +651,7 @@ impl PreparedCommit {
             messages,
             used: commit.first_used(),
             versions: commit.new_versions(),
+            counted: commit.counted_owner(expected).map(|o| (o.to_owned(), commit.sessions_per_owner)),
         })
     }
 
@@ -694,6 +702,19 @@ impl PreparedCommit {
             }
             self.expected + 1
         };
+        if let Some((owner, limit)) = &self.counted {
+            // Counted in the creating commit's transaction: exact, whoever creates at once.
+            let limit = limit.map_or(i64::MAX, to_i64);
+            let counted = tx
+                .prepare_cached(
+                    "INSERT INTO owners (owner, sessions) SELECT ?1, 1 WHERE ?2 > 0 \
+                     ON CONFLICT (owner) DO UPDATE SET sessions = sessions + 1 WHERE sessions < ?2",
+                )?
+                .execute(params![owner, limit])?;
+            if counted == 0 {
+                return Ok(Written::OwnerFull(owner.clone(), to_u64(limit)));
+            }
+        }
         if !self.used.is_empty() {
             let mut insert = tx.prepare_cached(
                 "INSERT INTO used_ids (session_id, kind, id) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
@@ -1042,7 +1063,13 @@ impl Store for SqliteStore {
         // refused after (its version check finds no head).
         self.on_writer(move |conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
-            // The events, messages and used ids follow by `ON DELETE CASCADE`.
+            tx.execute(
+                "UPDATE owners SET sessions = sessions - 1 \
+                 WHERE owner = (SELECT owner FROM heads WHERE session_id = ?1) AND sessions > 0",
+                params![id],
+            )
+            .map_err(backend)?;
+            // The events, messages, versions and used ids follow by `ON DELETE CASCADE`.
             let deleted =
                 tx.execute("DELETE FROM heads WHERE session_id = ?1", params![id]).map_err(backend)?;
             if deleted > 0 {

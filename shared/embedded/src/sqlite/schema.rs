@@ -97,6 +97,14 @@ CREATE TABLE IF NOT EXISTS disposed (
 ) WITHOUT ROWID;
 ";
 
+/// Version 5 also: `owners`, how many sessions each owner has (created less disposed), counted
+/// by the creating commit on the condition that it stays within `[limits] sessions_per_owner`,
+/// so the quota is exact and costs no listing. Migrating fills it from the heads.
+const BACKFILL_V5: &str = "
+INSERT OR IGNORE INTO owners (owner, sessions)
+    SELECT owner, count(*) FROM heads WHERE owner IS NOT NULL AND owner != '' GROUP BY owner;
+";
+
 /// Version 5: `versions`, where each version of a session's state and agent config applies
 /// from (`anchor`, a message id; NULL: the root) and the log position of the event that wrote
 /// it, so the head holds only the values it needs (see `turnstone_engine::session`'s
@@ -109,6 +117,10 @@ CREATE TABLE IF NOT EXISTS versions (
     kind       TEXT NOT NULL CHECK (kind IN ('state', 'agent')),
     anchor     TEXT,
     PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS owners (
+    owner    TEXT PRIMARY KEY NOT NULL,
+    sessions INTEGER NOT NULL CHECK (sessions >= 0)
 ) WITHOUT ROWID;
 ";
 
@@ -175,6 +187,7 @@ pub(crate) fn ensure(conn: &mut Connection, path: &Path) -> Result<(), SqliteErr
                 tx.execute_batch(SCHEMA_V4)?;
             }
             tx.execute_batch(SCHEMA_V5)?;
+            tx.execute_batch(BACKFILL_V5)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
             tracing::info!(path = %path.display(), from = older, to = SCHEMA_VERSION, "migrated the store schema");
         }
