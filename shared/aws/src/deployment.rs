@@ -133,6 +133,8 @@ impl Deployment {
             config.resolve_secrets(|name| stored.get(name).cloned().or_else(|| std::env::var(name).ok()))?;
         let clients = AwsClients::new(sdk);
         let (store, queue) = settings.aws.connect_with(&clients).await?;
+        let store =
+            store.with_cache_bytes(turnstone_runtime::memo::session_budget(config.limits.session_cache_mb));
         let queue = match &settings.schedules {
             Some(s) => queue.scheduling(
                 Scheduler::new(aws_sdk_scheduler::Client::new(sdk), &s.group, &s.role_arn, &s.queue_arn)

@@ -3,9 +3,10 @@
 //! [`crate::chunks`], the indexes in [`crate::table`].
 //!
 //! A session is its last checkpoint (the head, and the message items) and the event packs
-//! after it, replayed. A store remembers the sessions it last read or wrote (at most
-//! [`CACHED_SESSIONS`]): loading one of those again reads only the packs written since, one
-//! query; a commit against the version it remembers reads nothing first.
+//! after it, replayed. A store remembers the sessions it last read or wrote (at most 4,096, and
+//! [`DynamoStore::with_cache_bytes`] of them by `Session::approx_bytes`, least recently used
+//! first out): loading one of those again reads only the packs written since, one query; a
+//! commit against the version it remembers reads nothing first.
 //!
 //! Reads that must see the latest commit (the head, messages, events, used ids, packs) are
 //! strongly consistent; index queries (listing, due work) cannot be and are not.
@@ -14,8 +15,8 @@ use std::borrow::Cow;
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
@@ -27,6 +28,7 @@ use turnstone_engine::protocol::TreeNode;
 use turnstone_engine::session::{Event, Session, UsedId, VersionEntry};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::clock::{Clock, SystemClock};
+use turnstone_runtime::memo::{Memo, session_budget};
 use turnstone_runtime::store::{
     Commit, ListingCursor, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
 };
@@ -39,9 +41,6 @@ use crate::items::{
     LIST_SHARD, LISTED, MESSAGES, OWNER, PK, SESSIONS, SK, UPDATED_AT, VERSION, WAKE_AT, WAKE_KEY, WRITER,
 };
 use crate::table;
-
-/// How many sessions a store remembers before it starts over.
-pub const CACHED_SESSIONS: usize = 4096;
 
 /// How often a load reads the head again when its chunks belong to a newer commit.
 const HEAD_ATTEMPTS: u32 = 5;
@@ -58,7 +57,7 @@ pub struct DynamoStore {
     table: String,
     clock: Arc<dyn Clock>,
     tokens: Arc<Tokens>,
-    cache: Arc<Mutex<HashMap<String, Cached>>>,
+    cache: Arc<Memo<String, Cached>>,
 }
 
 impl std::fmt::Debug for DynamoStore {
@@ -74,6 +73,11 @@ struct Cached {
     session: Session,
     version: u64,
     tail: Tail,
+}
+
+/// What a remembered session weighs.
+fn weigh(cached: &Cached) -> usize {
+    cached.session.approx_bytes()
 }
 
 /// How a query reads: in key order or backwards; strongly or eventually consistent (half the
@@ -113,8 +117,13 @@ impl DynamoStore {
             table: table.into(),
             clock,
             tokens: Arc::new(Tokens::default()),
-            cache: Arc::default(),
+            cache: Arc::new(Memo::weighed(session_budget(None), weigh)),
         }
+    }
+
+    /// The same store, remembering at most `bytes` of sessions (by `Session::approx_bytes`).
+    pub fn with_cache_bytes(self, bytes: usize) -> Self {
+        DynamoStore { cache: Arc::new(Memo::weighed(bytes, weigh)), ..self }
     }
 
     /// The table's name.
@@ -138,25 +147,19 @@ impl DynamoStore {
     }
 
     fn cached(&self, session_id: &str) -> Option<Cached> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner).get(session_id).cloned()
+        self.cache.get(session_id)
     }
 
     fn remember(&self, session_id: &str, cached: Cached) {
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= CACHED_SESSIONS && !cache.contains_key(session_id) {
-            cache.clear();
-        }
-        match cache.get(session_id) {
+        self.cache.update(session_id.to_owned(), |known| match known {
             // Never step back: a slower reader may finish after a newer commit.
-            Some(known) if known.version > cached.version => {}
-            _ => {
-                cache.insert(session_id.to_owned(), cached);
-            }
-        }
+            Some(known) if known.version > cached.version => known.clone(),
+            _ => cached,
+        });
     }
 
     fn forget(&self, session_id: &str) {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner).remove(session_id);
+        self.cache.remove(session_id);
     }
 
     /// The session as it stands now, or None if it does not exist (or was disposed): what this store remembers

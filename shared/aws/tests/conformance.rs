@@ -102,3 +102,14 @@ async fn whole_queue_suite_on_one_queue() {
     let (queue, ..) = support::queue(&settings()).await;
     conformance::queue_suite(&queue, QUEUE).await;
 }
+
+/// A store that may remember only 64 KB of sessions lets them go (least recently used first)
+/// and reads them again: the cases pass the same, its sessions larger than what it remembers.
+#[tokio::test]
+async fn a_store_that_remembers_little_conforms_the_same() {
+    let store = support::store().await.with_cache_bytes(64 * 1024);
+    conformance::store_round_trip(&store).await;
+    conformance::store_stale_commit_writes_nothing(&store).await;
+    conformance::store_large_session(&store).await;
+    conformance::store_dispose(&store).await;
+}

@@ -90,7 +90,8 @@ pub struct App {
     claim_ahead: bool,
     /// Effects claimed in a submit's commit, waiting for a queue worker of this process.
     handoff: Memo<String, ClaimedAhead>,
-    /// What this process knows of each session's newest commit (bounded; cleared when full):
+    /// What this process knows of each session's newest commit (bounded by keys and by
+    /// `[limits] session_cache_mb`, least recently used first out):
     /// a hand-off starts from it while it is still the state the submit's claim left, and
     /// where this app is the store's only writer (`sole_writer`) loads are served from it.
     committed: Memo<String, Newest>,
@@ -103,7 +104,7 @@ pub struct App {
     /// instead of loading the session again.
     ended: Memo<(String, TurnId), TurnRecord>,
     /// The message nodes this host last saw per session: messages are immutable and only
-    /// appended, so a load re-reads only the nodes after them (bounded; cleared when full).
+    /// appended, so a load re-reads only the nodes after them (bounded by keys and bytes).
     messages: Memo<String, Tree>,
     entropy: AtomicU64,
     /// Sessions this process created, as they are committed (for catalogs that announce them,
@@ -170,10 +171,12 @@ impl App {
             limits: parts.limits,
             claim_ahead: parts.claim_ahead,
             handoff: Memo::new(),
-            committed: Memo::new(),
+            committed: Memo::weighed(crate::memo::session_budget(parts.limits.session_cache_mb), |n| {
+                n.session.as_ref().map_or(0, Session::approx_bytes)
+            }),
             sole_writer,
             ended: Memo::new(),
-            messages: Memo::new(),
+            messages: Memo::weighed(crate::memo::session_budget(parts.limits.session_cache_mb), Tree::bytes),
             entropy: AtomicU64::new(seed),
             created: broadcast::channel(CREATED_BUFFER).0,
             removed: broadcast::channel(CREATED_BUFFER).0,

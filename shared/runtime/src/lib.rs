@@ -16,7 +16,7 @@ pub mod host;
 pub mod http;
 pub mod llm;
 pub mod locks;
-mod memo;
+pub mod memo;
 pub mod metrics;
 pub mod net;
 pub mod notify;

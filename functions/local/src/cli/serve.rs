@@ -51,6 +51,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .context("opening the aws backend (add --create to create a missing table and queue)")?;
             // A host killed mid-run leaves its wake-ups leased, not hidden for the queue's 960 s.
             let queue = queue.leased(turnstone_aws::LEASE);
+            let budget = turnstone_runtime::memo::session_budget(config.limits.session_cache_mb);
+            let store = store.with_cache_bytes(budget);
             let data = format!("DynamoDB table {}, SQS queue {}", store.table(), queue.url());
             (Backing::new(store, queue), data)
         }

@@ -302,6 +302,13 @@ impl Session {
         self.tree.restore_onto(known, new);
     }
 
+    /// About how many bytes the session holds, as JSON: its snapshot (the head, with the
+    /// version values it holds), its declared agent config and its message nodes. What a cache
+    /// of sessions is bounded by; the memory a session takes is within a small factor of it.
+    pub fn approx_bytes(&self) -> usize {
+        crate::json_len(self) + self.declared().map_or(0, crate::json_len) + self.tree.bytes()
+    }
+
     /// The parent, for a sub-agent's session.
     pub fn parent(&self) -> Option<&ParentLink> {
         self.init.as_ref().and_then(|i| i.parent.as_ref())

@@ -31,6 +31,9 @@ pub struct Tree {
     /// Tool call id -> the tool messages answering it (indices in `nodes`, in push order);
     /// derived, rebuilt on load.
     answers: imbl::HashMap<CallId, Arc<[usize]>>,
+    /// The nodes' size as JSON, summed as they are pushed: what a cache holding the tree is
+    /// charged for them (see [`Tree::bytes`]).
+    bytes: usize,
 }
 
 /// What the tree derives for a node when it is pushed.
@@ -66,6 +69,7 @@ impl From<TreeData> for Tree {
             index: imbl::HashMap::new(),
             meta: imbl::Vector::new(),
             answers: imbl::HashMap::new(),
+            bytes: 0,
         }
     }
 }
@@ -112,13 +116,21 @@ impl Tree {
         self.index = imbl::HashMap::new();
         self.meta = imbl::Vector::new();
         self.answers = imbl::HashMap::new();
+        self.bytes = 0;
         for node in nodes {
             self.push(node);
         }
     }
 
+    /// The recorded nodes' size as JSON: a cache's measure of what the tree holds (its memory is
+    /// within a small factor of it; nodes shared between copies are counted by each).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     /// Appends a node (its parent is already in the tree, or it is a root).
     fn push(&mut self, node: Arc<TreeNode>) {
+        self.bytes += crate::json_len(&*node);
         let at = self.nodes.len();
         let parent = node.parent_id.as_ref().and_then(|p| self.index.get(p.as_str()).copied());
         let (depth, jump, mut open) = match parent.map(|p| (p, &self.meta[p])) {
@@ -206,6 +218,7 @@ impl Tree {
         self.index = base.index.clone();
         self.meta = base.meta.clone();
         self.answers = base.answers.clone();
+        self.bytes = base.bytes;
         for node in new {
             self.push(Arc::new(node));
         }

@@ -35,7 +35,8 @@
 //! queued_turns = 32             # turns waiting behind the active one
 //! sub_agent_depth = 8           # how deep sub-agents nest
 //! sub_agent_fanout = 32         # delegations of one session open at once
-//! sessions_per_owner = 1000     # optional: sessions one owner may create (none: no limit)
+//! sessions_per_owner = 1000     # optional: sessions one owner may have (none: no limit)
+//! session_cache_mb = 256        # optional: MiB of sessions each cache of the process holds
 //! streams_per_caller = 64       # event streams one authenticated caller holds open
 //! sockets_per_caller = 16       # AHP WebSockets one authenticated caller holds open
 //! subscriptions_per_socket = 256  # sessions one AHP WebSocket follows
@@ -117,9 +118,12 @@ pub struct LimitsConfig {
     pub queued_turns: usize,
     pub sub_agent_depth: usize,
     pub sub_agent_fanout: usize,
-    /// Sessions one owner may create, sub-agent sessions included; `None`: no limit. Checked
-    /// when a session is created (two creations at the same moment may both pass at the limit).
+    /// Sessions one owner may have, sub-agent sessions included; `None`: no limit. Counted by
+    /// the store in each creating commit, so exact however many hosts create at once.
     pub sessions_per_owner: Option<usize>,
+    /// MiB of sessions each of the process's session caches may hold (the store's and the
+    /// app's); `None`: an eighth of the Lambda function's memory there, 256 elsewhere.
+    pub session_cache_mb: Option<usize>,
     /// Event streams (`GET .../events/stream`) one authenticated caller may hold open at once.
     pub streams_per_caller: usize,
     /// AHP WebSockets one authenticated caller may hold open at once.
@@ -152,6 +156,7 @@ impl Default for LimitsConfig {
             sub_agent_depth,
             sub_agent_fanout,
             sessions_per_owner: None,
+            session_cache_mb: None,
             streams_per_caller: STREAMS_PER_CALLER,
             sockets_per_caller: SOCKETS_PER_CALLER,
             subscriptions_per_socket: SUBSCRIPTIONS_PER_SOCKET,

@@ -16,31 +16,13 @@ pub(crate) fn fitting<'a, T: Serialize + 'a>(items: impl IntoIterator<Item = &'a
     let mut bytes = 0;
     let mut taken = 0;
     for item in items.into_iter().take(limit) {
-        bytes += json_len(item);
+        bytes += turnstone_engine::json_len(item);
         if taken > 0 && bytes > MAX_PAGE_BYTES {
             break;
         }
         taken += 1;
     }
     taken
-}
-
-/// The length of `item`'s JSON, counted as it is written, not kept.
-fn json_len<T: Serialize>(item: &T) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // A value that cannot be written counts as nothing: the response's own writing reports it.
-    let _ = serde_json::to_writer(&mut count, item);
-    count.0
 }
 
 #[cfg(test)]
@@ -58,6 +40,6 @@ mod tests {
         assert_eq!(fitting(&huge, 10), 1, "a huge item still comes, alone");
         assert_eq!(fitting::<&str>(&[], 10), 0);
         assert_eq!(fitting(big.iter().rev(), 10), 2, "from the end as well");
-        assert_eq!(json_len(&"ab\"c"), serde_json::to_vec("ab\"c").unwrap().len());
+        assert_eq!(turnstone_engine::json_len(&"ab\"c"), serde_json::to_vec("ab\"c").unwrap().len());
     }
 }
