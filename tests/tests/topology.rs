@@ -755,3 +755,37 @@ async fn a_day_long_wait_is_one_schedule_and_at_most_two_dispatch_invocations() 
     println!("a day's wait: 1 schedule, {} dispatch invocation(s)", after - waiting);
     stop(&mut deployed).await;
 }
+
+/// A configuration kept as a file in a versioned S3 bucket (`ConfigBucket`, `ConfigObjectKey`,
+/// `ConfigObjectVersion`): every function reads the pinned version under the template's
+/// `ConfigObjectReadPolicy` (`s3:GetObjectVersion`) and serves a turn; without that policy a
+/// function cannot start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_in_a_versioned_s3_object_is_read_under_the_templates_policy() {
+    use turnstone_tests::topology::ConfigIn;
+    let mut deployed =
+        Deployed::start_from(CONFIG, |_| None, &template(), Encryption::AwsOwned, ConfigIn::Object)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    one_turn(&client(&deployed), "s-s3").await;
+    let calls = deployed.calls();
+    let refused: Vec<_> = calls.iter().filter_map(|c| c.refused.clone()).collect();
+    assert!(refused.is_empty(), "IAM refused: {refused:#?}");
+    for function in ["ApiFunction", "StreamFunction", "DispatchFunction", "SweepFunction", "AhpFunction"] {
+        let made = operations(&calls, function);
+        assert!(made.contains("s3:GetObjectVersion"), "{function} did not read the pinned object: {made:?}");
+        assert!(!made.contains("ssm:GetParameter"), "{function} read a parameter: {made:?}");
+    }
+    stop(&mut deployed).await;
+
+    let template = template().without_policy("DispatchFunction", "ConfigObjectReadPolicy").unwrap();
+    match Deployed::start_from(CONFIG, |_| None, &template, Encryption::AwsOwned, ConfigIn::Object).await {
+        Err(StartError::Function { function, error }) => {
+            assert_eq!(function, "DispatchFunction", "{error}");
+            let error = error.to_string();
+            assert!(error.contains("AccessDenied") && error.contains("s3:GetObjectVersion"), "{error}");
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("the dispatch function started without ConfigObjectReadPolicy"),
+    }
+}

@@ -53,8 +53,8 @@ use turnstone_aws::{
 };
 use turnstone_engine::ids::CallId;
 use turnstone_engine::protocol::{
-    Action, ClientInput, ClientMessageInput, ClientMessagesInput, DecisionRequest, DraftMessage, Message,
-    Role, ToolCall, ToolCallAction, Trigger,
+    Action, ClientInput, ClientMessageInput, ClientMessagesInput, DecisionRequest, DecisionResponse,
+    DraftMessage, Message, Role, ToolCall, ToolCallAction, Trigger,
 };
 use turnstone_engine::session::{TurnStatus, UsedId};
 use turnstone_engine::time::Timestamp;
@@ -117,6 +117,10 @@ struct Args {
     /// Tool calls, one after another, in the measured turn of the worker scenario.
     #[arg(long, default_value_t = 20)]
     loop_steps: usize,
+    /// KB of agent state the worker writes with every answer, changed each time (0: none): a
+    /// worker keeping its working memory in the session (issue 25 measured 12).
+    #[arg(long, default_value_t = 0)]
+    state_kb: usize,
     /// Engine-hosted turns measured per cell, one after another. The store writes a checkpoint
     /// every 32 commits or so: one 3-step turn would show one or none by chance, 16 turns (48
     /// steps) take it in at its rate. A worker turn is 85 steps, measured once.
@@ -529,6 +533,33 @@ fn tool_result(name: &str, arguments: &Value) -> Value {
 /// have the engine propose. So each loop step is a real model call, its decision, the tool's
 /// `tool.execute` and its `tool.finished` decision, and adds an assistant and a tool message.
 fn worker_script(
+    catalog: Arc<Vec<ToolSpec>>,
+    steps: usize,
+    state_kb: usize,
+) -> impl Fn(&DecisionRequest, usize) -> FakeAnswer + Send + Sync + 'static {
+    let answer = worker_answer(catalog, steps);
+    move |request, delivery| {
+        let answer = answer(request, delivery);
+        if state_kb == 0 {
+            return answer;
+        }
+        // New state with every answer of a decision (a tool.execute answer is the tool's
+        // result, not a decision's response, and carries none).
+        let state = serde_json::json!({"decision": request.decision_id.as_str(), "memory": "m".repeat(state_kb * 1024)});
+        match answer {
+            FakeAnswer::Accept if !matches!(request.trigger, Trigger::ToolExecute(_)) => {
+                FakeAnswer::Respond(DecisionResponse { state: Some(state), ..request.proposed.clone() })
+            }
+            FakeAnswer::Respond(response) if !matches!(request.trigger, Trigger::ToolExecute(_)) => {
+                FakeAnswer::Respond(DecisionResponse { state: Some(state), ..response })
+            }
+            other => other,
+        }
+    }
+}
+
+/// [`worker_script`]'s answers, without state.
+fn worker_answer(
     catalog: Arc<Vec<ToolSpec>>,
     steps: usize,
 ) -> impl Fn(&DecisionRequest, usize) -> FakeAnswer + Send + Sync + 'static {
@@ -1418,7 +1449,8 @@ async fn main() -> anyhow::Result<()> {
     let queue: Arc<dyn Queue> = Arc::new(SqsQueue::new(sqs, queue_url.clone()));
 
     let catalog = Arc::new(catalog());
-    let worker = FakeWorker::start(None, worker_script(Arc::clone(&catalog), args.loop_steps)).await;
+    let worker =
+        FakeWorker::start(None, worker_script(Arc::clone(&catalog), args.loop_steps, args.state_kb)).await;
     let mut sizes = args.tools.clone();
     sizes.sort_unstable();
     sizes.dedup();

@@ -1,6 +1,6 @@
 //! A deployment on AWS as a Lambda function builds it at init: the settings the template puts
-//! in its environment, the Turnstone configuration from an SSM parameter (or the built-in demo
-//! configuration), the secrets it names from one Secrets Manager secret, and the engine over
+//! in its environment, the Turnstone configuration from an S3 object or an SSM parameter (or
+//! the built-in demo configuration), read once per container, the secrets it names from one Secrets Manager secret, and the engine over
 //! the DynamoDB table and the SQS queue, with the API and the dispatcher apart
 //! (`Topology::Split`: each function is its own process).
 
@@ -26,6 +26,11 @@ use crate::schedule::Scheduler;
 pub const TABLE_VAR: &str = "TURNSTONE_TABLE";
 pub const QUEUE_URL_VAR: &str = "TURNSTONE_QUEUE_URL";
 pub const CONFIG_PARAMETER_VAR: &str = "TURNSTONE_CONFIG_PARAMETER";
+/// The configuration as a file in S3 (instead of the parameter): its bucket, key, and the
+/// object version to read (unset: the latest).
+pub const CONFIG_BUCKET_VAR: &str = "TURNSTONE_CONFIG_BUCKET";
+pub const CONFIG_KEY_VAR: &str = "TURNSTONE_CONFIG_KEY";
+pub const CONFIG_VERSION_VAR: &str = "TURNSTONE_CONFIG_VERSION";
 pub const SECRETS_ARN_VAR: &str = "TURNSTONE_SECRETS_ARN";
 /// The AHP WebSocket API's Management endpoint (`https://{api}.execute-api.{region}.amazonaws.com/{stage}`):
 /// set, the function pushes its commits to AHP subscribers.
@@ -41,8 +46,12 @@ pub const QUEUE_ARN_VAR: &str = "TURNSTONE_QUEUE_ARN";
 pub struct Settings {
     /// The table and the queue.
     pub aws: AwsConfig,
-    /// The SSM parameter holding the configuration (TOML); `None`: the demo configuration.
+    /// The SSM parameter holding the configuration (TOML); `None`: the object, or else the
+    /// demo configuration.
     pub config_parameter: Option<String>,
+    /// The S3 object holding the configuration (a file of any size); at most one of it and
+    /// the parameter is set.
+    pub config_object: Option<ConfigObject>,
     /// The Secrets Manager secret (a JSON object of variable name -> value) that the
     /// configuration's `*_env` settings are looked up in first; `None`: the process
     /// environment only.
@@ -51,6 +60,25 @@ pub struct Settings {
     pub ahp_endpoint: Option<String>,
     /// Where long wake-ups are scheduled; `None`: they are re-armed on SQS every 15 minutes.
     pub schedules: Option<Schedules>,
+}
+
+/// A configuration file in S3.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigObject {
+    pub bucket: String,
+    pub key: String,
+    /// The object version; `None`: the latest.
+    pub version: Option<String>,
+}
+
+impl std::fmt::Display for ConfigObject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)?;
+        match &self.version {
+            Some(version) => write!(f, "?versionId={version}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The EventBridge Scheduler side of a deployment (see `schedule.rs`).
@@ -74,6 +102,17 @@ impl Settings {
                 ..AwsConfig::default()
             },
             config_parameter: set(CONFIG_PARAMETER_VAR),
+            config_object: match set(CONFIG_BUCKET_VAR) {
+                Some(_) if set(CONFIG_PARAMETER_VAR).is_some() => {
+                    return Err(DeploymentError::TwoConfigurations);
+                }
+                Some(bucket) => Some(ConfigObject {
+                    bucket,
+                    key: required(CONFIG_KEY_VAR)?,
+                    version: set(CONFIG_VERSION_VAR),
+                }),
+                None => None,
+            },
             secrets_arn: set(SECRETS_ARN_VAR),
             ahp_endpoint: set(AHP_ENDPOINT_VAR),
             schedules: match set(SCHEDULE_GROUP_VAR) {
@@ -118,12 +157,17 @@ impl Deployment {
         sdk: &SdkConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Deployment, DeploymentError> {
-        let config = match &settings.config_parameter {
-            Some(name) => {
+        let config = match (&settings.config_parameter, &settings.config_object) {
+            (Some(_), Some(_)) => return Err(DeploymentError::TwoConfigurations),
+            (Some(name), None) => {
                 let text = read_parameter(sdk, name).await?;
                 Config::parse(&text, &format!("ssm:{name}"))?
             }
-            None => Config::demo()?,
+            (None, Some(object)) => {
+                let text = read_object(sdk, object).await?;
+                Config::parse(&text, &object.to_string())?
+            }
+            (None, None) => Config::demo()?,
         };
         let stored = match &settings.secrets_arn {
             Some(arn) => read_secrets(sdk, arn).await?,
@@ -197,6 +241,24 @@ async fn read_parameter(sdk: &SdkConfig, name: &str) -> Result<String, Deploymen
     answer.parameter.and_then(|p| p.value).ok_or_else(|| failed("the parameter has no value".to_owned()))
 }
 
+/// The configuration text in S3 object `object` (that version, or the latest).
+async fn read_object(sdk: &SdkConfig, object: &ConfigObject) -> Result<String, DeploymentError> {
+    let failed = |message: String| DeploymentError::ConfigObject { object: object.to_string(), message };
+    // A stand-in on one endpoint (moto) serves buckets by path, not by host name.
+    let s3 = aws_sdk_s3::config::Builder::from(sdk).force_path_style(sdk.endpoint_url().is_some()).build();
+    let answer = aws_sdk_s3::Client::from_conf(s3)
+        .get_object()
+        .bucket(&object.bucket)
+        .key(&object.key)
+        .set_version_id(object.version.clone())
+        .send()
+        .await
+        .map_err(|e| failed(aws_sdk_s3::error::DisplayErrorContext(e).to_string()))?;
+    let bytes =
+        answer.body.collect().await.map_err(|e| failed(format!("reading the body: {e}")))?.into_bytes();
+    String::from_utf8(bytes.to_vec()).map_err(|e| failed(format!("not UTF-8 text: {e}")))
+}
+
 /// The variables in Secrets Manager secret `arn`: a JSON object of strings.
 async fn read_secrets(sdk: &SdkConfig, arn: &str) -> Result<BTreeMap<String, String>, DeploymentError> {
     let failed = |message: String| DeploymentError::Secrets { arn: arn.to_owned(), message };
@@ -226,6 +288,14 @@ pub enum DeploymentError {
     /// The configuration parameter could not be read.
     #[error("cannot read the configuration from SSM parameter {name}: {message}")]
     ConfigParameter { name: String, message: String },
+    /// The configuration object could not be read.
+    #[error("cannot read the configuration from {object}: {message}")]
+    ConfigObject { object: String, message: String },
+    /// Both a parameter and an object are named: which one runs would be a guess.
+    #[error(
+        "both TURNSTONE_CONFIG_PARAMETER and TURNSTONE_CONFIG_BUCKET are set: set one (the template's ConfigParameter or ConfigBucket)"
+    )]
+    TwoConfigurations,
     /// The secrets could not be read.
     #[error("cannot read the secrets from {arn}: {message}")]
     Secrets { arn: String, message: String },

@@ -236,6 +236,7 @@ impl World {
         let settings = Settings {
             aws: support::config(store.table(), &queue_url),
             config_parameter: Some(parameter),
+            config_object: None,
             secrets_arn: secret.arn().map(str::to_owned),
             ahp_endpoint: Some(endpoint),
             schedules: None,

@@ -120,6 +120,7 @@ async fn a_function_that_cannot_start_says_why() {
     let base = Settings {
         aws: support::config(store.table(), &queue_url),
         config_parameter: Some("/turnstone/none-such".to_owned()),
+        config_object: None,
         secrets_arn: None,
         ahp_endpoint: None,
         schedules: None,
@@ -145,6 +146,7 @@ async fn a_function_that_cannot_start_says_why() {
     let settings = Settings {
         aws: support::config("no-such-table", &queue_url),
         config_parameter: None,
+        config_object: None,
         secrets_arn: None,
         ahp_endpoint: None,
         schedules: None,
@@ -153,4 +155,69 @@ async fn a_function_that_cannot_start_says_why() {
     assert!(deployment.engine.app.agent_ids().any(|a| a == "demo"));
     let error = deployment.engine.app.session("anything").await.err().unwrap().to_string();
     assert!(error.contains("no-such-table"), "{error}");
+}
+
+/// A configuration too large for any SSM parameter (here 40 KB) as a file in a versioned S3
+/// bucket: a function pinned to a version reads that one, an unpinned one the latest; a
+/// parameter and an object both named, or an object that is not there, are refused, naming it.
+#[tokio::test]
+async fn the_configuration_is_read_from_a_versioned_s3_object() {
+    use turnstone_aws::deployment::ConfigObject;
+
+    let sdk = sdk().await;
+    let (store, clients) = support::store_and_clients().await;
+    let queue_url = SqsQueue::create_queue(&clients.sqs, &support::unique("tq"), &QueueSettings::default())
+        .await
+        .unwrap();
+    let s3 =
+        aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&sdk).force_path_style(true).build());
+    let bucket = support::unique("config").to_lowercase();
+    s3.create_bucket().bucket(&bucket).send().await.unwrap();
+    let enabled = aws_sdk_s3::types::VersioningConfiguration::builder()
+        .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
+        .build();
+    s3.put_bucket_versioning().bucket(&bucket).versioning_configuration(enabled).send().await.unwrap();
+    // 40 KB of comments: far past SSM's 8 KB.
+    let padding: String = (0..500).map(|i| format!("# line {i:04} of a long configuration file\n")).collect();
+    let put = |agent: &'static str| {
+        // Without [auth], which would need its secret.
+        let config = CONFIG.replace("[auth]\napi_keys_env = \"TURNSTONE_API_KEYS\"\n", "");
+        let body = format!("{padding}{}", config.replace("helper", agent));
+        s3.put_object().bucket(&bucket).key("turnstone.toml").body(body.into_bytes().into()).send()
+    };
+    let first = put("helper").await.unwrap().version_id.expect("a versioned bucket gives versions");
+    put("newer").await.unwrap();
+    let object = |version: Option<&str>| ConfigObject {
+        bucket: bucket.clone(),
+        key: "turnstone.toml".to_owned(),
+        version: version.map(str::to_owned),
+    };
+    let settings = |object: ConfigObject| Settings {
+        aws: support::config(store.table(), &queue_url),
+        config_parameter: None,
+        config_object: Some(object),
+        secrets_arn: None,
+        ahp_endpoint: None,
+        schedules: None,
+    };
+    let agents =
+        |deployment: &Deployment| deployment.engine.app.agent_ids().map(str::to_owned).collect::<Vec<_>>();
+    let pinned = Deployment::open(&settings(object(Some(&first))), &sdk).await.unwrap();
+    assert_eq!(agents(&pinned), ["helper"], "the pinned version");
+    let latest = Deployment::open(&settings(object(None)), &sdk).await.unwrap();
+    assert_eq!(agents(&latest), ["newer"], "the latest version");
+
+    let missing = ConfigObject { key: "none-such.toml".to_owned(), ..object(None) };
+    let error = Deployment::open(&settings(missing), &sdk).await.err().unwrap().to_string();
+    assert!(error.contains(&format!("s3://{bucket}/none-such.toml")), "{error}");
+    let both = Settings { config_parameter: Some("/turnstone/x".to_owned()), ..settings(object(None)) };
+    assert!(matches!(Deployment::open(&both, &sdk).await, Err(DeploymentError::TwoConfigurations)));
+    let both = Settings::from_vars(vars(&[
+        ("TURNSTONE_TABLE", "t"),
+        ("TURNSTONE_QUEUE_URL", "q"),
+        ("TURNSTONE_CONFIG_PARAMETER", "/p"),
+        ("TURNSTONE_CONFIG_BUCKET", "b"),
+        ("TURNSTONE_CONFIG_KEY", "k"),
+    ]));
+    assert!(matches!(both, Err(DeploymentError::TwoConfigurations)), "{both:?}");
 }

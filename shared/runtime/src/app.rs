@@ -413,6 +413,23 @@ impl App {
     pub(crate) async fn execute_with<F>(
         &self,
         session_id: &str,
+        known: Option<(Session, u64)>,
+        mode: Mode,
+        build: F,
+    ) -> Result<Executed>
+    where
+        F: FnMut(&Session) -> Result<Vec<Command>>,
+    {
+        // Boxed: it holds sessions by value and awaits the store, and every path that commits
+        // (a dispatcher run's, several calls deep) would otherwise carry it inline; in a debug
+        // build those frames overflowed a 2 MiB worker stack (a sub-agent spawn refused on the
+        // AWS backend did: 1.9 MiB in eleven frames).
+        Box::pin(self.execute_inline(session_id, known, mode, build)).await
+    }
+
+    async fn execute_inline<F>(
+        &self,
+        session_id: &str,
         mut known: Option<(Session, u64)>,
         mode: Mode,
         mut build: F,
@@ -442,10 +459,7 @@ impl App {
             // When the session was due to be looked at before this commit (a wake-up for it is
             // on its way, or a run is at it).
             let scheduled = if mode.in_run { None } else { wake_time(&session.plan(now), now) };
-            // Boxed: it holds sessions by value, and inline it made the futures of the paths
-            // that commit (a dispatcher run's, several calls deep) overflow a 2 MiB worker
-            // stack in a debug build (the crash test's restart on the AWS backend did).
-            let handled = Box::pin(self.handle_all(session_id, session, &mut build, &mut known_ids)).await;
+            let handled = self.handle_all(session_id, session, &mut build, &mut known_ids).await;
             if hinted && !handled.as_ref().is_ok_and(|(_, events)| !events.is_empty()) {
                 continue;
             }

@@ -207,6 +207,9 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
     // Where an allowed call goes: moto, or a WebSocket API's Management API.
     let (operation, requests, upstream) = if service == "execute-api" {
         management(&gate, &parts)
+    } else if service == "s3" {
+        let (operation, requests) = s3(&parts);
+        (operation, requests, gate.moto.clone())
     } else if service == "scheduler" {
         let path = parts.uri.path();
         match super::scheduler::authorization(&gate.region, &gate.account, parts.method.as_str(), path, &body)
@@ -252,6 +255,15 @@ async fn forward(State(gate): State<Arc<Gate>>, request: HttpRequest<Body>) -> R
             response
                 .headers_mut()
                 .insert("x-amzn-errortype", HeaderValue::from_static("AccessDeniedException"));
+            return response;
+        }
+        if service == "s3" {
+            // S3's refusal: 403 and an XML error (Amazon S3 API reference, "Error responses").
+            let body = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessDenied</Code><Message>{message}</Message></Error>"
+            );
+            let mut response = plain(StatusCode::FORBIDDEN, &body);
+            response.headers_mut().insert("content-type", HeaderValue::from_static("application/xml"));
             return response;
         }
         let code = if service == "sqs" { "AccessDenied" } else { "AccessDeniedException" };
@@ -406,6 +418,23 @@ fn authorization_requests(
             other => Err(format!("secretsmanager:{other}")),
         },
         other => Err(format!("service {other}")),
+    }
+}
+
+/// S3's REST API, path-style (`/{bucket}/{key}`, as the functions address a stand-in): reading
+/// an object is `s3:GetObject` on `arn:aws:s3:::{bucket}/{key}`, and reading one version of it
+/// (`versionId`) `s3:GetObjectVersion` (Amazon S3 user guide, "Policy actions for Amazon S3").
+/// The functions only read.
+fn s3(parts: &axum::http::request::Parts) -> (String, Result<Vec<Request>, String>) {
+    let path = parts.uri.path().trim_start_matches('/');
+    let versioned = parts.uri.query().is_some_and(|q| q.split('&').any(|p| p.starts_with("versionId=")));
+    match (parts.method.as_str(), path.split_once('/')) {
+        ("GET", Some((bucket, key))) if !key.is_empty() => {
+            let action = if versioned { "s3:GetObjectVersion" } else { "s3:GetObject" };
+            let operation = if versioned { "GetObjectVersion" } else { "GetObject" };
+            (operation.to_owned(), Ok(vec![Request::new(action, format!("arn:aws:s3:::{bucket}/{key}"))]))
+        }
+        (method, _) => (format!("{method} /{path}"), Err(format!("s3 {method} /{path}"))),
     }
 }
 

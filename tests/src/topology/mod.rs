@@ -45,7 +45,7 @@ use axum::http::Request as HttpRequest;
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use turnstone_aws::deployment::Schedules;
+use turnstone_aws::deployment::{ConfigObject, Schedules};
 use turnstone_aws::{
     AwsClients, AwsConfig, Deployment, DeploymentError, DynamoStore, QueueSettings, Settings, SqsQueue, moto,
 };
@@ -171,6 +171,40 @@ pub enum Encryption {
     CustomerKey,
 }
 
+/// Where the stack keeps its configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigIn {
+    /// An SSM parameter (`ConfigParameter`).
+    Parameter,
+    /// A file in a versioned S3 bucket (`ConfigBucket`, `ConfigObjectKey`, `ConfigObjectVersion`).
+    Object,
+}
+
+/// Puts `config_toml` in a new versioned bucket of the stack, under a later version too (so
+/// reading the pinned one is what counts); the object as the stack names it.
+async fn put_config_object(admin: &SdkConfig, stage: &str, config_toml: &str) -> ConfigObject {
+    let s3 = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(admin).force_path_style(true).build(),
+    );
+    let bucket = format!("turnstone-{stage}-config");
+    s3.create_bucket().bucket(&bucket).send().await.expect("CreateBucket");
+    let enabled = aws_sdk_s3::types::VersioningConfiguration::builder()
+        .status(aws_sdk_s3::types::BucketVersioningStatus::Enabled)
+        .build();
+    s3.put_bucket_versioning()
+        .bucket(&bucket)
+        .versioning_configuration(enabled)
+        .send()
+        .await
+        .expect("versioning");
+    let put = |body: String| {
+        s3.put_object().bucket(&bucket).key("turnstone.toml").body(body.into_bytes().into()).send()
+    };
+    let pinned = put(config_toml.to_owned()).await.expect("PutObject").version_id;
+    put("this version is not the one the stack pins".to_owned()).await.expect("PutObject");
+    ConfigObject { bucket, key: "turnstone.toml".to_owned(), version: pinned }
+}
+
 /// One deployed stack.
 pub struct Deployed {
     pub stage: String,
@@ -220,6 +254,17 @@ impl Deployed {
         template: &Template,
         encryption: Encryption,
     ) -> Result<Deployed, StartError> {
+        Deployed::start_from(config_toml, env, template, encryption, ConfigIn::Parameter).await
+    }
+
+    /// [`Deployed::start_with`], the configuration kept where `config_in` says.
+    pub async fn start_from(
+        config_toml: &str,
+        env: impl Fn(&str) -> Option<String>,
+        template: &Template,
+        encryption: Encryption,
+        config_in: ConfigIn,
+    ) -> Result<Deployed, StartError> {
         let account = account();
         let stage = moto::unique("t").to_lowercase();
         let admin = sdk(account.moto, account.admin.clone()).await;
@@ -242,15 +287,23 @@ impl Deployed {
                 Some(format!("arn:aws:kms:{REGION}:{ACCOUNT}:key/{}", moto::unique("key")))
             }
         };
-        aws_sdk_ssm::Client::new(&admin)
-            .put_parameter()
-            .name(&parameter)
-            .value(config_toml)
-            .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
-            .set_key_id(key.clone())
-            .send()
-            .await
-            .expect("PutParameter");
+        // The configuration where the stack keeps it: the parameter, or a file in a versioned
+        // bucket, read at the version the stack pins.
+        let object = match config_in {
+            ConfigIn::Parameter => {
+                aws_sdk_ssm::Client::new(&admin)
+                    .put_parameter()
+                    .name(&parameter)
+                    .value(config_toml)
+                    .r#type(aws_sdk_ssm::types::ParameterType::SecureString)
+                    .set_key_id(key.clone())
+                    .send()
+                    .await
+                    .expect("PutParameter");
+                None
+            }
+            ConfigIn::Object => Some(put_config_object(&admin, &stage, config_toml).await),
+        };
         let config =
             Config::parse(config_toml, "topology.toml").unwrap_or_else(|e| panic!("bad test config: {e}"));
         let named = Mutex::new(BTreeMap::new());
@@ -298,7 +351,16 @@ impl Deployed {
             region: REGION.to_owned(),
             parameters: BTreeMap::from([
                 ("Stage".to_owned(), stage.clone()),
-                ("ConfigParameter".to_owned(), parameter.clone()),
+                (
+                    "ConfigParameter".to_owned(),
+                    if object.is_some() { String::new() } else { parameter.clone() },
+                ),
+                ("ConfigBucket".to_owned(), object.as_ref().map(|o| o.bucket.clone()).unwrap_or_default()),
+                ("ConfigObjectKey".to_owned(), object.as_ref().map(|o| o.key.clone()).unwrap_or_default()),
+                (
+                    "ConfigObjectVersion".to_owned(),
+                    object.as_ref().and_then(|o| o.version.clone()).unwrap_or_default(),
+                ),
                 ("SecretsArn".to_owned(), secret_arn.clone()),
                 ("ConfigKeyArn".to_owned(), key.clone().unwrap_or_default()),
             ]),
@@ -385,7 +447,8 @@ impl Deployed {
                     table: table.clone(),
                     queue: queue_url.clone(),
                 },
-                config_parameter: Some(parameter.clone()),
+                config_parameter: object.is_none().then(|| parameter.clone()),
+                config_object: object.clone(),
                 secrets_arn: Some(secret_arn.clone()),
                 ahp_endpoint: Some(format!("{}/{stage}", account.gate.url())),
                 schedules: Some(Schedules {
