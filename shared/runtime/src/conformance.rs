@@ -595,6 +595,8 @@ pub async fn store_long_lived_state(store: &dyn Store) {
     assert!(flat(first.0, last.0), "a commit's events grew from {} to {} bytes", first.0, last.0);
     assert!(flat(first.1, last.1), "the head grew from {} to {} bytes", first.1, last.1);
     assert!(last.1 < 2 * 12 * 1024 + 8 * 1024, "the head holds one state, not {} bytes", last.1);
+    // `state.written` holds the state; the answer in `decision.resolved` leaves it out.
+    assert!(last.0 < 12 * 1024 + 4 * 1024, "a commit logs the state once, not in {} bytes", last.0);
     assert_stored(store, &d).await;
     assert_eq!(d.session.current_state(), state(WRITES - 1));
     // Every version's entry points at the event that wrote it, with its anchor.

@@ -125,6 +125,11 @@ pub enum Event {
         /// How many leading messages of the answer were left out.
         #[serde(default, skip_serializing_if = "is_zero")]
         omitted_messages: usize,
+        /// The answer's `state` was left out: the `state.written` that follows holds it (none
+        /// follows when it was the current state already), so a worker's memory is logged
+        /// once per answer, not twice.
+        #[serde(default, skip_serializing_if = "is_false")]
+        omitted_state: bool,
         /// The paths of the unknown fields the worker's answer carried, which the lenient
         /// parse ignored (e.g. `session_id`, `actions[1].trace`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -310,6 +315,10 @@ impl Event {
             Event::OutboxWithdrawn { .. } => "outbox.withdrawn",
         }
     }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn is_zero(n: &usize) -> bool {

@@ -35,8 +35,9 @@ impl Tx {
             return;
         }
         let reconciled = self.reconcile_response(&response, base.as_ref());
-        // The event keeps the response without the conversation it echoes: the messages up
-        // to the news are recorded already, and the news follows as `message.recorded`.
+        // The event keeps the response without the conversation it echoes (the messages up
+        // to the news are recorded already, and the news follows as `message.recorded`) and
+        // without its state (`state.written` follows with it).
         let omitted_messages = match (&reconciled, &mut response.messages) {
             (Some(r), Some(messages)) if base.is_none() => {
                 messages.drain(..r.new_from.min(messages.len()));
@@ -44,11 +45,14 @@ impl Tx {
             }
             _ => 0,
         };
+        let mut logged = response.clone();
+        let omitted_state = logged.state.take().is_some();
         self.emit(Event::DecisionResolved {
             decision_id: decision.id.clone(),
             by,
-            response: response.clone(),
+            response: logged,
             omitted_messages,
+            omitted_state,
             ignored_fields,
             at: Some(self.now),
         });
