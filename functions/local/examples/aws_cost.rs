@@ -804,7 +804,7 @@ impl Bench {
             Pushes::new(Arc::new(registry), Arc::new(self.frames.clone()))
         });
         let wrap = pushes.clone();
-        let engine = assemble::engine_notifying(
+        let engine = assemble::engine_at(
             &self.config,
             self.agents.clone(),
             store,
@@ -814,6 +814,7 @@ impl Bench {
                 Some(pushes) => Arc::new(Pusher::new(notifier, pushes)),
                 None => notifier,
             },
+            Arc::new(turnstone_runtime::clock::SystemClock),
         )?;
         if let Some(pushes) = pushes {
             pushes.attach(&engine.app);

@@ -211,24 +211,15 @@ pub(crate) fn plan(
     if messages > tail.stored_messages {
         let nodes: Vec<_> = session.tree().nodes().skip(tail.stored_messages as usize).collect();
         let sk = items::messages_key(messages - 1);
-        let mut batch = items::key(session_id, sk.as_str());
-        batch.insert(FIRST.to_owned(), items::n(tail.stored_messages));
-        batch.insert(COUNT.to_owned(), items::n(nodes.len()));
-        let body = serde_json::to_string(&nodes).map_err(serialize)?;
-        chunk_items.extend(chunks::lay_out(session_id, &sk, body, None, &mut batch));
+        let batch = batch_item(session_id, &sk, tail.stored_messages, &nodes, &mut chunk_items)?;
         puts.push((batch, Role::Data));
     }
     let versions = session.version_entry_count() as u64;
     if versions > tail.stored_versions {
         let entries: Vec<_> =
             session.version_entries().into_iter().skip(tail.stored_versions as usize).collect();
-        let last = entries.last().map_or(0, |e| e.seq);
-        let sk = items::versions_key(last);
-        let mut batch = items::key(session_id, sk.as_str());
-        batch.insert(FIRST.to_owned(), items::n(tail.stored_versions));
-        batch.insert(COUNT.to_owned(), items::n(entries.len()));
-        let body = serde_json::to_string(&entries).map_err(serialize)?;
-        chunk_items.extend(chunks::lay_out(session_id, &sk, body, None, &mut batch));
+        let sk = items::versions_key(entries.last().map_or(0, |e| e.seq));
+        let batch = batch_item(session_id, &sk, tail.stored_versions, &entries, &mut chunk_items)?;
         puts.push((batch, Role::Data));
     }
     puts.extend(chunk_items.into_iter().map(|chunk| (chunk, Role::Data)));
@@ -278,6 +269,24 @@ pub(crate) fn plan(
     }
     let tail = Tail { stored_messages: messages, stored_versions: versions, ..Tail::default() };
     Ok(Planned { write: Write::Checkpoint(Transaction { items, roles }), new_version, tail, bytes })
+}
+
+/// An immutable item `sk` of `records` (message nodes, version entries) that continue the
+/// session's stored ones at position `first`, its chunks (if it needs any) added to `chunks`.
+fn batch_item<T: serde::Serialize>(
+    session_id: &str,
+    sk: &str,
+    first: u64,
+    records: &[T],
+    chunks: &mut Vec<Item>,
+) -> Result<Item, AwsError> {
+    let mut batch = items::key(session_id, sk);
+    batch.insert(FIRST.to_owned(), items::n(first));
+    batch.insert(COUNT.to_owned(), items::n(records.len()));
+    let body = serde_json::to_string(records)
+        .map_err(|source| AwsError::Serialize { session_id: session_id.to_owned(), source })?;
+    chunks.extend(chunks::lay_out(session_id, sk, body, None, &mut batch));
+    Ok(batch)
 }
 
 /// The ids `commit` uses first, each once (a queued turn that starts in the same commit names

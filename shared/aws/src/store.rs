@@ -377,18 +377,7 @@ impl DynamoStore {
             .take_while(|item| items::get_u64(item, FIRST).is_some_and(|first| first < count))
             .cloned()
             .collect();
-        let batches: Vec<Vec<TreeNode>> = self.payloads(session_id, &wanted).await?;
-        let mut nodes = Vec::with_capacity(count as usize);
-        for (item, batch) in wanted.iter().zip(batches) {
-            let first = items::get_u64(item, FIRST).unwrap_or_default();
-            if first != nodes.len() as u64 || items::get_u64(item, COUNT) != Some(batch.len() as u64) {
-                return Err(corrupt(
-                    session_id,
-                    format!("the message item at {first} does not fit its neighbours"),
-                ));
-            }
-            nodes.extend(batch);
-        }
+        let nodes: Vec<TreeNode> = self.batches(session_id, &wanted, "message").await?;
         if nodes.len() as u64 != count {
             return Err(corrupt(session_id, format!("{} of {count} messages found", nodes.len())));
         }
@@ -404,20 +393,32 @@ impl DynamoStore {
         found: &[Item],
         through: u64,
     ) -> Result<Vec<VersionEntry>, StoreError> {
-        let batches: Vec<Vec<VersionEntry>> = self.payloads(session_id, found).await?;
-        let mut entries = Vec::new();
-        for (item, batch) in found.iter().zip(batches) {
-            let first = items::get_u64(item, FIRST).unwrap_or_default();
-            if first != entries.len() as u64 || items::get_u64(item, COUNT) != Some(batch.len() as u64) {
-                return Err(corrupt(
-                    session_id,
-                    format!("the version item at {first} does not fit its neighbours"),
-                ));
-            }
-            entries.extend(batch);
-        }
+        let mut entries: Vec<VersionEntry> = self.batches(session_id, found, "version").await?;
         entries.retain(|e| e.seq <= through);
         Ok(entries)
+    }
+
+    /// The records of the batch items `found` (`commit::batch_item`: message nodes, version
+    /// entries), joined in order; each must continue where the one before it ended.
+    async fn batches<T: DeserializeOwned>(
+        &self,
+        session_id: &str,
+        found: &[Item],
+        what: &str,
+    ) -> Result<Vec<T>, StoreError> {
+        let batches: Vec<Vec<T>> = self.payloads(session_id, found).await?;
+        let mut records = Vec::new();
+        for (item, batch) in found.iter().zip(batches) {
+            let first = items::get_u64(item, FIRST).unwrap_or_default();
+            if first != records.len() as u64 || items::get_u64(item, COUNT) != Some(batch.len() as u64) {
+                return Err(corrupt(
+                    session_id,
+                    format!("the {what} item at {first} does not fit its neighbours"),
+                ));
+            }
+            records.extend(batch);
+        }
+        Ok(records)
     }
 
     /// Every item of a session with sort keys from `from` to `to` (inclusive), in order.

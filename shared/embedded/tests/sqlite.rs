@@ -11,6 +11,14 @@ use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::conformance::{Commits, Driver, T0, assert_log, assert_stored};
 use turnstone_runtime::store::{Commit, SessionFilter, Store, StoreError};
 
+/// A commit of `events` with no wake time and no owner limit.
+fn unannounced<'a>(
+    session: &'a turnstone_engine::session::Session,
+    events: &'a [turnstone_engine::session::Event],
+) -> Commit<'a> {
+    Commit { session, events, wake_at: None, wake_queued: false, sessions_per_owner: None }
+}
+
 fn temp_store() -> (tempfile::TempDir, std::path::PathBuf, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db");
@@ -144,26 +152,14 @@ async fn a_self_contradicting_commit_is_refused_and_writes_nothing() {
     let d = stored(&store, "s").await;
     let before = store.stats();
     // The commit names another session than the one it carries.
-    let commit = Commit {
-        session: &d.session,
-        events: &[],
-        wake_at: None,
-        wake_queued: false,
-        sessions_per_owner: None,
-    };
+    let commit = unannounced(&d.session, &[]);
     let err = store.commit("not-s", 0, commit).await.unwrap_err();
     assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
     assert!(err.to_string().contains("invalid commit"), "{err}");
     // More new events than the session ever applied.
     let mut log = d.log.clone();
     log.extend(d.log.iter().cloned());
-    let commit = Commit {
-        session: &d.session,
-        events: &log,
-        wake_at: None,
-        wake_queued: false,
-        sessions_per_owner: None,
-    };
+    let commit = unannounced(&d.session, &log);
     assert!(matches!(store.commit("s", d.version, commit).await, Err(StoreError::Backend(_))));
     assert!(store.load("not-s").await.unwrap().is_none());
     assert_stored(&store, &d).await;
@@ -178,13 +174,7 @@ async fn events_whose_positions_exist_already_roll_the_whole_commit_back() {
     let mut stale = d.clone();
     d.submit("next");
     let events = d.log[d.log.len() - 1 - d.uncommitted().len()..].to_vec();
-    let commit = Commit {
-        session: &d.session,
-        events: &events,
-        wake_at: None,
-        wake_queued: false,
-        sessions_per_owner: None,
-    };
+    let commit = unannounced(&d.session, &events);
     let err = store.commit("s", d.version, commit).await.unwrap_err();
     assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
     stale.version = d.version;
@@ -218,13 +208,7 @@ async fn stats_count_commits_conflicts_and_bytes() {
     assert_eq!(stats.commits, 2);
     assert_eq!(stats.conflicts, 0);
     assert!(stats.payload_bytes > 1000, "{stats:?}");
-    let commit = Commit {
-        session: &d.session,
-        events: &[],
-        wake_at: None,
-        wake_queued: false,
-        sessions_per_owner: None,
-    };
+    let commit = unannounced(&d.session, &[]);
     assert!(store.commit("s", 1, commit).await.is_err());
     assert_eq!(store.stats().conflicts, 1);
 }
@@ -414,13 +398,7 @@ async fn concurrent_commits_are_grouped_and_fail_alone() {
         d.submit("next");
         tokio::spawn(async move {
             let events = d.log[d.log.len() - 1 - d.uncommitted().len()..].to_vec();
-            let commit = Commit {
-                session: &d.session,
-                events: &events,
-                wake_at: None,
-                wake_queued: false,
-                sessions_per_owner: None,
-            };
+            let commit = unannounced(&d.session, &events);
             store.commit("clash", d.version, commit).await
         })
     };

@@ -105,23 +105,11 @@ pub fn engine(
     queue: Arc<dyn Queue>,
     topology: Topology,
 ) -> Result<Engine, reqwest::Error> {
-    engine_notifying(config, agents, store, queue, topology, |notifier| notifier)
+    engine_at(config, agents, store, queue, topology, |notifier| notifier, Arc::new(SystemClock))
 }
 
-/// [`engine`], with the topology's notifier wrapped by `wrap` (on AWS, to push commits to
-/// AHP subscribers).
-pub fn engine_notifying(
-    config: &Config,
-    agents: BTreeMap<String, AgentRuntime>,
-    store: Arc<dyn Store>,
-    queue: Arc<dyn Queue>,
-    topology: Topology,
-    wrap: impl FnOnce(Arc<dyn Notifier>) -> Arc<dyn Notifier>,
-) -> Result<Engine, reqwest::Error> {
-    engine_at(config, agents, store, queue, topology, wrap, Arc::new(SystemClock))
-}
-
-/// [`engine_notifying`] on `clock` (a test's, to let a day pass in a moment).
+/// [`engine`] on `clock` (a test's, to let a day pass in a moment), with the topology's
+/// notifier wrapped by `wrap` (on AWS, to push commits to AHP subscribers).
 pub fn engine_at(
     config: &Config,
     agents: BTreeMap<String, AgentRuntime>,
