@@ -184,7 +184,13 @@ impl FakeWorker {
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake worker");
         let addr = listener.local_addr().expect("the fake worker's address");
-        let app = Router::new().fallback(handle).with_state(inner.clone());
+        // A worker is the customer's own server, with no size limit of the protocol's: this one
+        // takes the decision requests of a long session (axum refuses bodies over 2 MB by
+        // default; a 1,000-turn session's conversation passes that).
+        let app = Router::new()
+            .fallback(handle)
+            .layer(axum::extract::DefaultBodyLimit::max(256 << 20))
+            .with_state(inner.clone());
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });

@@ -13,7 +13,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::{AwsClients, AwsConfig, DynamoStore, QueueSettings, SqsQueue};
@@ -46,7 +46,21 @@ fn start_moto() -> Moto {
     {
         return Moto { endpoint, _guard: None };
     }
+    if INDEXED.load(Ordering::Relaxed) {
+        let site = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/moto_indexed");
+        return spawn(&[("PYTHONPATH", &site.to_string_lossy())]);
+    }
     spawn(&[])
+}
+
+static INDEXED: AtomicBool = AtomicBool::new(false);
+
+/// Called by a benchmark before its first use of moto: the server [`endpoint`] starts then
+/// does DynamoDB's transactions and queries at a real table's cost, not at a cost that grows
+/// with the table (`scripts/moto_indexed/sitecustomize.py` says how; the answers are moto's
+/// own). Tests never call it.
+pub fn prefer_indexed() {
+    INDEXED.store(true, Ordering::Relaxed);
 }
 
 /// How many requests a server from [`enforcing_endpoint`] serves before it enforces IAM: the

@@ -25,8 +25,12 @@
 //! A failed request (not 2xx) is counted as such and priced at nothing (DynamoDB does charge a
 //! failed conditional write; the runs are expected to have none, and the report shows them).
 
+// Shared by two examples (`aws_cost`, `long_session`); each uses part.
+#![allow(dead_code)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::config::interceptors::{
     AfterDeserializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
@@ -37,6 +41,20 @@ use serde_json::{Map, Value};
 
 /// The interceptor's error type (the SDK's `BoxError`).
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+// On-demand list prices, us-east-1, as DESIGN.md section 5 gives them ("as last seen
+// published"). CHECK THEM against aws.amazon.com/dynamodb/pricing/on-demand/,
+// aws.amazon.com/sqs/pricing/ and aws.amazon.com/lambda/pricing/ before quoting a figure.
+/// DynamoDB, $ per write request unit (1 KB; 2 units per KB inside a transaction).
+pub const DYNAMODB_WRITE_UNIT: f64 = 0.625 / 1e6;
+/// DynamoDB, $ per read request unit (a strongly consistent read of 4 KB; eventual: half).
+pub const DYNAMODB_READ_UNIT: f64 = 0.125 / 1e6;
+/// SQS standard queue, $ per request (each 64 KB of payload is a request), past the free tier.
+pub const SQS_REQUEST: f64 = 0.40 / 1e6;
+/// Lambda, $ per invocation.
+pub const LAMBDA_REQUEST: f64 = 0.20 / 1e6;
+/// Lambda (x86), $ per GB-second of duration, billed per started millisecond.
+pub const LAMBDA_GB_SECOND: f64 = 0.000_016_666_7;
 
 /// Bytes per write unit and per read unit.
 const WRITE_UNIT_BYTES: u64 = 1024;
@@ -192,6 +210,9 @@ pub struct Tally {
     pub read_halves: u64,
     /// Item bytes read (as charged: whole items).
     pub read_bytes: u64,
+    /// How long the clients waited for the answers, from sending a request to its answer
+    /// read (the server's time and the loopback's).
+    pub waited: Duration,
 }
 
 impl Tally {
@@ -396,13 +417,14 @@ impl Meter {
     }
 
     /// Accounts for one request `target` with `body` and its answer.
-    fn record(&self, target: &str, body: &[u8], status: u16, answer: &[u8]) {
+    fn record(&self, target: &str, body: &[u8], status: u16, answer: &[u8], waited: Duration) {
         let ok = (200..300).contains(&status);
         let (service, op) = target.split_once('.').unwrap_or(("?", target));
         let mut state = self.lock();
         let counting = state.counting;
         if counting {
             let tally = &mut state.tally;
+            tally.waited += waited;
             let by_op = if service.starts_with("AmazonSQS") { &mut tally.sqs } else { &mut tally.dynamodb };
             *by_op.entry(op.to_owned()).or_default() += 1;
             if !ok {
@@ -604,6 +626,7 @@ pub struct Hook(Arc<Meter>);
 struct Sent {
     target: String,
     body: Vec<u8>,
+    at: Instant,
 }
 
 impl Storable for Sent {
@@ -624,7 +647,7 @@ impl Intercept for Hook {
         let request = context.request();
         let target = request.headers().get("x-amz-target").unwrap_or("?").to_owned();
         let body = request.body().bytes().map(<[u8]>::to_vec).unwrap_or_default();
-        cfg.interceptor_state().store_put(Sent { target, body });
+        cfg.interceptor_state().store_put(Sent { target, body, at: Instant::now() });
         Ok(())
     }
 
@@ -639,7 +662,7 @@ impl Intercept for Hook {
         if let Some(sent) = cfg.load::<Sent>() {
             let response = context.response();
             let answer = response.body().bytes().unwrap_or_default();
-            self.0.record(&sent.target, &sent.body, response.status().as_u16(), answer);
+            self.0.record(&sent.target, &sent.body, response.status().as_u16(), answer, sent.at.elapsed());
         }
         Ok(())
     }
