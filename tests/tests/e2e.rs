@@ -412,6 +412,103 @@ async fn tool_loop_with_two_parallel_worker_tools() {
     host.stop().await;
 }
 
+/// A worker that asks for the last messages only (`worker_messages`) gets them and their nodes,
+/// not the conversation, in every decision request: the request's size stays that of its
+/// window however long the session grows. Its echo of the window plus news continues the
+/// branch at the head, as the whole path's would; the model still sees the whole conversation.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_asking_for_the_last_messages_gets_only_them() {
+    let openai = FakeOpenAi::start().await;
+    openai.push(Reply::tool_calls([FakeToolCall::new("call_add", "add", r#"{"a":2,"b":3}"#)]));
+    openai.push(Reply::text("5."));
+    openai.push(Reply::text("Still 5."));
+    let execute = tools_script(calculate);
+    // At the second turn's end, the worker echoes its window and adds a note of its own.
+    let worker = FakeWorker::start(None, move |request, _| match &request.trigger {
+        Trigger::LlmFinished(_)
+            if request.messages.last().is_some_and(|m| m.content_text() == "And again?") =>
+        {
+            // The proposal: the window, then the model's reply.
+            let mut messages = request.proposed.messages.clone().unwrap_or_default();
+            assert_eq!(messages.len(), 4, "{messages:?}");
+            messages.push(turnstone_engine::protocol::DraftMessage::text(
+                turnstone_engine::protocol::Role::Assistant,
+                "(noted)",
+            ));
+            FakeAnswer::Respond(DecisionResponse { messages: Some(messages), ..request.proposed.clone() })
+        }
+        _ => execute(request),
+    })
+    .await;
+    let agent = calc_agent(&worker).replace("worker = ", "worker_messages = 3\nworker = ");
+    let (host, _dir) = host(&config(&openai, &agent)).await;
+
+    let first = host.submit_ok("s-window", &message("calc", "Add 2 and 3.")).await;
+    assert_eq!(host.wait_turn("s-window", &first).await.status, TurnStatus::Completed);
+    let second = host.submit_ok("s-window", &message("calc", "And again?")).await;
+    assert_eq!(host.wait_turn("s-window", &second).await.status, TurnStatus::Completed);
+
+    let messages = host.messages("s-window").await;
+    assert_eq!(
+        transcript(&messages),
+        [
+            "user: Add 2 and 3.",
+            r#"assistant: [add({"a":2,"b":3})#call_add]"#,
+            "tool add/call_add: 5.0",
+            "assistant: 5.",
+            "user: And again?",
+            "assistant: Still 5.",
+            "assistant: (noted)",
+        ]
+    );
+    let ids: Vec<&str> = messages.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let records = worker.records();
+    assert_eq!(records.len(), 8, "{:?}", worker.trigger_names());
+    for record in &records {
+        let request = &record.request;
+        // The window ends at the head the decision saw: the path's last (at most) 3 messages.
+        let head = request.message_tree.head_id.as_ref().map(|h| h.as_str());
+        let end = head.map_or(0, |h| ids.iter().position(|id| *id == h).unwrap() + 1);
+        let window: Vec<&str> = request.messages.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(window, ids[end.saturating_sub(3)..end], "{}", record.trigger_name());
+        // The tree holds just those nodes, each with its parent: the first one's names the
+        // message before the window.
+        let nodes: Vec<&str> = request.message_tree.nodes.iter().map(|n| n.message.id.as_str()).collect();
+        assert_eq!(nodes, window);
+        let parents: Vec<Option<&str>> =
+            request.message_tree.nodes.iter().map(|n| n.parent_id.as_ref().map(|p| p.as_str())).collect();
+        let expected: Vec<Option<&str>> =
+            (end.saturating_sub(3)..end).map(|i| i.checked_sub(1).map(|p| ids[p])).collect();
+        assert_eq!(parents, expected);
+    }
+    // The last decision (the second turn's answer) saw 3 of the 6 messages then recorded.
+    assert_eq!(records.last().unwrap().request.messages.len(), 3);
+    // The second turn's view: the window's 3 recorded messages, then the news, which
+    // `new_from` counts from there; the proposal (record the view) is cut the same way.
+    let second_view = &records[6].request;
+    let Trigger::ClientMessages(view) = &second_view.trigger else { panic!("{}", records[6].trigger_name()) };
+    let texts: Vec<String> = view.messages.iter().map(|m| m.content_text()).collect();
+    assert_eq!(texts, ["", "5.0", "5.", "And again?"]);
+    assert_eq!(view.new_from, 3);
+    let view_ids: Vec<Option<&str>> =
+        view.messages.iter().map(|m| m.id.as_ref().map(|id| id.as_str())).collect();
+    assert_eq!(view_ids[..3], ids[1..4].iter().map(|id| Some(*id)).collect::<Vec<_>>());
+    assert_eq!(second_view.proposed.messages.as_ref().map(Vec::len), Some(4));
+    // The model got the whole conversation.
+    assert_eq!(
+        openai_transcript(&openai.requests()[2].body),
+        [
+            "system: You calculate.",
+            "user: Add 2 and 3.",
+            r#"assistant: ["call_add"]"#,
+            "tool call_add: 5.0",
+            "assistant: 5.",
+            "user: And again?"
+        ]
+    );
+    host.stop().await;
+}
+
 /// The model calls a tool with arguments that violate its schema: the engine proposes a
 /// terminal `tool.error` naming the problem, the worker accepts it (executing nothing), and
 /// the model's second request sees that error text in the tool message.

@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release -p turnstone --example long_session -- \
 //!     [--backends sqlite,dynamodb] [--turns 1000] [--state-kb 12] [--loop-steps 1] \
-//!     [--at 1,100,1000] [--window 10] [--wait-hours 24]
+//!     [--at 1,100,1000] [--window 10] [--wait-hours 24] [--worker-messages N]
 //! ```
 //!
 //! Each turn is a user message the worker answers with a tool loop of `--loop-steps` calls
@@ -42,10 +42,11 @@ mod meter;
 #[path = "aws_cost/worker.rs"]
 mod worker;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -56,14 +57,18 @@ use turnstone_aws::schedule::at_expression;
 use turnstone_aws::{ManagementFrames, QueueSettings, Scheduler, SqsQueue, moto};
 use turnstone_embedded::sqlite::SqliteOptions;
 use turnstone_embedded::{Durability, MemoryQueue, SqliteStore};
-use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DecisionRequest, DraftMessage};
+use turnstone_engine::protocol::{
+    ClientInput, ClientMessageInput, DecisionRequest, DraftMessage, LlmRequest, LlmResponse, StreamDelta,
+};
 use turnstone_engine::session::TurnStatus;
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::api::Placement;
+use turnstone_runtime::app::AgentRuntime;
 use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::{Clock, SystemClock};
 use turnstone_runtime::config::Config;
+use turnstone_runtime::llm::{ModelProvider, ProviderError};
 use turnstone_runtime::pool::Pool;
 use turnstone_runtime::queue::Queue;
 use turnstone_tests::FakeWorker;
@@ -105,6 +110,10 @@ struct Args {
     /// The wait for a person after the last turn (DynamoDB), in hours; 0: none.
     #[arg(long, default_value_t = 24)]
     wait_hours: u64,
+    /// The agent's `worker_messages`: decision requests carry the last this many messages of
+    /// the conversation, not all of it (the protocol's request, when left out).
+    #[arg(long)]
+    worker_messages: Option<usize>,
     /// Lambda memory in MB, for the duration's cost.
     #[arg(long, default_value_t = 256)]
     lambda_mb: u64,
@@ -120,7 +129,7 @@ enum Backend {
 const AGENT: &str = "keeper";
 const CONFIRM: &str = "confirm_with_customer";
 
-fn config_toml(worker_url: &str, wait_secs: u64) -> String {
+fn config_toml(worker_url: &str, wait_secs: u64, worker_messages: Option<usize>) -> String {
     let catalog = catalog();
     let tool = &catalog[0];
     let mut toml = String::from("[llm.scripted]\ntype = \"scripted\"\n");
@@ -134,6 +143,9 @@ fn config_toml(worker_url: &str, wait_secs: u64) -> String {
         "\n[agent.{AGENT}]\nmodel = \"scripted\"\nllm = \"scripted\"\nsystem = \"You look after a customer's orders.\"\nworker = {}\n",
         toml_value(&json!(worker_url))
     );
+    if let Some(n) = worker_messages {
+        let _ = writeln!(toml, "worker_messages = {n}");
+    }
     let _ = write!(
         toml,
         "\n[[agent.{AGENT}.tools]]\nname = \"{}\"\ndescription = {}\ninput = {}\n",
@@ -167,10 +179,65 @@ fn wait_input() -> ClientInput {
     message(format!("/tool {CONFIRM} {{}}"))
 }
 
+/// The time the agents' model spends answering, summed over its calls: the model's own work
+/// (the scripted model reads the whole conversation, as a real one does), not the engine's.
+#[derive(Debug, Default)]
+struct ModelTime {
+    nanos: AtomicU64,
+}
+
+impl ModelTime {
+    fn take(&self) -> Duration {
+        Duration::from_nanos(self.nanos.swap(0, Ordering::Relaxed))
+    }
+}
+
+/// A provider timed by [`ModelTime`].
+struct Timed {
+    inner: Arc<dyn ModelProvider>,
+    spent: Arc<ModelTime>,
+}
+
+#[async_trait::async_trait]
+impl ModelProvider for Timed {
+    async fn complete(
+        &self,
+        request: &LlmRequest,
+        stream: bool,
+        timeout: Option<Duration>,
+        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
+    ) -> Result<LlmResponse, ProviderError> {
+        let started = Instant::now();
+        let answer = self.inner.complete(request, stream, timeout, on_delta).await;
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.spent.nanos.fetch_add(nanos, Ordering::Relaxed);
+        answer
+    }
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+}
+
+/// The agents of `config`, their model timed by `spent`.
+fn timed_agents(config: &Config, spent: &Arc<ModelTime>) -> anyhow::Result<BTreeMap<String, AgentRuntime>> {
+    let secrets = config.resolve_secrets(|_| None)?;
+    let mut agents = assemble::agents(config, &secrets)?;
+    for agent in agents.values_mut() {
+        agent.provider = agent
+            .provider
+            .take()
+            .map(|inner| Arc::new(Timed { inner, spent: Arc::clone(spent) }) as Arc<dyn ModelProvider>);
+    }
+    Ok(agents)
+}
+
 /// What one turn took.
 #[derive(Debug, Default, Clone)]
 struct TurnFigures {
     wall: Duration,
+    /// Of `wall`, the model's own time ([`ModelTime`]).
+    model: Duration,
     tally: Tally,
     /// The session's head (its snapshot), as JSON, after the turn.
     head_bytes: usize,
@@ -224,6 +291,7 @@ fn window(turns: &[TurnFigures], at: usize, width: usize) -> Option<(usize, usiz
     let mut sum = TurnFigures::default();
     for t in &turns[lo - 1..hi] {
         sum.wall += t.wall;
+        sum.model += t.model;
         sum.tally.commits += t.tally.commits;
         sum.tally.waited += t.tally.waited;
         sum.tally.read_halves += t.tally.read_halves;
@@ -252,7 +320,12 @@ fn window(turns: &[TurnFigures], at: usize, width: usize) -> Option<(usize, usiz
 // SQLite
 // ---------------------------------------------------------------------------------------------
 
-async fn run_sqlite(args: &Args, config: &Config, sizes: &RequestSizes) -> anyhow::Result<Vec<TurnFigures>> {
+async fn run_sqlite(
+    args: &Args,
+    config: &Config,
+    sizes: &RequestSizes,
+    model: &Arc<ModelTime>,
+) -> anyhow::Result<Vec<TurnFigures>> {
     let dir = tempfile::Builder::new().prefix("turnstone-long-").tempdir().context("creating a temp dir")?;
     let db = dir.path().join("turnstone.sqlite");
     let store = {
@@ -263,8 +336,7 @@ async fn run_sqlite(args: &Args, config: &Config, sizes: &RequestSizes) -> anyho
     };
     let meter = Meter::new(Vec::new(), false);
     let counting = CountingStore { inner: store, meter: Arc::clone(&meter) };
-    let secrets = config.resolve_secrets(|_| None)?;
-    let agents = assemble::agents(config, &secrets)?;
+    let agents = timed_agents(config, model)?;
     let queue = Arc::new(MemoryQueue::new(Duration::from_secs(60)));
     let engine = assemble::engine(config, agents, Arc::new(counting), queue.clone(), Topology::OneProcess)?;
     let app = Arc::clone(&engine.app);
@@ -277,6 +349,7 @@ async fn run_sqlite(args: &Args, config: &Config, sizes: &RequestSizes) -> anyho
         let mark = progress.borrow().mark();
         meter.start();
         sizes.start(reported(args, n));
+        model.take();
         let began = Instant::now();
         let submitted = app.submit(&session_id, turn_input(n), Placement::Start, &Caller::Anyone).await?;
         let turn_id = submitted.turn_id.context("the input started no turn")?;
@@ -292,6 +365,7 @@ async fn run_sqlite(args: &Args, config: &Config, sizes: &RequestSizes) -> anyho
         }
         turns.push(TurnFigures {
             wall,
+            model: model.take(),
             tally,
             head_bytes: turnstone_engine::json_len(&session),
             request_bytes: sizes.take(),
@@ -344,6 +418,7 @@ async fn run_dynamodb(
     args: &Args,
     config: &Config,
     sizes: &RequestSizes,
+    model: &Arc<ModelTime>,
 ) -> anyhow::Result<(Vec<TurnFigures>, Option<Waited>)> {
     let endpoint = tokio::task::spawn_blocking(moto::endpoint).await?;
     eprintln!("  dynamodb: moto at {endpoint} (scripts/moto_indexed)");
@@ -384,12 +459,11 @@ async fn run_dynamodb(
         Scheduler::new(schedules.clone(), &group, "arn:aws:iam::123456789012:role/wake", &queue_arn)
             .with_clock(Arc::clone(&clock) as Arc<dyn Clock>);
     let queue: Arc<dyn Queue> = Arc::new(SqsQueue::new(sqs, queue_url.clone()).scheduling(scheduler));
-    let secrets = config.resolve_secrets(|_| None)?;
     let shared = Shared {
         frames: ManagementFrames::new(&sdk, "http://127.0.0.1:9/unused"),
         no_ahp: false,
         config: config.clone(),
-        agents: assemble::agents(config, &secrets)?,
+        agents: timed_agents(config, model)?,
         dynamodb,
         source: SqsQueue::new(plain.sqs.clone(), queue_url.clone()),
         plain: plain.clone(),
@@ -406,6 +480,7 @@ async fn run_dynamodb(
         let mut invocations = Invocations::default();
         meter.start();
         sizes.start(reported(args, n));
+        model.take();
         let began = Instant::now();
         bench.run_turn(&mut functions, false, &session_id, turn_input(n), &mut invocations).await?;
         let wall = began.elapsed();
@@ -413,6 +488,7 @@ async fn run_dynamodb(
         let (session, _) = bench.observer.app.load(&session_id).await?;
         turns.push(TurnFigures {
             wall,
+            model: model.take(),
             tally,
             head_bytes: turnstone_engine::json_len(&session),
             invocations: invocations.count(),
@@ -529,12 +605,16 @@ fn print_report(args: &Args, backend: Backend, turns: &[TurnFigures]) {
         let Some((lo, hi, sum)) = window(turns, at, args.window) else { continue };
         let steps = sum.tally.commits.max(1) as f64;
         let latency = ms(sum.wall) / steps;
+        let model = ms(sum.model) / steps;
+        let waited = ms(sum.tally.waited) / steps;
+        // The engine's own: neither the model's time nor (on moto) the time waiting for moto.
+        let engine = latency - model - waited;
         let wu = sum.tally.total_write_units() as f64 / steps;
         let ru = sum.tally.read_units() / steps;
-        rows.push((at, latency, wu));
+        rows.push((at, latency, wu, engine));
         match backend {
             Backend::Sqlite => println!(
-                "  turn {at:>5} (turns {lo}-{hi}): {:.2} ms per step, {:.1} steps per turn, head {} B, decision requests up to {} KB",
+                "  turn {at:>5} (turns {lo}-{hi}): {:.2} ms per step (model {model:.2} ms, engine {engine:.2} ms), {:.1} steps per turn, head {} B, decision requests up to {} KB",
                 latency,
                 steps / (hi + 1 - lo) as f64,
                 sum.head_bytes,
@@ -550,7 +630,6 @@ fn print_report(args: &Args, backend: Backend, turns: &[TurnFigures]) {
                     + sqs * SQS_REQUEST
                     + invocations * LAMBDA_REQUEST
                     + gb_s * LAMBDA_GB_SECOND;
-                let waited = ms(sum.tally.waited) / steps;
                 let ops: Vec<String> = sum
                     .tally
                     .dynamodb
@@ -560,10 +639,9 @@ fn print_report(args: &Args, backend: Backend, turns: &[TurnFigures]) {
                 println!(
                     "  turn {at:>5} (turns {lo}-{hi}): {wu:.1} WU, {ru:.2} RU, {requests:.2} DynamoDB requests ({}), \
                      {sqs:.2} SQS requests, {invocations:.2} invocations, ${:.2}/M steps; \
-                     {latency:.1} ms per step of which {waited:.1} ms waiting for moto (engine {:.1} ms); head {} B, decision requests up to {} KB{}",
+                     {latency:.1} ms per step of which {waited:.1} ms waiting for moto and {model:.1} ms in the model (engine {engine:.1} ms); head {} B, decision requests up to {} KB{}",
                     ops.join(", "),
                     dollars * 1e6,
-                    latency - waited,
                     sum.head_bytes,
                     sum.request_bytes / 1024,
                     if sum.tally.failed.is_empty() {
@@ -580,21 +658,23 @@ fn print_report(args: &Args, backend: Backend, turns: &[TurnFigures]) {
     {
         let ratio = |a: f64, b: f64| if a > 0.0 { b / a } else { 0.0 };
         let latency = ratio(first.1, last.1);
+        let engine = ratio(first.3, last.3);
         let verdict = |r: f64| if r <= TARGET_FLAT { "within" } else { "OVER" };
         match backend {
             Backend::Sqlite => println!(
-                "  turn {} / turn {}: latency per step {latency:.2}x ({} the goal of {TARGET_FLAT}x)",
+                "  turn {} / turn {}: latency per step {latency:.2}x; the engine's own {engine:.2}x ({} the goal of {TARGET_FLAT}x)",
                 last.0,
                 first.0,
-                verdict(latency)
+                verdict(engine)
             ),
             Backend::Dynamodb => {
                 let wu = ratio(first.2, last.2);
                 println!(
-                    "  turn {} / turn {}: write units per step {wu:.2}x ({} {TARGET_FLAT}x); latency per step {latency:.2}x on moto",
+                    "  turn {} / turn {}: write units per step {wu:.2}x ({} {TARGET_FLAT}x); latency per step {latency:.2}x on moto, the engine's own {engine:.2}x ({} {TARGET_FLAT}x)",
                     last.0,
                     first.0,
-                    verdict(wu)
+                    verdict(wu),
+                    verdict(engine)
                 );
             }
         }
@@ -617,13 +697,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let catalog = Arc::new(catalog());
     let script = worker_script(Arc::clone(&catalog), args.loop_steps, args.state_kb);
     let sizes = Arc::new(RequestSizes::default());
+    let model = Arc::new(ModelTime::default());
     let observed = Arc::clone(&sizes);
     let worker = FakeWorker::start(None, move |request: &DecisionRequest, delivery| {
         observed.observe(request);
         script(request, delivery)
     })
     .await;
-    let config = Config::parse(&config_toml(&worker.url(), args.wait_hours * 3600), "long_session.toml")?;
+    let config = Config::parse(
+        &config_toml(&worker.url(), args.wait_hours * 3600, args.worker_messages),
+        "long_session.toml",
+    )?;
     let mut backends = args.backends.clone();
     backends.sort_unstable();
     backends.dedup();
@@ -631,8 +715,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     for backend in backends {
         let started = Instant::now();
         let (turns, waited) = match backend {
-            Backend::Sqlite => (run_sqlite(&args, &config, &sizes).await?, None),
-            Backend::Dynamodb => run_dynamodb(&args, &config, &sizes).await?,
+            Backend::Sqlite => (run_sqlite(&args, &config, &sizes, &model).await?, None),
+            Backend::Dynamodb => run_dynamodb(&args, &config, &sizes, &model).await?,
         };
         eprintln!("  {backend:?}: {:.0} s", started.elapsed().as_secs_f64());
         print_report(&args, backend, &turns);

@@ -71,6 +71,7 @@ fn a_worker_tool_call_streams_runs_and_completes_before_the_turn_ends() {
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     h.accept();
     h.run_llm(reply("Sunny in Oslo"));
@@ -325,6 +326,7 @@ fn an_interrupt_is_an_input_request_with_its_questions_and_resuming_completes_it
         attempt: req.attempts,
         response: Box::new(response),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     let p = project(&h);
     let chat = p.chat();
@@ -422,6 +424,7 @@ fn a_call_still_running_when_its_turn_ends_is_cancelled_first() {
         attempt: req.attempts,
         response: Box::new(response),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     assert_eq!(h.last_turn().status, TurnStatus::Completed);
     let p = project(&h);

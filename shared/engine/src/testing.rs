@@ -262,6 +262,7 @@ impl Driver {
             attempt: request.attempts,
             response: Box::new(respond(&request)),
             ignored_fields: Vec::new(),
+            transcript: Default::default(),
         });
         (request, events)
     }

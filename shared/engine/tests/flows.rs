@@ -102,6 +102,7 @@ fn tool_loop_with_two_parallel_worker_tools() {
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     // tool.execute for c2 is live now; the tool.finished for c1 waits behind it.
     let req = h.deliver();
@@ -114,6 +115,7 @@ fn tool_loop_with_two_parallel_worker_tools() {
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     // tool.finished c1: c2 not yet reported, so pending_calls = 1 and no llm.call proposed.
     let (req, _) = h.accept();
@@ -311,6 +313,7 @@ fn results_queue_while_interrupted() {
         attempt: 1,
         response: Box::new(DecisionResponse { actions: Some(vec![result]), ..Default::default() }),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     // The resume does not call the model while the step's result is still to be reported...
     let (req, _) = h.accept();
@@ -571,6 +574,7 @@ fn a_timed_out_delivery_is_retried_with_the_same_decision() {
         attempt: 1,
         response: Box::new(first.proposed.clone()),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     };
     assert!(!h.exec(answer.clone()).is_empty());
     assert!(h.exec(answer).is_empty());

@@ -171,6 +171,7 @@ fn a_response_to_a_decision_that_is_not_live_is_a_no_op() {
         attempt: 1,
         response: Box::default(),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     assert!(events.is_empty());
 }
@@ -314,6 +315,7 @@ fn calls_and_decisions_record_when_each_step_happened() {
         attempt: 2,
         response: Box::new(request.proposed),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     assert_eq!(
         timed(&h.log[start..]),
@@ -381,8 +383,81 @@ fn an_echo_of_known_ids_writes_nothing_and_the_request_carries_path_and_tree() {
         attempt: 1,
         response: Box::new(echo),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     assert_eq!(names(&events), ["decision.resolved"], "the worker vetoed the reply by not echoing it");
+}
+
+#[test]
+fn a_windowed_request_cuts_the_recorded_part_of_a_view_and_an_echo_of_it_continues_at_the_head() {
+    let last = |n: usize| Transcript::Last(n.try_into().unwrap());
+    let ids_of = |messages: &[DraftMessage]| -> Vec<String> {
+        messages.iter().map(|m| m.id.as_ref().map_or_else(|| m.content_text(), |id| id.to_string())).collect()
+    };
+    let mut h = harness("s", init("w", Some(agent("m")), true));
+    h.accept();
+    let recorded: Vec<DraftMessage> =
+        ["a", "b", "c", "d"].iter().map(|id| DraftMessage::user(*id).with_id(*id)).collect();
+    h.exec(client_messages("w", recorded.clone()));
+    h.answer(DecisionResponse {
+        messages: Some(recorded.clone()),
+        actions: Some(vec![Action::Done(DoneAction::default())]),
+        ..Default::default()
+    });
+    // The client's whole view, with one new message: the window keeps the last two recorded.
+    let mut view = recorded.clone();
+    view.push(DraftMessage::user("e"));
+    h.exec(client_messages("w", view));
+    let whole = h.session.decision_request().unwrap();
+    let Trigger::ClientMessages(t) = &whole.trigger else { panic!() };
+    assert_eq!(
+        (ids_of(&t.messages), t.new_from),
+        (vec!["a".into(), "b".into(), "c".into(), "d".into(), "e".into()], 4)
+    );
+    let windowed = h.session.decision_request_with(last(2)).unwrap();
+    let Trigger::ClientMessages(t) = &windowed.trigger else { panic!() };
+    assert_eq!((ids_of(&t.messages), t.new_from), (vec!["c".into(), "d".into(), "e".into()], 2));
+    assert_eq!(windowed.messages.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["c", "d"]);
+    assert_eq!(windowed.message_tree.nodes[0].parent_id.as_ref().map(|p| p.as_str()), Some("b"));
+    // A window wider than the conversation is the whole request.
+    assert_eq!(h.session.decision_request_with(last(50)).unwrap(), whole);
+    // The worker echoes its window's view: "e" continues at the head, as with the whole view
+    // (read from the root, the same answer would record c, d, e afresh as a new conversation).
+    h.exec(Command::Answer {
+        decision_id: windowed.decision_id.clone(),
+        attempt: 1,
+        response: Box::new(DecisionResponse {
+            messages: Some(t.messages.clone()),
+            actions: Some(vec![Action::Done(DoneAction::default())]),
+            ..Default::default()
+        }),
+        ignored_fields: Vec::new(),
+        transcript: last(2),
+    });
+    let path: Vec<String> = h.session.tree().active_path().iter().map(|m| m.content_text()).collect();
+    assert_eq!(path, ["a", "b", "c", "d", "e"]);
+    // A fork after "b": the window counts back from the fork point, not from the head.
+    h.exec(client_messages("w", vec![recorded[0].clone(), recorded[1].clone(), DraftMessage::user("x")]));
+    let Trigger::ClientMessages(t) = h.session.decision_request_with(last(1)).unwrap().trigger else {
+        panic!()
+    };
+    assert_eq!((ids_of(&t.messages), t.new_from), (vec!["b".into(), "x".into()], 1));
+    // An answer whose first message is not a recorded one reads from the window's start (as a
+    // whole-conversation answer reads from the root): the window [e] now reads [y].
+    let live = h.session.decision().unwrap().id.clone();
+    h.exec(Command::Answer {
+        decision_id: live,
+        attempt: 1,
+        response: Box::new(DecisionResponse {
+            messages: Some(vec![DraftMessage::user("y")]),
+            actions: Some(vec![Action::Done(DoneAction::default())]),
+            ..Default::default()
+        }),
+        ignored_fields: Vec::new(),
+        transcript: last(1),
+    });
+    let path: Vec<String> = h.session.tree().active_path().iter().map(|m| m.content_text()).collect();
+    assert_eq!(path, ["a", "b", "c", "d", "y"]);
 }
 
 // ----- calls -----------------------------------------------------------------------------
@@ -468,6 +543,7 @@ fn a_timeout_is_a_retryable_deadline_exceeded_until_retries_run_out() {
         attempt: 1,
         response: Box::default(),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     // A late result for attempt 1 is refused by the fence.
     let late = Action::ToolResult(ToolResultAction {
@@ -542,6 +618,7 @@ fn a_result_violating_the_output_schema_settles_as_a_terminal_error() {
         attempt: 1,
         response: Box::new(respond(vec![result])),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     let (req, _) = h.accept();
     let Trigger::ToolFinished(f) = &req.trigger else { panic!() };
@@ -568,6 +645,7 @@ fn a_worker_llm_call_in_openai_format_goes_out_and_comes_back_native() {
         attempt: 1,
         response: Box::new(respond(vec![result])),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     h.accept();
     assert_eq!(h.path_texts(), ["User:hi", "Assistant:hey"]);
@@ -608,6 +686,7 @@ fn a_paused_branch_accepts_settles_but_refuses_new_user_messages() {
         attempt: req.attempts,
         response: Box::new(response),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     assert!(h.session.active_turn_id().is_none() && h.session.is_paused());
     let err = h.try_exec(message("w", "next")).unwrap_err();
@@ -1318,6 +1397,7 @@ fn a_worker_answer_with_unknown_fields_is_accepted_and_its_resolution_names_them
         attempt: request.attempts,
         response: Box::new(response),
         ignored_fields: ignored,
+        transcript: Default::default(),
     });
     let recorded = events.iter().find_map(|e| match e {
         Event::DecisionResolved { ignored_fields, .. } => Some(ignored_fields.clone()),
@@ -1358,6 +1438,7 @@ fn a_turn_whose_cost_passes_max_cost_fails_with_budget_exceeded_and_voids_its_wo
         attempt: request.attempts,
         response: Box::new(response),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     });
     assert_eq!(h.last_turn().status, TurnStatus::Active, "0.001 is within the budget");
     // The second call takes the turn to 0.002: past 0.0015.
@@ -1470,6 +1551,7 @@ fn a_call_id_only_the_store_remembers_is_not_made_again_nor_settled_again() {
         attempt: req.attempts,
         response: Box::new(respond(vec![call])),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     };
     let fresh = handle_knowing(&h, answer.clone(), Vec::new());
     assert!(names(&fresh.events).contains(&"call.created"));

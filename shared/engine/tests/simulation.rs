@@ -146,6 +146,7 @@ fn worker_answer(rng: &mut Rng, req: &DecisionRequest) -> Command {
         attempt,
         response: Box::new(response),
         ignored_fields: Vec::new(),
+        transcript: Default::default(),
     };
     let roll = rng.below(100);
     if roll < 6 {

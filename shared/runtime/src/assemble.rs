@@ -64,6 +64,7 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
             let worker = def.worker.as_ref().map(|url| WorkerEndpoint {
                 url: url.clone(),
                 secret: secrets.worker_secret(id).map(str::to_owned),
+                transcript: def.worker_messages,
             });
             let provider = def.llm_for(config).and_then(|llm| providers.get(llm).cloned());
             let agent = AgentRuntime {

@@ -252,13 +252,16 @@ impl Dispatcher {
         claimed: (Session, u64),
         deadline: Option<Timestamp>,
     ) -> Result<Option<Executed>> {
-        let Some(request) = claimed.0.decision_request() else { return Ok(None) };
         let session = &claimed.0;
+        if session.decision().is_none() {
+            return Ok(None);
+        }
         let agent = self.app.agent(session.agent_id());
         let Some(endpoint) = agent.and_then(|a| a.worker.clone()) else {
             let error = format!("agent {:?} has no worker configured", session.agent_id());
             return self.delivery_failed(session_id, decision_id, attempt, error, false).await.map(|()| None);
         };
+        let Some(request) = session.decision_request_with(endpoint.transcript) else { return Ok(None) };
         // A `tool.execute`/`llm.execute` delivery is bounded by its call's own timeout.
         let timeout = session.delivery_timeout_ms().map(Duration::from_millis);
         let stream_call = match &request.trigger {
@@ -286,6 +289,7 @@ impl Dispatcher {
                     attempt,
                     response: Box::new(answer.response),
                     ignored_fields: answer.ignored_fields,
+                    transcript: endpoint.transcript,
                 };
                 self.outcome(session_id, claimed, command, deadline).await.map(Some)
             }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::records::{CallError, SessionInit, TurnOrigin};
+use super::request::Transcript;
 use crate::ids::{CallId, DecisionId, InterruptId, SessionId, TurnId};
 use crate::protocol::{
     Action, CallStatus, ClientInput, ClientMessageInput, DecisionResponse, LlmResponse, Message,
@@ -60,6 +61,10 @@ pub enum Command {
         /// ([`crate::protocol::parse_response`]); recorded on `decision.resolved`.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         ignored_fields: Vec<String>,
+        /// How much of the conversation the answered request carried: a windowed request's
+        /// answer reads from where its messages start ([`Session::answer_base`]).
+        #[serde(default, skip_serializing_if = "Transcript::is_whole")]
+        transcript: Transcript,
     },
     /// A delivery of a decision failed.
     DeliveryFailed {

@@ -97,11 +97,12 @@ impl Tx {
                 self.emit(Event::Forked { session_id: into, turn_id });
             }
             Command::ClaimDecision { decision_id, attempt } => self.claim_decision(&decision_id, attempt)?,
-            Command::Answer { decision_id, attempt: _, response, ignored_fields } => {
+            Command::Answer { decision_id, attempt: _, response, ignored_fields, transcript } => {
                 // Any attempt's answer resolves the live decision; once resolved, later
                 // answers (redeliveries, stragglers) find it no longer live and are no-ops.
                 if let Some(decision) = self.session.decision.clone().filter(|d| d.id == decision_id) {
-                    self.resolve(&decision, *response, None, Resolver::Worker, ignored_fields);
+                    let base = self.session.answer_base(&response, transcript);
+                    self.resolve(&decision, *response, base, Resolver::Worker, ignored_fields);
                 }
             }
             Command::DeliveryFailed { decision_id, attempt, error, retryable } => {

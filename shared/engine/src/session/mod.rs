@@ -38,6 +38,7 @@ pub use records::{
     ForkOrigin, Interrupt, ParentLink, PathRef, PendingTrigger, Resolver, SessionInit, TriggerSource,
     TurnInput, TurnOrigin, TurnRecord, TurnStatus, Usage, Versioned, format_picodollars, parse_picodollars,
 };
+pub use request::Transcript;
 pub use tool_input::{check_output, validate_arguments};
 pub use tree::{Reconciled, Tree};
 pub use used::{UsedId, UsedIds};

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::request::Transcript;
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
 use crate::protocol::{
     AgentConfig, AgentTool, CallKind, CallStatus, ClientContext, DecisionResponse, DraftMessage, ErrorCode,
@@ -290,23 +291,38 @@ pub struct PathRef {
 }
 
 impl Decision {
-    /// The trigger as the wire shows it (a view kept by reference is spelled out).
-    pub fn wire_trigger(&self, tree: &super::Tree) -> Trigger {
-        match (&self.trigger, &self.view_base) {
-            (Trigger::ClientMessages(t), Some(base)) => {
-                let mut t = t.clone();
-                t.messages = prefixed(tree, base, &t.messages);
-                Trigger::ClientMessages(t)
+    /// The trigger as the wire shows it (a view kept by reference is spelled out), with the
+    /// recorded part of a client's view cut to `transcript` (`new_from` counted in what is left).
+    pub fn wire_trigger(&self, tree: &super::Tree, transcript: Transcript) -> Trigger {
+        let Trigger::ClientMessages(t) = &self.trigger else { return self.trigger.clone() };
+        let mut t = t.clone();
+        let before = match &self.view_base {
+            Some(base) => {
+                let (messages, before) = prefixed(tree, base, &t.messages, transcript);
+                t.messages = messages;
+                before
             }
-            (trigger, _) => trigger.clone(),
-        }
+            // A view the client spelled out: what precedes the news is recorded.
+            None => {
+                let before = match transcript {
+                    Transcript::Whole => 0,
+                    Transcript::Last(n) => t.new_from.saturating_sub(n.get()),
+                };
+                t.messages.drain(..before);
+                before
+            }
+        };
+        t.new_from = t.new_from.saturating_sub(before);
+        Trigger::ClientMessages(t)
     }
 
-    /// The proposal as the wire shows it (messages kept by reference spelled out).
-    pub fn wire_proposal(&self, tree: &super::Tree) -> DecisionResponse {
+    /// The proposal as the wire shows it (messages kept by reference spelled out, as far as
+    /// `transcript` reaches).
+    pub fn wire_proposal(&self, tree: &super::Tree, transcript: Transcript) -> DecisionResponse {
         let mut proposed = self.proposed.clone();
         if let Some(base) = &self.proposal_base {
-            proposed.messages = Some(prefixed(tree, base, proposed.messages.as_deref().unwrap_or_default()));
+            let tail = proposed.messages.as_deref().unwrap_or_default();
+            proposed.messages = Some(prefixed(tree, base, tail, transcript).0);
         }
         proposed
     }
@@ -317,11 +333,25 @@ impl Decision {
     }
 }
 
-fn prefixed(tree: &super::Tree, base: &PathRef, tail: &[DraftMessage]) -> Vec<DraftMessage> {
-    let mut messages: Vec<DraftMessage> =
-        tree.path_to(base.head.as_ref()).into_iter().map(crate::protocol::Message::to_draft).collect();
+/// The path to `base` (its end, as `transcript` says) then `tail`; and how many messages of
+/// the path were left out.
+fn prefixed(
+    tree: &super::Tree,
+    base: &PathRef,
+    tail: &[DraftMessage],
+    transcript: Transcript,
+) -> (Vec<DraftMessage>, usize) {
+    let (path, before) = match transcript {
+        Transcript::Whole => (tree.path_to(base.head.as_ref()), 0),
+        Transcript::Last(n) => {
+            let (end, before) = tree.path_end(base.head.as_ref(), n.get());
+            (end.into_iter().map(|node| &node.message).collect(), before)
+        }
+    };
+    let mut messages: Vec<DraftMessage> = Vec::with_capacity(path.len() + tail.len());
+    messages.extend(path.into_iter().map(crate::protocol::Message::to_draft));
     messages.extend_from_slice(tail);
-    messages
+    (messages, before)
 }
 
 /// News waiting for its decision.

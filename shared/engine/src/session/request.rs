@@ -1,35 +1,101 @@
 //! Building what goes over the wire from the session: the `DecisionRequest` of the live
 //! decision and the `LlmRequest` of an LLM call.
 
+use std::num::NonZeroUsize;
+
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::Session;
-use super::records::{CallRecord, CallSpec};
+use super::records::{CallRecord, CallSpec, PathRef};
 use crate::ids::TurnId;
 use crate::protocol::*;
+
+/// How much of the conversation a `DecisionRequest` carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transcript {
+    /// The protocol's request: the whole active path as `messages`, every recorded node as
+    /// `message_tree`.
+    #[default]
+    Whole,
+    /// The last messages of the active path (at most this many), and their nodes as the tree.
+    Last(NonZeroUsize),
+}
+
+impl Transcript {
+    pub fn is_whole(&self) -> bool {
+        *self == Transcript::Whole
+    }
+}
 
 impl Session {
     /// The `DecisionRequest` for the live decision, as it is delivered now.
     pub fn decision_request(&self) -> Option<DecisionRequest> {
+        self.decision_request_with(Transcript::Whole)
+    }
+
+    /// [`Session::decision_request`] carrying `transcript` of the conversation: the whole of it
+    /// as the protocol says, or the end of the active path for a worker that asked for no more
+    /// (so a step's request does not grow with the session). The window applies wherever the
+    /// request spells out recorded messages: `messages`, `message_tree`, and the recorded
+    /// part of a `client.messages` view in the trigger and the proposal (the news is whole).
+    pub fn decision_request_with(&self, transcript: Transcript) -> Option<DecisionRequest> {
         let d = self.decision.as_ref()?;
+        let (messages, message_tree) = match transcript {
+            Transcript::Whole => {
+                (self.tree.active_path().into_iter().cloned().collect(), self.tree.to_wire())
+            }
+            Transcript::Last(n) => self.last_messages(n.get()),
+        };
         Some(DecisionRequest {
             session_id: self.id.clone(),
             decision_id: d.id.clone(),
             agent_id: self.agent_id().to_owned(),
             identity: self.identity(),
-            trigger: d.wire_trigger(&self.tree),
-            proposed: d.wire_proposal(&self.tree),
+            trigger: d.wire_trigger(&self.tree, transcript),
+            proposed: d.wire_proposal(&self.tree, transcript),
             state: self.current_state(),
             agent: self.layered_agent(d.turn_id.as_ref()),
             calls: self.calls.iter().map(|c| self.wire_call(c)).collect(),
             pending_calls: self.pending_calls(),
-            messages: self.tree.active_path().into_iter().cloned().collect(),
-            message_tree: self.tree.to_wire(),
+            messages,
+            message_tree,
             ancestry: self.ancestry(),
             attempts: d.attempts,
             deadline: d.deadline.map(|t| t.to_rfc3339()),
             turn_id: d.turn_id.clone(),
         })
+    }
+
+    /// Where a worker's answer to a request carrying `transcript` reads from (`None`: the
+    /// root, as the protocol's whole-conversation answer does). An answer to a window reads
+    /// from the recorded parent of its first message when that message is a recorded one (an
+    /// echo of the window, or of a client view's), else from where the window starts: so an
+    /// echo continues at the head as the whole path's would, and never forks the
+    /// conversation for lack of the messages the worker was not sent.
+    pub fn answer_base(&self, response: &DecisionResponse, transcript: Transcript) -> Option<PathRef> {
+        let Transcript::Last(n) = transcript else { return None };
+        let first = response.messages.as_deref()?.iter().find(|m| m.role != Role::System)?;
+        let head = match first.id.as_ref().and_then(|id| self.tree.get(id)) {
+            Some(recorded) => recorded.parent_id.clone(),
+            None => self
+                .tree
+                .path_end(self.tree.head(), n.get())
+                .0
+                .first()
+                .and_then(|node| node.parent_id.clone()),
+        };
+        Some(PathRef { head })
+    }
+
+    /// The last `n` messages of the active path, and the tree of just their nodes (the first
+    /// one's `parent_id` names the message before them): costs `n`, not the transcript.
+    fn last_messages(&self, n: usize) -> (Vec<Message>, MessageTree) {
+        let (end, _) = self.tree.path_end(self.tree.head(), n);
+        let nodes: Vec<TreeNode> = end.into_iter().cloned().collect();
+        let messages = nodes.iter().map(|node| node.message.clone()).collect();
+        (messages, MessageTree { nodes, head_id: self.tree.head().cloned() })
     }
 
     /// A call as a decision sees it.

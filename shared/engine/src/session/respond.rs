@@ -18,7 +18,7 @@ const NOT_RUN: &str = "error: not run: its turn had ended";
 
 impl Tx {
     /// Resolves the live decision with `response`, whose messages follow the path `base`
-    /// when given (a proposal kept by reference). An invalid response fails the decision (and
+    /// when given (a proposal kept by reference, or a windowed request's answer). An invalid response fails the decision (and
     /// its turn) before anything of it is written. `ignored_fields` are the paths of unknown
     /// fields the worker's answer carried (recorded, never acted on).
     pub(super) fn resolve(
@@ -39,7 +39,7 @@ impl Tx {
         // to the news are recorded already, and the news follows as `message.recorded`) and
         // without its state (`state.written` follows with it).
         let omitted_messages = match (&reconciled, &mut response.messages) {
-            (Some(r), Some(messages)) if base.is_none() => {
+            (Some(r), Some(messages)) if base.is_none() || by == Resolver::Worker => {
                 messages.drain(..r.new_from.min(messages.len()));
                 r.new_from
             }

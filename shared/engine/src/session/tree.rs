@@ -287,6 +287,21 @@ impl Tree {
         path
     }
 
+    /// The last `n` nodes of the path from the root to `node`, root side first, and how many
+    /// nodes of the path come before them: a walk of `n` nodes, not of the path.
+    pub fn path_end(&self, node: Option<&MessageId>, n: usize) -> (Vec<&TreeNode>, usize) {
+        let mut at = node.and_then(|n| self.index.get(n.as_str()).copied());
+        let len = at.map_or(0, |i| self.meta[i].depth as usize + 1);
+        let mut end = Vec::with_capacity(n.min(len));
+        while let Some(i) = at.filter(|_| end.len() < n) {
+            end.push(&*self.nodes[i]);
+            at = self.meta[i].parent;
+        }
+        end.reverse();
+        let before = len - end.len();
+        (end, before)
+    }
+
     /// The active path, root to head.
     pub fn active_path(&self) -> Vec<&Message> {
         self.path_to(self.head())

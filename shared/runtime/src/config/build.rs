@@ -1,5 +1,7 @@
 //! The file as written (raw serde types), and the checks that turn it into a [`Config`].
 
+use std::num::NonZeroUsize;
+
 use super::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -69,6 +71,7 @@ pub(super) struct RawAgent {
     pub(super) llm: Option<String>,
     pub(super) worker: Option<String>,
     pub(super) worker_secret_env: Option<String>,
+    pub(super) worker_messages: Option<usize>,
     pub(super) max_cost: Option<RawMoney>,
     pub(super) max_llm_calls: Option<u64>,
 }
@@ -292,7 +295,22 @@ pub(super) fn build_agent(
                 format!("there is no worker to sign requests for ({worker} is not set)"),
             );
         }
+        if raw.worker_messages.is_some() {
+            problems.add(
+                at("worker_messages"),
+                format!("there is no worker to send decision requests to ({worker} is not set)"),
+            );
+        }
     }
+    let worker_messages = match raw.worker_messages.map(NonZeroUsize::new) {
+        None => Transcript::Whole,
+        Some(Some(n)) => Transcript::Last(n),
+        Some(None) => {
+            problems
+                .add(at("worker_messages"), "must be at least 1 (leave it out for the whole conversation)");
+            Transcript::Whole
+        }
+    };
     if let Some(var) = &raw.worker_secret_env {
         check_env_name(var, at("worker_secret_env"), problems);
     }
@@ -326,6 +344,7 @@ pub(super) fn build_agent(
         llm: raw.llm,
         worker: raw.worker,
         worker_secret_env: raw.worker_secret_env,
+        worker_messages,
         budget,
     }
 }

@@ -25,6 +25,7 @@
 //! llm = "openai"                # which [llm.<id>] runs its server LLM calls
 //! worker = "https://worker.example.com/decide"  # optional worker webhook
 //! worker_secret_env = "DEMO_WORKER_SECRET"      # optional: its HMAC secret's variable
+//! worker_messages = 40          # optional: decision requests carry the last 40 messages, not all
 //! max_cost = "0.50"             # optional: a turn's model calls may cost at most $0.50
 //! max_llm_calls = 20            # optional: and make at most 20 model calls
 //!
@@ -83,7 +84,7 @@ use toml::de::{DeTable, DeValue};
 use turnstone_engine::protocol::{
     AgentConfig, AgentTool, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler,
 };
-use turnstone_engine::session::{Budget, Defaults, Limits, parse_picodollars};
+use turnstone_engine::session::{Budget, Defaults, Limits, Transcript, parse_picodollars};
 
 /// The bundled demo configuration, the one a new user reads first.
 pub const DEMO_TOML: &str = include_str!("../demo.toml");
@@ -391,6 +392,9 @@ pub struct AgentDef {
     pub worker: Option<String>,
     /// The name of the environment variable holding the worker's HMAC secret.
     pub worker_secret_env: Option<String>,
+    /// How much of the conversation its worker's decision requests carry (`worker_messages`):
+    /// the whole of it (the protocol's request), or the last messages of the active path.
+    pub worker_messages: Transcript,
     /// Per-turn limits (`max_cost` in dollars, `max_llm_calls`): a turn past one fails with
     /// `budget_exceeded`.
     pub budget: Budget,

@@ -237,6 +237,7 @@ fn a_full_example_parses_to_every_field() {
             llm: Some("claude".into()),
             worker: Some("https://worker.example.com/decide".into()),
             worker_secret_env: Some("MAIN_WORKER_SECRET".into()),
+            worker_messages: Transcript::Whole,
             budget: Budget::default(),
         }
     );
@@ -292,7 +293,7 @@ fn unknown_keys_are_named_where_they_are() {
         err(&with_llm("[agent.demo]\nmodel = \"x\"\nmodle = \"y\"\n")),
         "turnstone.toml:6:1: agent.demo.modle: unknown key \"modle\" (did you mean \"model\"?); \
          expected one of: model, system, stream, handler, format, retry, tools, sub_agents, llm, \
-         worker, worker_secret_env, max_cost, max_llm_calls"
+         worker, worker_secret_env, worker_messages, max_cost, max_llm_calls"
     );
     assert_eq!(
         err(&with_llm(
@@ -496,6 +497,20 @@ fn worker_work_needs_a_worker() {
         "turnstone.toml:6:1: agent.demo.worker_secret_env: there is no worker to sign requests for \
          (agent.demo.worker is not set)"
     );
+    assert_eq!(
+        err(&with_llm("[agent.demo]\nmodel = \"x\"\nworker_messages = 40\n")),
+        "turnstone.toml:6:1: agent.demo.worker_messages: there is no worker to send decision requests to \
+         (agent.demo.worker is not set)"
+    );
+    let worker = "[agent.demo]\nmodel = \"x\"\nworker = \"http://127.0.0.1:9/decide\"\n";
+    assert_eq!(
+        err(&with_llm(&format!("{worker}worker_messages = 0\n"))),
+        "turnstone.toml:7:1: agent.demo.worker_messages: must be at least 1 (leave it out for the whole \
+         conversation)"
+    );
+    let config =
+        Config::parse(&with_llm(&format!("{worker}worker_messages = 40\n")), "turnstone.toml").unwrap();
+    assert_eq!(config.agent("demo").unwrap().worker_messages, Transcript::Last(40.try_into().unwrap()));
 }
 
 #[test]

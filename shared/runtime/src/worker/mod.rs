@@ -18,6 +18,7 @@ use async_trait::async_trait;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderValue};
 use reqwest::{Response, StatusCode};
 use turnstone_engine::protocol::{DecisionRequest, DecisionResponse, StreamDelta, parse_response, parse_str};
+use turnstone_engine::session::Transcript;
 
 pub use error::DeliveryError;
 pub use signature::{DEFAULT_TOLERANCE_SECS, SIGNATURE_HEADER, SignatureError, sign, verify};
@@ -65,12 +66,14 @@ pub struct WorkerEndpoint {
     pub url: String,
     /// The HMAC secret; `None` sends no signature header. Never printed.
     pub secret: Option<String>,
+    /// How much of the conversation its decision requests carry (`worker_messages`).
+    pub transcript: Transcript,
 }
 
 impl WorkerEndpoint {
     /// An endpoint at `url`, signing with `secret` when one is given.
     pub fn new(url: impl Into<String>, secret: Option<String>) -> Self {
-        WorkerEndpoint { url: url.into(), secret }
+        WorkerEndpoint { url: url.into(), secret, transcript: Transcript::Whole }
     }
 }
 
@@ -79,6 +82,7 @@ impl fmt::Debug for WorkerEndpoint {
         f.debug_struct("WorkerEndpoint")
             .field("url", &self.url)
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("transcript", &self.transcript)
             .finish()
     }
 }
