@@ -26,15 +26,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+// A model provider timed, shared with `long_session`.
+#[path = "support/timed_model.rs"]
+mod timed_model;
+
 use anyhow::{Context, bail};
 use async_trait::async_trait;
 use clap::{Parser, ValueEnum};
 use tokio::sync::watch;
 use turnstone_embedded::sqlite::SqliteOptions;
 use turnstone_embedded::{Durability, MemoryQueue, SqliteStore, StoreStats};
-use turnstone_engine::protocol::{
-    ClientInput, ClientMessageInput, DraftMessage, LlmRequest, LlmResponse, Role, StreamDelta,
-};
+use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DraftMessage, LlmRequest, Role};
 use turnstone_engine::session::{Event, TurnStatus};
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::api::{ApiError, Placement, Submitted, Turn};
@@ -43,9 +45,9 @@ use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
-use turnstone_runtime::llm::{ModelProvider, ProviderError};
 use turnstone_runtime::pool::Pool;
 // The binary's allocator (declared in its library), so the host is measured as it runs.
+use timed_model::{OnAnswer, TimedProvider};
 use turnstone as _;
 use turnstone_runtime::store::{
     Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
@@ -417,32 +419,10 @@ impl Store for CountingStore {
     }
 }
 
-/// A model provider, timed.
-struct TimedProvider {
-    inner: Arc<dyn ModelProvider>,
-    probe: Arc<Probe>,
-}
-
 /// The session a bench request belongs to: the first word of its last user message.
 fn session_of(request: &LlmRequest) -> Option<String> {
     let text = request.messages.iter().rev().find(|m| m.role == Role::User)?.content_text();
     text.split_whitespace().next().map(str::to_owned)
-}
-
-#[async_trait]
-impl ModelProvider for TimedProvider {
-    async fn complete(
-        &self,
-        request: &LlmRequest,
-        stream: bool,
-        timeout: Option<Duration>,
-        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
-    ) -> Result<LlmResponse, ProviderError> {
-        let started = Instant::now();
-        let result = self.inner.complete(request, stream, timeout, on_delta).await;
-        self.probe.model(session_of(request).as_deref(), started.elapsed());
-        result
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -635,7 +615,10 @@ async fn run(
     let mut agents = assemble::agents(&config, &secrets)?;
     for agent in agents.values_mut() {
         if let Some(inner) = agent.provider.take() {
-            agent.provider = Some(Arc::new(TimedProvider { inner, probe: Arc::clone(&probe) }));
+            let probe = Arc::clone(&probe);
+            let on_answer: OnAnswer =
+                Arc::new(move |request, took| probe.model(session_of(request).as_deref(), took));
+            agent.provider = Some(Arc::new(TimedProvider { inner, on_answer }));
         }
     }
     let counting = CountingStore { inner: store.clone(), probe: Arc::clone(&probe), sizes: args.sizes };

@@ -41,6 +41,9 @@ mod lambda;
 mod meter;
 #[path = "aws_cost/worker.rs"]
 mod worker;
+// A model provider timed, shared with `bench`.
+#[path = "support/timed_model.rs"]
+mod timed_model;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -57,9 +60,7 @@ use turnstone_aws::schedule::at_expression;
 use turnstone_aws::{ManagementFrames, QueueSettings, Scheduler, SqsQueue, moto};
 use turnstone_embedded::sqlite::SqliteOptions;
 use turnstone_embedded::{Durability, MemoryQueue, SqliteStore};
-use turnstone_engine::protocol::{
-    ClientInput, ClientMessageInput, DecisionRequest, DraftMessage, LlmRequest, LlmResponse, StreamDelta,
-};
+use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DecisionRequest, DraftMessage};
 use turnstone_engine::session::TurnStatus;
 use turnstone_engine::time::Timestamp;
 use turnstone_runtime::api::Placement;
@@ -68,7 +69,7 @@ use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::{Clock, SystemClock};
 use turnstone_runtime::config::Config;
-use turnstone_runtime::llm::{ModelProvider, ProviderError};
+use turnstone_runtime::llm::ModelProvider;
 use turnstone_runtime::pool::Pool;
 use turnstone_runtime::queue::Queue;
 use turnstone_tests::FakeWorker;
@@ -79,6 +80,7 @@ use lambda::{Bench, CountingStore, Invocations, POLL, Shared, TURN_DEADLINE};
 use meter::{
     DYNAMODB_READ_UNIT, DYNAMODB_WRITE_UNIT, LAMBDA_GB_SECOND, LAMBDA_REQUEST, Meter, SQS_REQUEST, Tally,
 };
+use timed_model::{OnAnswer, TimedProvider};
 use worker::{LOOP_MARK, catalog, toml_value, worker_script};
 
 /// How far turn 1,000 may be from turn 1 (issue 25's goal), per step.
@@ -192,50 +194,44 @@ impl ModelTime {
     }
 }
 
-/// A provider timed by [`ModelTime`].
-struct Timed {
-    inner: Arc<dyn ModelProvider>,
-    spent: Arc<ModelTime>,
-}
-
-#[async_trait::async_trait]
-impl ModelProvider for Timed {
-    async fn complete(
-        &self,
-        request: &LlmRequest,
-        stream: bool,
-        timeout: Option<Duration>,
-        on_delta: &mut (dyn FnMut(StreamDelta) + Send),
-    ) -> Result<LlmResponse, ProviderError> {
-        let started = Instant::now();
-        let answer = self.inner.complete(request, stream, timeout, on_delta).await;
-        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.spent.nanos.fetch_add(nanos, Ordering::Relaxed);
-        answer
-    }
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-}
-
 /// The agents of `config`, their model timed by `spent`.
 fn timed_agents(config: &Config, spent: &Arc<ModelTime>) -> anyhow::Result<BTreeMap<String, AgentRuntime>> {
     let secrets = config.resolve_secrets(|_| None)?;
     let mut agents = assemble::agents(config, &secrets)?;
     for agent in agents.values_mut() {
+        let spent = Arc::clone(spent);
+        let on_answer: OnAnswer = Arc::new(move |_, took| {
+            let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            spent.nanos.fetch_add(nanos, Ordering::Relaxed);
+        });
         agent.provider = agent
             .provider
             .take()
-            .map(|inner| Arc::new(Timed { inner, spent: Arc::clone(spent) }) as Arc<dyn ModelProvider>);
+            .map(|inner| Arc::new(TimedProvider { inner, on_answer }) as Arc<dyn ModelProvider>);
     }
     Ok(agents)
+}
+
+/// CPU time the process's threads have spent so far (the first field of each thread's
+/// `/proc/self/task/<tid>/schedstat`, in nanoseconds): what the functions, the worker and the
+/// model cost the machine, whatever moto's speed. A thread that has ended is not counted; the
+/// runtime's threads live as long as the run.
+fn cpu_time() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return Duration::ZERO };
+    let nanos: u64 = tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(nanos)
 }
 
 /// What one turn took.
 #[derive(Debug, Default, Clone)]
 struct TurnFigures {
     wall: Duration,
+    /// The process's CPU time in the turn ([`cpu_time`]).
+    cpu: Duration,
     /// Of `wall`, the model's own time ([`ModelTime`]).
     model: Duration,
     tally: Tally,
@@ -291,6 +287,7 @@ fn window(turns: &[TurnFigures], at: usize, width: usize) -> Option<(usize, usiz
     let mut sum = TurnFigures::default();
     for t in &turns[lo - 1..hi] {
         sum.wall += t.wall;
+        sum.cpu += t.cpu;
         sum.model += t.model;
         sum.tally.commits += t.tally.commits;
         sum.tally.waited += t.tally.waited;
@@ -350,6 +347,7 @@ async fn run_sqlite(
         meter.start();
         sizes.start(reported(args, n));
         model.take();
+        let cpu = cpu_time();
         let began = Instant::now();
         let submitted = app.submit(&session_id, turn_input(n), Placement::Start, &Caller::Anyone).await?;
         let turn_id = submitted.turn_id.context("the input started no turn")?;
@@ -357,6 +355,7 @@ async fn run_sqlite(
             .await
             .with_context(|| format!("turn {n} did not end within {TURN_DEADLINE:?}"))??;
         let wall = began.elapsed();
+        let cpu = cpu_time().saturating_sub(cpu);
         let (tally, _) = meter.stop();
         let (session, _) = app.load(&session_id).await?;
         let turn = session.turn(&turn_id).context("the turn is gone")?;
@@ -365,6 +364,7 @@ async fn run_sqlite(
         }
         turns.push(TurnFigures {
             wall,
+            cpu,
             model: model.take(),
             tally,
             head_bytes: turnstone_engine::json_len(&session),
@@ -481,13 +481,16 @@ async fn run_dynamodb(
         meter.start();
         sizes.start(reported(args, n));
         model.take();
+        let cpu = cpu_time();
         let began = Instant::now();
         bench.run_turn(&mut functions, false, &session_id, turn_input(n), &mut invocations).await?;
         let wall = began.elapsed();
+        let cpu = cpu_time().saturating_sub(cpu);
         let (tally, _) = meter.stop();
         let (session, _) = bench.observer.app.load(&session_id).await?;
         turns.push(TurnFigures {
             wall,
+            cpu,
             model: model.take(),
             tally,
             head_bytes: turnstone_engine::json_len(&session),
@@ -606,15 +609,21 @@ fn print_report(args: &Args, backend: Backend, turns: &[TurnFigures]) {
         let steps = sum.tally.commits.max(1) as f64;
         let latency = ms(sum.wall) / steps;
         let model = ms(sum.model) / steps;
+        let cpu = ms(sum.cpu) / steps;
         let waited = ms(sum.tally.waited) / steps;
-        // The engine's own: neither the model's time nor (on moto) the time waiting for moto.
-        let engine = latency - model - waited;
+        // The engine's own, without the model's time (the scripted model reads the whole
+        // conversation, as any model does): on SQLite its latency; on moto, whose time per
+        // request is moto's (and whose waits overlap), the CPU time it costs.
+        let engine = match backend {
+            Backend::Sqlite => latency - model,
+            Backend::Dynamodb => cpu - model,
+        };
         let wu = sum.tally.total_write_units() as f64 / steps;
         let ru = sum.tally.read_units() / steps;
         rows.push((at, latency, wu, engine));
         match backend {
             Backend::Sqlite => println!(
-                "  turn {at:>5} (turns {lo}-{hi}): {:.2} ms per step (model {model:.2} ms, engine {engine:.2} ms), {:.1} steps per turn, head {} B, decision requests up to {} KB",
+                "  turn {at:>5} (turns {lo}-{hi}): {:.2} ms per step (model {model:.2} ms, engine {engine:.2} ms; CPU {cpu:.2} ms), {:.1} steps per turn, head {} B, decision requests up to {} KB",
                 latency,
                 steps / (hi + 1 - lo) as f64,
                 sum.head_bytes,
@@ -639,7 +648,7 @@ fn print_report(args: &Args, backend: Backend, turns: &[TurnFigures]) {
                 println!(
                     "  turn {at:>5} (turns {lo}-{hi}): {wu:.1} WU, {ru:.2} RU, {requests:.2} DynamoDB requests ({}), \
                      {sqs:.2} SQS requests, {invocations:.2} invocations, ${:.2}/M steps; \
-                     {latency:.1} ms per step of which {waited:.1} ms waiting for moto and {model:.1} ms in the model (engine {engine:.1} ms); head {} B, decision requests up to {} KB{}",
+                     {latency:.1} ms per step ({waited:.1} ms of requests to moto); CPU {cpu:.2} ms per step, of which the model {model:.2} ms (engine {engine:.2} ms); head {} B, decision requests up to {} KB{}",
                     ops.join(", "),
                     dollars * 1e6,
                     sum.head_bytes,
@@ -670,7 +679,7 @@ fn print_report(args: &Args, backend: Backend, turns: &[TurnFigures]) {
             Backend::Dynamodb => {
                 let wu = ratio(first.2, last.2);
                 println!(
-                    "  turn {} / turn {}: write units per step {wu:.2}x ({} {TARGET_FLAT}x); latency per step {latency:.2}x on moto, the engine's own {engine:.2}x ({} {TARGET_FLAT}x)",
+                    "  turn {} / turn {}: write units per step {wu:.2}x ({} {TARGET_FLAT}x); the engine's CPU per step {engine:.2}x ({} {TARGET_FLAT}x); latency per step {latency:.2}x on moto",
                     last.0,
                     first.0,
                     verdict(wu),

@@ -63,6 +63,30 @@ use template::{Physical, Stack, Template, TemplateError};
 pub const ACCOUNT: &str = "123456789012";
 pub const REGION: &str = "us-east-1";
 
+/// The records of the SQS event Lambda's SQS event source builds for a batch of `messages`
+/// received from the queue `queue_arn` (developer guide, "Using Lambda with Amazon SQS", the
+/// example event): one record per message, in order.
+pub fn sqs_records(messages: &[aws_sdk_sqs::types::Message], queue_arn: &str) -> Vec<serde_json::Value> {
+    messages
+        .iter()
+        .map(|m| {
+            let attributes: BTreeMap<&str, &str> =
+                m.attributes().into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            json!({
+                "messageId": m.message_id(),
+                "receiptHandle": m.receipt_handle(),
+                "body": m.body(),
+                "attributes": attributes,
+                "messageAttributes": {},
+                "md5OfBody": m.md5_of_body(),
+                "eventSource": "aws:sqs",
+                "eventSourceARN": queue_arn,
+                "awsRegion": REGION,
+            })
+        })
+        .collect()
+}
+
 /// How often the sweep runs (the template's schedule is a minute; tests cannot wait that long).
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// How many batches the event source mapping has in flight at once.
@@ -891,24 +915,7 @@ impl EventSource {
             if messages.is_empty() {
                 continue;
             }
-            let records: Vec<_> = messages
-                .iter()
-                .map(|m| {
-                    let attributes: BTreeMap<&str, &str> =
-                        m.attributes().into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                    json!({
-                        "messageId": m.message_id(),
-                        "receiptHandle": m.receipt_handle(),
-                        "body": m.body(),
-                        "attributes": attributes,
-                        "messageAttributes": {},
-                        "md5OfBody": m.md5_of_body(),
-                        "eventSource": "aws:sqs",
-                        "eventSourceARN": self.queue_arn,
-                        "awsRegion": REGION,
-                    })
-                })
-                .collect();
+            let records = sqs_records(&messages, &self.queue_arn);
             let records = if self.duplicates.load(Ordering::Relaxed) { duplicated(records) } else { records };
             self.largest_batch.fetch_max(records.len(), Ordering::Relaxed);
             let event = serde_json::from_value(json!({ "Records": records })).expect("an SQS event");
