@@ -273,11 +273,14 @@ pub struct Index {
     pub projected: Option<Vec<String>>,
 }
 
-/// What the meter remembers of an item in the table.
-#[derive(Debug, Clone)]
+/// What the meter remembers of an item in the table: its size and its entry in each index (in
+/// the order of the meter's indexes), what the next write of the item is priced against. Not
+/// the item itself: a long session writes a thousand times its state, and a meter holding every
+/// item slowed the process it measures as the table grew.
+#[derive(Debug)]
 struct Stored {
     size: u64,
-    item: Map<String, Value>,
+    entries: Vec<Option<Entry>>,
 }
 
 /// A table item's key, `(PK, SK)`.
@@ -324,15 +327,11 @@ impl Index {
         Some(Entry { keys, projected, size })
     }
 
-    /// Index write units (and entry bytes) of replacing `before` by `after` (either may be
-    /// absent).
-    fn write_units(
-        &self,
-        before: Option<&Map<String, Value>>,
-        after: Option<&Map<String, Value>>,
-    ) -> (u64, u64) {
+    /// Index write units (and entry bytes) of replacing entry `before` by `after` (either may
+    /// be absent).
+    fn write_units(before: Option<&Entry>, after: Option<&Entry>) -> (u64, u64) {
         let units = |size: u64| ceil_div(size, WRITE_UNIT_BYTES).max(1);
-        match (before.and_then(|i| self.entry(i)), after.and_then(|i| self.entry(i))) {
+        match (before, after) {
             (None, None) => (0, 0),
             (None, Some(entry)) | (Some(entry), None) => (units(entry.size), entry.size),
             // New keys: the old entry is deleted and the new one put.
@@ -463,13 +462,15 @@ impl State {
     fn write_item(&mut self, item: &Map<String, Value>, transactional: bool) -> String {
         let Some(key) = key_of(item) else { return "a put without PK/SK".to_owned() };
         let size = item_size(item);
-        let before = self.stored.get(&key).cloned();
-        let units = write_units(before.as_ref().map_or(0, |b| b.size), size, transactional);
+        let before = self.stored.get(&key);
+        let units = write_units(before.map_or(0, |b| b.size), size, transactional);
         let kind = Kind::of(&key.1);
         let mut index_units = 0;
         let mut index_bytes = 0;
-        for index in &self.indexes {
-            let (units, bytes) = index.write_units(before.as_ref().map(|b| &b.item), Some(item));
+        let entries: Vec<Option<Entry>> = self.indexes.iter().map(|index| index.entry(item)).collect();
+        for (i, entry) in entries.iter().enumerate() {
+            let old = before.and_then(|b| b.entries.get(i)).and_then(Option::as_ref);
+            let (units, bytes) = Index::write_units(old, entry.as_ref());
             index_units += units;
             index_bytes += bytes;
         }
@@ -481,7 +482,7 @@ impl State {
                 *self.tally.items_written.entry(Kind::Index).or_default() += 1;
             }
         }
-        self.stored.insert(key.clone(), Stored { size, item: item.clone() });
+        self.stored.insert(key.clone(), Stored { size, entries });
         let index = if index_units > 0 { format!(" +{index_units} index WU") } else { String::new() };
         format!("{} {size} B {units} WU{index}", key.1)
     }
