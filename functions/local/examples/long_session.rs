@@ -232,6 +232,8 @@ struct TurnFigures {
     wall: Duration,
     /// The process's CPU time in the turn ([`cpu_time`]).
     cpu: Duration,
+    /// The program's own polls while waiting for the turn (DynamoDB: [`lambda::HARNESS_POLLS`]).
+    polls: u64,
     /// Of `wall`, the model's own time ([`ModelTime`]).
     model: Duration,
     tally: Tally,
@@ -288,6 +290,7 @@ fn window(turns: &[TurnFigures], at: usize, width: usize) -> Option<(usize, usiz
     for t in &turns[lo - 1..hi] {
         sum.wall += t.wall;
         sum.cpu += t.cpu;
+        sum.polls += t.polls;
         sum.model += t.model;
         sum.tally.commits += t.tally.commits;
         sum.tally.waited += t.tally.waited;
@@ -481,6 +484,7 @@ async fn run_dynamodb(
         meter.start();
         sizes.start(reported(args, n));
         model.take();
+        lambda::HARNESS_POLLS.store(0, Ordering::Relaxed);
         let cpu = cpu_time();
         let began = Instant::now();
         bench.run_turn(&mut functions, false, &session_id, turn_input(n), &mut invocations).await?;
@@ -491,6 +495,7 @@ async fn run_dynamodb(
         turns.push(TurnFigures {
             wall,
             cpu,
+            polls: lambda::HARNESS_POLLS.load(Ordering::Relaxed),
             model: model.take(),
             tally,
             head_bytes: turnstone_engine::json_len(&session),
@@ -648,9 +653,10 @@ fn print_report(args: &Args, backend: Backend, turns: &[TurnFigures]) {
                 println!(
                     "  turn {at:>5} (turns {lo}-{hi}): {wu:.1} WU, {ru:.2} RU, {requests:.2} DynamoDB requests ({}), \
                      {sqs:.2} SQS requests, {invocations:.2} invocations, ${:.2}/M steps; \
-                     {latency:.1} ms per step ({waited:.1} ms of requests to moto); CPU {cpu:.2} ms per step, of which the model {model:.2} ms (engine {engine:.2} ms); head {} B, decision requests up to {} KB{}",
+                     {latency:.1} ms per step ({waited:.1} ms of requests to moto); CPU {cpu:.2} ms per step, of which the model {model:.2} ms (engine {engine:.2} ms), {:.2} polls of the program's own; head {} B, decision requests up to {} KB{}",
                     ops.join(", "),
                     dollars * 1e6,
+                    sum.polls as f64 / steps,
                     sum.head_bytes,
                     sum.request_bytes / 1024,
                     if sum.tally.failed.is_empty() {

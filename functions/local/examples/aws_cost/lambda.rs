@@ -28,6 +28,11 @@ use turnstone_runtime::store::{
 
 use crate::meter::{Meter, Tally};
 
+/// The program's own looks while it waits for a turn to end (not the functions' work): batches
+/// asked of the event source that came back empty, and the observer's loads of the session.
+/// More of them per step means the program polled more, as when moto answers slower.
+pub static HARNESS_POLLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// How long a turn may take before the run fails.
 pub const TURN_DEADLINE: Duration = Duration::from_secs(120);
 /// How long the event source waits for a message while a turn is still running.
@@ -326,7 +331,11 @@ impl Bench {
             if !dispatched && let Some(messages) = ended {
                 return Ok(messages);
             }
+            if !dispatched {
+                HARNESS_POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             if ended.is_none() {
+                HARNESS_POLLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let (session, _) = self.observer.app.load(session_id).await?;
                 if let Some(turn) = session.turn(turn_id).filter(|t| t.status.is_ended()) {
                     if turn.status != TurnStatus::Completed {
