@@ -388,6 +388,22 @@ fn an_echo_of_known_ids_writes_nothing_and_the_request_carries_path_and_tree() {
     assert_eq!(names(&events), ["decision.resolved"], "the worker vetoed the reply by not echoing it");
 }
 
+/// Answers the live decision with `messages` and `done`, as a worker sent `transcript`.
+fn answer_done(h: &mut Harness, messages: Vec<DraftMessage>, transcript: Transcript) {
+    let decision_id = h.session.decision().unwrap().id.clone();
+    h.exec(Command::Answer {
+        decision_id,
+        attempt: 1,
+        response: Box::new(DecisionResponse {
+            messages: Some(messages),
+            actions: Some(vec![Action::Done(DoneAction::default())]),
+            ..Default::default()
+        }),
+        ignored_fields: Vec::new(),
+        transcript,
+    });
+}
+
 #[test]
 fn a_windowed_request_cuts_the_recorded_part_of_a_view_and_an_echo_of_it_continues_at_the_head() {
     let last = |n: usize| Transcript::Last(n.try_into().unwrap());
@@ -423,17 +439,7 @@ fn a_windowed_request_cuts_the_recorded_part_of_a_view_and_an_echo_of_it_continu
     assert_eq!(h.session.decision_request_with(last(50)).unwrap(), whole);
     // The worker echoes its window's view: "e" continues at the head, as with the whole view
     // (read from the root, the same answer would record c, d, e afresh as a new conversation).
-    h.exec(Command::Answer {
-        decision_id: windowed.decision_id.clone(),
-        attempt: 1,
-        response: Box::new(DecisionResponse {
-            messages: Some(t.messages.clone()),
-            actions: Some(vec![Action::Done(DoneAction::default())]),
-            ..Default::default()
-        }),
-        ignored_fields: Vec::new(),
-        transcript: last(2),
-    });
+    answer_done(&mut h, t.messages.clone(), last(2));
     let path: Vec<String> = h.session.tree().active_path().iter().map(|m| m.content_text()).collect();
     assert_eq!(path, ["a", "b", "c", "d", "e"]);
     // A fork after "b": the window counts back from the fork point, not from the head.
@@ -444,18 +450,7 @@ fn a_windowed_request_cuts_the_recorded_part_of_a_view_and_an_echo_of_it_continu
     assert_eq!((ids_of(&t.messages), t.new_from), (vec!["b".into(), "x".into()], 1));
     // An answer whose first message is not a recorded one reads from the window's start (as a
     // whole-conversation answer reads from the root): the window [e] now reads [y].
-    let live = h.session.decision().unwrap().id.clone();
-    h.exec(Command::Answer {
-        decision_id: live,
-        attempt: 1,
-        response: Box::new(DecisionResponse {
-            messages: Some(vec![DraftMessage::user("y")]),
-            actions: Some(vec![Action::Done(DoneAction::default())]),
-            ..Default::default()
-        }),
-        ignored_fields: Vec::new(),
-        transcript: last(1),
-    });
+    answer_done(&mut h, vec![DraftMessage::user("y")], last(1));
     let path: Vec<String> = h.session.tree().active_path().iter().map(|m| m.content_text()).collect();
     assert_eq!(path, ["a", "b", "c", "d", "y"]);
 }

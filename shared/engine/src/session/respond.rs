@@ -18,8 +18,8 @@ const NOT_RUN: &str = "error: not run: its turn had ended";
 
 impl Tx {
     /// Resolves the live decision with `response`, whose messages follow the path `base`
-    /// when given (a proposal kept by reference, or a windowed request's answer). An invalid response fails the decision (and
-    /// its turn) before anything of it is written. `ignored_fields` are the paths of unknown
+    /// when given (a proposal kept by reference, or a windowed request's answer). An invalid
+    /// response fails the decision (and its turn) before anything of it is written. `ignored_fields` are the paths of unknown
     /// fields the worker's answer carried (recorded, never acted on).
     pub(super) fn resolve(
         &mut self,
