@@ -666,6 +666,15 @@ async fn approval_steering_and_forks_over_ahp() {
     client.dispatch(chat.channel(), confirmed("g-1", "call_w", false, Some("never wipe"))).await.unwrap();
     chat.until(|e| matches!(&e.action, StateAction::ChatToolCallConfirmed(c) if c.tool_call_id == "call_w"))
         .await;
+    // Each confirmation's echo carries its origin: the client stops holding it as pending.
+    for call in ["call_d", "call_w"] {
+        let echo = chat
+            .seen
+            .iter()
+            .find(|e| matches!(&e.action, StateAction::ChatToolCallConfirmed(c) if c.tool_call_id == call))
+            .unwrap();
+        assert_eq!(echo.origin.as_ref().map(|o| o.client_id.as_str()), Some("client-g"), "{echo:?}");
+    }
     client.dispatch(chat.channel(), completed_with("g-1", "call_d", "shipped")).await.unwrap();
     wait_status(&host, "s-g", "g-1", TurnStatus::Completed).await;
     chat.settle(&host).await;

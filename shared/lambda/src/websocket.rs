@@ -1,14 +1,16 @@
 //! The `ahp` function: the Agent Host Protocol behind API Gateway's WebSocket API. Each
 //! invocation is one event of one connection: `$connect` (the upgrade, authenticated by its
-//! `Authorization` header or, without one, by the `tkn` query parameter a browser's WebSocket
-//! carries its token in; refused with 401), `$default` (one JSON-RPC message, answered through
-//! the Management API) or `$disconnect`.
+//! `Authorization` header or, without one, by the token a browser's WebSocket offers as a
+//! subprotocol, `tkn.<token>`, or carries in the `tkn` query parameter; refused with 401, and
+//! answered with `Sec-WebSocket-Protocol: ahp` when the client offered `ahp`, as API Gateway
+//! needs to complete such a handshake), `$default` (one JSON-RPC message, answered through the
+//! Management API) or `$disconnect`.
 
 use std::sync::Arc;
 
 use aws_lambda_events::apigw::{ApiGatewayProxyResponse, ApiGatewayWebsocketProxyRequest};
 use aws_lambda_events::encodings::Body;
-use turnstone_runtime::ahp::{ConnectError, Gateway};
+use turnstone_runtime::ahp::{ConnectError, Gateway, offers_subprotocol, subprotocol_token};
 use turnstone_runtime::app::App;
 
 /// Handles one WebSocket event; pushes its commits set off are done before it returns.
@@ -26,6 +28,16 @@ pub async fn handle(
         "$connect" => {
             let (authorization, token) = credentials(&request);
             match gateway.connect(connection_id, authorization, token).await {
+                Ok(()) if offers_subprotocol(protocols(&request)) => {
+                    let mut response = answer(200, "");
+                    response.headers.insert(
+                        "sec-websocket-protocol",
+                        aws_lambda_events::http::HeaderValue::from_static(
+                            turnstone_runtime::ahp::SUBPROTOCOL,
+                        ),
+                    );
+                    response
+                }
                 Ok(()) => answer(200, ""),
                 Err(ConnectError::Unauthorized(e)) => answer(401, &e.to_string()),
                 Err(e @ ConnectError::TooManySockets { .. }) => answer(429, &e.to_string()),
@@ -58,11 +70,18 @@ pub async fn handle(
     response
 }
 
-/// The upgrade's `Authorization` header and its `tkn` query parameter (the gateway prefers the
-/// header when both are there).
+/// The upgrade's `Authorization` header and its token offered as a subprotocol or, without
+/// one, in the `tkn` query parameter (the gateway prefers the header when both are there).
 fn credentials(request: &ApiGatewayWebsocketProxyRequest) -> (Option<&str>, Option<&str>) {
     let authorization = request.headers.get("authorization").and_then(|v| v.to_str().ok());
-    (authorization, request.query_string_parameters.first("tkn"))
+    let token =
+        subprotocol_token(protocols(request)).or_else(|| request.query_string_parameters.first("tkn"));
+    (authorization, token)
+}
+
+/// The upgrade's `Sec-WebSocket-Protocol` values.
+fn protocols(request: &ApiGatewayWebsocketProxyRequest) -> impl Iterator<Item = &str> {
+    request.headers.get_all("sec-websocket-protocol").iter().filter_map(|v| v.to_str().ok())
 }
 
 fn answer(status: i64, body: &str) -> ApiGatewayProxyResponse {
@@ -140,5 +159,18 @@ mod tests {
             (Some("Bearer k1"), Some("k2"))
         );
         assert_eq!(credentials(&connect(None, &[("other", "x")])), (None, None));
+    }
+
+    #[test]
+    fn the_token_may_come_as_a_subprotocol_and_ahp_is_selected() {
+        let mut request = connect(None, &[("tkn", "k2")]);
+        request.headers.insert("sec-websocket-protocol", "ahp, tkn.k3".parse().unwrap());
+        // The subprotocol's token before the query's.
+        assert_eq!(credentials(&request), (None, Some("k3")));
+        assert!(offers_subprotocol(protocols(&request)));
+        let mut without = connect(None, &[]);
+        without.headers.insert("sec-websocket-protocol", "tkn.k3".parse().unwrap());
+        assert_eq!(credentials(&without), (None, Some("k3")));
+        assert!(!offers_subprotocol(protocols(&without)), "only ahp is ever selected, never the token");
     }
 }

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, StateAction};
 use ahp_types::common::ROOT_RESOURCE_URI;
 use ahp_types::state::{
-    AgentCapabilities, AgentInfo, MultipleChatsCapability, RootState, Snapshot, SnapshotState, Turn,
+    AgentCapabilities, AgentInfo, MultipleChatsCapability, RootConfigState, RootState, Snapshot,
+    SnapshotState, Turn,
 };
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use turnstone_ahp::{ChatProjection, ProjectionError, chat_uri};
@@ -69,8 +70,9 @@ fn fork_history<'a>(
     })
 }
 
-/// The root channel's snapshot: every configured agent is an AHP agent.
-pub(crate) fn root_snapshot(app: &App) -> Snapshot {
+/// The root channel's snapshot: every configured agent is an AHP agent; `config` is what the
+/// client set ([`super::root_config`]).
+pub(crate) fn root_snapshot(app: &App, config: Option<RootConfigState>) -> Snapshot {
     let agents = app
         .agent_ids()
         .map(|id| AgentInfo {
@@ -87,7 +89,7 @@ pub(crate) fn root_snapshot(app: &App) -> Snapshot {
             }),
         })
         .collect();
-    let state = RootState { agents, active_sessions: None, terminals: None, config: None, meta: None };
+    let state = RootState { agents, active_sessions: None, terminals: None, config, meta: None };
     Snapshot {
         resource: ROOT_RESOURCE_URI.to_owned(),
         state: SnapshotState::Root(Box::new(state)),

@@ -31,7 +31,11 @@ use crate::auth::{Access, Caller};
 /// A channel a URI names, resolved for a caller.
 pub(crate) enum Channel {
     Root,
-    Session(Box<Session>),
+    /// A session, named by `uri` as the client spelled it.
+    Session {
+        session: Box<Session>,
+        uri: Uri,
+    },
     Chat(SessionId),
 }
 
@@ -205,7 +209,8 @@ async fn request(
             within_subscription_limit(host, transport.subscriptions_besides(&params.channel) + 1)?;
             let channel = resolve(host, caller, &params.channel).await?;
             let turns = params.view.and_then(|v| v.turns).and_then(|t| usize::try_from(t).ok());
-            let (snapshot, subscribed) = open(host, caller, channel, transport.follows()).await?;
+            let (snapshot, subscribed) =
+                open(host, caller, transport.client_id(), channel, transport.follows()).await?;
             let subscribed = vec![(params.channel, subscribed)];
             let result = fitting(transport, vec![snapshot], &subscribed, turns, |mut snapshots| {
                 rpc::to_value(&SubscribeResult { snapshot: snapshots.pop() })
@@ -343,6 +348,13 @@ async fn dispatch_action(
     params: DispatchActionParams,
 ) {
     let client_id = transport.client_id().to_owned();
+    // The client's settings: kept, never refused (VS Code sends several, each with clientSeq 0).
+    if params.channel == ROOT_RESOURCE_URI
+        && let StateAction::RootConfigChanged(action) = &params.action
+    {
+        host.root_configs.apply(caller, &client_id, action);
+        return;
+    }
     let Err(reason) = dispatch(host, caller, &client_id, &params).await else { return };
     let origin = ActionOrigin { client_id, client_seq: params.client_seq };
     let refused = Refused { action: params.action, origin, reason };
@@ -378,13 +390,13 @@ async fn initialize(
         .with_data(rpc::to_value(&data)?));
     };
     within_subscription_limit(host, params.initial_subscriptions.as_ref().map_or(0, Vec::len))?;
-    transport.set_client_id(params.client_id).await?;
+    transport.set_client_id(params.client_id.clone()).await?;
     let mut snapshots = Vec::new();
     let mut subscribed = Vec::new();
     for uri in params.initial_subscriptions.unwrap_or_default() {
         // A channel the caller may not read is left out, as if it did not exist.
         let Ok(channel) = resolve(host, caller, &uri).await else { continue };
-        let (snapshot, held) = open(host, caller, channel, transport.follows()).await?;
+        let (snapshot, held) = open(host, caller, &params.client_id, channel, transport.follows()).await?;
         snapshots.push(snapshot);
         subscribed.push((uri, held));
     }
@@ -414,9 +426,9 @@ pub(crate) async fn resolve(host: &AhpHost, caller: &Caller, uri: &str) -> Resul
     if uri == ROOT_RESOURCE_URI {
         return Ok(Channel::Root);
     }
-    if let Some(id) = session_id(uri, "ahp-session") {
+    if let Some((id, _)) = sessions::session_of(host, uri) {
         let session = reachable(host, caller, &id, Access::Read, uri).await?;
-        return Ok(Channel::Session(Box::new(session)));
+        return Ok(Channel::Session { session: Box::new(session), uri: uri.to_owned() });
     }
     if let Some(id) = session_id(uri, "ahp-chat") {
         reachable(host, caller, &id, Access::Read, uri).await?;
@@ -427,16 +439,20 @@ pub(crate) async fn resolve(host: &AhpHost, caller: &Caller, uri: &str) -> Resul
 
 /// Opens `channel`: its snapshot, and the subscription (a chat's followed in this process when
 /// `follow`).
+/// `client_id` is the connection's client (whose root configuration the root's snapshot shows).
 pub(crate) async fn open(
     host: &AhpHost,
     caller: &Caller,
+    client_id: &str,
     channel: Channel,
     follow: bool,
 ) -> Result<(Snapshot, Subscribed), RpcError> {
     match channel {
-        Channel::Root => Ok((root_snapshot(&host.app), Subscribed::Root)),
-        Channel::Session(session) => {
-            Ok((sessions::snapshot(host, caller, &session).await?, Subscribed::Session))
+        Channel::Root => {
+            Ok((root_snapshot(&host.app, host.root_configs.of(caller, client_id)), Subscribed::Root))
+        }
+        Channel::Session { session, uri } => {
+            Ok((sessions::snapshot(host, caller, &session, &uri).await?, Subscribed::Session))
         }
         Channel::Chat(id) => {
             // Followed before the log is read, so nothing committed in between is missed.

@@ -38,11 +38,14 @@
 //!
 //! The upgrade is authenticated like every request, by `Authorization: Bearer <token>` or,
 //! where a client cannot set headers (a browser's `WebSocket`, VS Code's agent host client), by
-//! the token in the `tkn` query parameter (`GET /v1/ahp?tkn=<token>`); the same checks apply,
-//! and the header wins when both are present. A token that expires (a JWT's `exp`) bounds the
-//! socket: at its expiry the host closes it with close code **4401** and reason `token expired`
-//! ([`CLOSE_TOKEN_EXPIRED`]; AHP and VS Code name no code for it, and 4401 is the private-use
-//! range's echo of HTTP 401), and an upgrade with a token already past its `exp` is answered 401.
+//! the token as a subprotocol it offers (`Sec-WebSocket-Protocol: ahp, tkn.<token>`; the host
+//! selects `ahp` when offered) or in the `tkn` query parameter (`GET /v1/ahp?tkn=<token>`). The
+//! same checks apply; the header wins, then the subprotocol. No token is ever logged.
+//!
+//! A token that expires (a JWT's `exp`) bounds the socket: at its expiry the host closes it
+//! with close code **4401** and reason `token expired` ([`CLOSE_TOKEN_EXPIRED`]; AHP and VS
+//! Code name no code for it, and 4401 is the private-use range's echo of HTTP 401), and an
+//! upgrade with a token already past its `exp` is answered 401.
 //! Behind API Gateway the connection's records carry the expiry: pushes to it stop then (its
 //! records are removed, as a closed connection's are), and a message on it is answered with
 //! -32007 (`AuthRequired`) and ends it.
@@ -67,6 +70,7 @@ mod position;
 mod push;
 mod reconnect;
 pub mod registry;
+mod root_config;
 mod rpc;
 mod sessions;
 mod stored;
@@ -90,11 +94,37 @@ pub const CLOSE_TOKEN_EXPIRED: u16 = 4401;
 /// The close code of a socket that sent a message over the limit (RFC 6455's "message too big").
 pub const CLOSE_TOO_BIG: u16 = 1009;
 
+/// The WebSocket subprotocol the host selects when a client offers it (a browser that offers
+/// subprotocols fails a handshake whose answer selects none).
+pub const SUBPROTOCOL: &str = "ahp";
+/// The prefix of a `Sec-WebSocket-Protocol` value that carries the caller's token:
+/// `tkn.<token>`, for a browser that would rather not put it in the URL (`?tkn=`). The token
+/// must then be a subprotocol token (RFC 6455: RFC 7230 token characters), as JWTs and keys of
+/// letters, digits, `-`, `_` and `.` are.
+pub const TOKEN_SUBPROTOCOL_PREFIX: &str = "tkn.";
+
+/// The token among `Sec-WebSocket-Protocol` header values (each a comma-separated list), if
+/// one is offered as `tkn.<token>`.
+pub fn subprotocol_token<'a>(values: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    values
+        .into_iter()
+        .flat_map(|value| value.split(','))
+        .find_map(|offered| offered.trim().strip_prefix(TOKEN_SUBPROTOCOL_PREFIX))
+        .filter(|token| !token.is_empty())
+}
+
+/// Whether the client offered [`SUBPROTOCOL`] among `Sec-WebSocket-Protocol` header values.
+pub fn offers_subprotocol<'a>(values: impl IntoIterator<Item = &'a str>) -> bool {
+    values.into_iter().flat_map(|value| value.split(',')).any(|offered| offered.trim() == SUBPROTOCOL)
+}
+
 /// What every AHP connection of one host shares.
 pub struct AhpHost {
     app: Arc<App>,
     /// Origins of accepted client actions, for their echoes.
     origins: origins::Origins,
+    /// What each client set with `root/configChanged`.
+    root_configs: root_config::RootConfigs,
     /// The sockets open on this host, per caller identity ([`AhpHost::open_socket`]).
     sockets: PerCaller,
 }
@@ -103,7 +133,12 @@ impl AhpHost {
     /// The AHP host of `app`.
     pub fn new(app: Arc<App>) -> Arc<Self> {
         let sockets = PerCaller::new(app.limits().sockets_per_caller);
-        Arc::new(AhpHost { app, origins: origins::Origins::default(), sockets })
+        Arc::new(AhpHost {
+            app,
+            origins: origins::Origins::default(),
+            root_configs: root_config::RootConfigs::default(),
+            sockets,
+        })
     }
 
     /// The app behind it.

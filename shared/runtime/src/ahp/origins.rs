@@ -69,6 +69,7 @@ fn subject(action: &StateAction) -> Option<String> {
         StateAction::ChatTurnCancelled(a) => ("chat/turnCancelled", &a.turn_id),
         StateAction::ChatInputCompleted(a) => ("chat/inputCompleted", &a.request_id),
         StateAction::ChatToolCallComplete(a) => ("chat/toolCallComplete", &a.tool_call_id),
+        StateAction::ChatToolCallConfirmed(a) => ("chat/toolCallConfirmed", &a.tool_call_id),
         StateAction::ChatPendingMessageSet(a) => ("chat/pendingMessageSet", &a.id),
         _ => return None,
     };

@@ -69,7 +69,7 @@ pub(crate) async fn reconnect(
                         None => continue,
                     },
                     Channel::Root => Subscribed::Root,
-                    Channel::Session(_) => Subscribed::Session,
+                    Channel::Session { .. } => Subscribed::Session,
                 };
                 subscribed.push((uri, held));
             }
@@ -79,7 +79,7 @@ pub(crate) async fn reconnect(
     let mut snapshots = Vec::new();
     let mut subscribed = Vec::new();
     for (uri, channel) in channels {
-        let (snapshot, held) = open(host, caller, channel, follow).await?;
+        let (snapshot, held) = open(host, caller, &params.client_id, channel, follow).await?;
         snapshots.push(snapshot);
         subscribed.push((uri, held));
     }

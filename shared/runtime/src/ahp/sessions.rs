@@ -41,6 +41,19 @@ pub(crate) fn session_id(uri: &str, scheme: &str) -> Option<SessionId> {
     crate::http::valid_session_id(id).then(|| SessionId::from(id))
 }
 
+/// The session a session URI names, and the agent its scheme names if it is not
+/// `ahp-session`: `ahp-session:/X`, or VS Code's `<provider>:/X` with the provider one of the
+/// host's agents (its session list keys sessions by that scheme, and it keeps the URI as it
+/// spelled it).
+pub(crate) fn session_of<'a>(host: &AhpHost, uri: &'a str) -> Option<(SessionId, Option<&'a str>)> {
+    if let Some(id) = session_id(uri, "ahp-session") {
+        return Some((id, None));
+    }
+    let (scheme, _) = uri.split_once(":/")?;
+    let id = host.app.agent(scheme).and_then(|_| session_id(uri, scheme))?;
+    Some((id, Some(scheme)))
+}
+
 /// -32001 for `uri`: no such session, or one the caller may not see.
 pub(crate) fn not_found(uri: &str) -> RpcError {
     RpcError::new(ahp_error_codes::SESSION_NOT_FOUND, format!("no session {uri}"))
@@ -192,14 +205,22 @@ pub(crate) async fn create(
     caller: &Caller,
     params: CreateSessionParams,
 ) -> Result<(), RpcError> {
-    let id = session_id(&params.channel, "ahp-session").ok_or_else(|| {
+    let (id, scheme) = session_of(host, &params.channel).ok_or_else(|| {
         RpcError::invalid_params(
-            "params.channel: must be ahp-session:/<id>, the id 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.', ':'",
+            "params.channel: must be ahp-session:/<id> or <agent id>:/<id>, the id 1-128 characters of A-Z, \
+             a-z, 0-9, '-', '_', '.', ':'",
         )
     })?;
-    let provider = params
-        .provider
-        .ok_or_else(|| RpcError::invalid_params("params.provider: the agent id is required"))?;
+    let provider = match (params.provider, scheme) {
+        (Some(provider), Some(scheme)) if provider != scheme => {
+            return Err(RpcError::invalid_params(format!(
+                "params.provider: {provider:?} is not the agent the session URI names ({scheme:?})"
+            )));
+        }
+        (Some(provider), _) => provider,
+        (None, Some(scheme)) => scheme.to_owned(),
+        (None, None) => return Err(RpcError::invalid_params("params.provider: the agent id is required")),
+    };
     if host.app.agent(&provider).is_none() {
         return Err(RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, format!("no agent {provider:?}")));
     }
@@ -231,7 +252,7 @@ pub(crate) async fn create_chat(
     caller: &Caller,
     params: CreateChatParams,
 ) -> Result<(), RpcError> {
-    let id = session_id(&params.channel, "ahp-session").ok_or_else(|| not_found(&params.channel))?;
+    let (id, _) = session_of(host, &params.channel).ok_or_else(|| not_found(&params.channel))?;
     let session = reachable(host, caller, &id, Access::Drive, &params.channel).await?;
     let fork_id = session_id(&params.chat, "ahp-chat").ok_or_else(|| {
         RpcError::invalid_params("params.chat: must be ahp-chat:/<id>, the id as a session id")
@@ -294,7 +315,7 @@ pub(crate) async fn create_chat(
 /// `disposeSession`: the session and its sub-agent sessions are deleted for good; every root
 /// subscriber that may know hears `root/sessionRemoved` for each.
 pub(crate) async fn dispose(host: &AhpHost, caller: &Caller, channel: &str) -> Result<(), RpcError> {
-    let id = session_id(channel, "ahp-session").ok_or_else(|| not_found(channel))?;
+    let (id, _) = session_of(host, channel).ok_or_else(|| not_found(channel))?;
     match host.app.dispose(&id, caller).await {
         Ok(_) => Ok(()),
         Err(e) => Err(answer(e, channel)),
@@ -314,11 +335,13 @@ pub(crate) fn removed(caller: &Caller, removed: &Removed) -> Option<String> {
     })
 }
 
-/// The session channel's snapshot: the session with its one chat.
+/// The session channel's snapshot: the session with its one chat, its `resource` the URI the
+/// client subscribed with (`uri`).
 pub(crate) async fn snapshot(
     host: &AhpHost,
     caller: &Caller,
     session: &Session,
+    uri: &str,
 ) -> Result<Snapshot, RpcError> {
     let id = session.id().clone();
     let projection = project_log(&host.app, &id).await.map_err(internal)?;
@@ -352,7 +375,7 @@ pub(crate) async fn snapshot(
         input_needed: None,
         meta: None,
     };
-    Ok(Snapshot { resource: session_uri(&id), state: SnapshotState::Session(Box::new(state)), from_seq: 0 })
+    Ok(Snapshot { resource: uri.to_owned(), state: SnapshotState::Session(Box::new(state)), from_seq: 0 })
 }
 
 fn chat_summary(chat: &ChatState) -> ChatSummary {

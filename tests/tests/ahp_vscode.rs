@@ -1,0 +1,409 @@
+//! The AHP host driven the way VS Code's agent host client drives a remote host: the JSON-RPC
+//! frames it sends, in its order, over a real WebSocket to a local `turnstone serve` host. Each
+//! frame is written from VS Code's source as `docs/vscode-ahp-client.md` records it (microsoft/vscode,
+//! `src/vs/platform/agentHost/`: the client core `common/agentHostProtocolClient.ts` at
+//! 218523b3e5ceab4a1551f2384e90c5ad6669fe29, the newest client
+//! `browser/agentHostProtocolClient.ts` at 00b8ba12de8e503347652b97f5c4dd9fd5398e5e, the
+//! transport `browser/webSocketClientTransport.ts` at 0f225ea05f1fccb551b832693dc9223b6268ee87;
+//! the section of that document is named at each step). After each step the chat the client
+//! reduced equals `GET /v1/sessions/{id}/chat`.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
+use ahp_types::actions::ActionEnvelope;
+use ahp_types::state::{ChatState, SnapshotState};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use turnstone_tests::TestHost;
+
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// The scripted model (`/tool <name> <args>` calls a tool), and a tool that needs approval.
+const CONFIG: &str = r#"
+[llm.s]
+type = "scripted"
+
+[agent.demo]
+model = "scripted"
+llm = "s"
+
+[[agent.demo.tools]]
+name = "deploy"
+handler = "client"
+approval = "always"
+input = { type = "object", properties = { target = { type = "string" } } }
+"#;
+
+/// How VS Code offers itself (§2): every version its registry supports but 0.8.0.
+const PROTOCOL_VERSIONS: [&str; 5] = ["0.9.0", "0.7.0", "0.6.0", "0.5.2", "0.5.1"];
+
+/// A VS Code window's agent host client: one socket, one client id, its own `clientSeq`
+/// counter (from 1; root configuration always 0, §9), the highest `serverSeq` it saw on any
+/// channel (§10), the chats it reduces, and the actions it still holds as pending (§9).
+struct VsCode {
+    socket: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    client_id: String,
+    next_id: u64,
+    next_seq: i64,
+    last_seen_server_seq: u64,
+    chats: HashMap<String, ChatState>,
+    pending: Vec<(String, i64)>,
+    /// Every envelope received, in order.
+    envelopes: Vec<ActionEnvelope>,
+}
+
+impl VsCode {
+    /// Opens the socket as `WebSocketClientTransport.connect()` does (§1): `ws://` in front,
+    /// the token as the `tkn` query parameter, no subprotocol, no headers.
+    async fn connect(
+        host: &TestHost,
+        token: Option<&str>,
+    ) -> Result<VsCode, tokio_tungstenite::tungstenite::Error> {
+        let mut url = format!("{}/v1/ahp", host.url().replacen("http://", "ws://", 1));
+        if let Some(token) = token {
+            url.push_str(&format!("?tkn={}", urlencode(token)));
+        }
+        let (socket, _) = tokio_tungstenite::connect_async(url.into_client_request()?).await?;
+        Ok(VsCode {
+            socket,
+            client_id: "0b4f8a52-5d1c-4c1e-9d3a-6a1f2b7c9e01".to_owned(),
+            next_id: 1,
+            next_seq: 1,
+            last_seen_server_seq: 0,
+            chats: HashMap::new(),
+            pending: Vec::new(),
+            envelopes: Vec::new(),
+        })
+    }
+
+    async fn send(&mut self, frame: Value) {
+        self.socket.send(Message::text(frame.to_string())).await.unwrap();
+    }
+
+    /// Sends a request and reads frames until its response: the result, or the error object.
+    async fn request(&mut self, method: &str, params: Value) -> Result<Value, Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let frame = self.next_frame(deadline).await.unwrap_or_else(|| panic!("no answer to {method}"));
+            if frame.get("id") == Some(&json!(id)) {
+                return match frame.get("error") {
+                    Some(error) => Err(error.clone()),
+                    None => Ok(frame["result"].clone()),
+                };
+            }
+            self.take(frame);
+        }
+    }
+
+    async fn notify(&mut self, method: &str, params: Value) {
+        self.send(json!({"jsonrpc": "2.0", "method": method, "params": params})).await;
+    }
+
+    /// `dispatchAction` of `action` on `channel` (§7, §9): the next `clientSeq`, held as pending
+    /// when the client subscribes to that channel.
+    async fn dispatch(&mut self, channel: &str, action: Value) -> i64 {
+        let client_seq = self.next_seq;
+        self.next_seq += 1;
+        if self.chats.contains_key(channel) {
+            self.pending.push((channel.to_owned(), client_seq));
+        }
+        self.notify("dispatchAction", json!({"channel": channel, "clientSeq": client_seq, "action": action}))
+            .await;
+        client_seq
+    }
+
+    /// The next frame before `deadline`, as JSON.
+    async fn next_frame(&mut self, deadline: Instant) -> Option<Value> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, self.socket.next()).await {
+            Ok(Some(Ok(Message::Text(text)))) => Some(serde_json::from_str(&text).unwrap()),
+            Ok(Some(Ok(Message::Close(frame)))) => panic!("the host closed the socket: {frame:?}"),
+            Ok(Some(Ok(_))) => Some(Value::Null),
+            Ok(Some(Err(e))) => panic!("the socket failed: {e}"),
+            Ok(None) => panic!("the socket ended"),
+            Err(_) => None,
+        }
+    }
+
+    /// Takes a frame that is not a response: an action envelope goes through the reducer of
+    /// its chat (`_isRelevantEnvelope`: the channel as a string equals the subscription's), and
+    /// its origin releases the pending action it echoes (§9).
+    fn take(&mut self, frame: Value) {
+        if frame.get("method") != Some(&json!("action")) {
+            return;
+        }
+        let envelope: ActionEnvelope = serde_json::from_value(frame["params"].clone()).unwrap();
+        self.last_seen_server_seq = self.last_seen_server_seq.max(envelope.server_seq);
+        if let Some(origin) = &envelope.origin
+            && origin.client_id == self.client_id
+        {
+            self.pending
+                .retain(|(channel, seq)| !(*channel == envelope.channel && *seq == origin.client_seq));
+        }
+        if envelope.rejection_reason.is_none()
+            && let Some(chat) = self.chats.get_mut(&envelope.channel)
+        {
+            let outcome = apply_action_to_chat(chat, &envelope.action);
+            assert_eq!(outcome, ReduceOutcome::Applied, "{envelope:?}");
+        }
+        self.envelopes.push(envelope);
+    }
+
+    /// Reads frames until `done` holds for the client (or the patience runs out).
+    async fn until(&mut self, what: &str, done: impl Fn(&VsCode) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !done(self) {
+            match self.next_frame(deadline).await {
+                Some(frame) => self.take(frame),
+                None => panic!("{what}: not within {PATIENCE:?}; envelopes: {:#?}", self.envelopes),
+            }
+        }
+    }
+
+    /// `subscribe` with only `channel` (§5); a chat's snapshot starts its reduced copy.
+    async fn subscribe(&mut self, channel: &str) -> Value {
+        let result = self.request("subscribe", json!({"channel": channel})).await.unwrap();
+        let snapshot = &result["snapshot"];
+        assert_eq!(snapshot["resource"], json!(channel), "the snapshot names the channel as subscribed");
+        self.last_seen_server_seq = self.last_seen_server_seq.max(snapshot["fromSeq"].as_u64().unwrap());
+        let state: SnapshotState = serde_json::from_value(snapshot["state"].clone()).unwrap();
+        if let SnapshotState::Chat(chat) = state {
+            self.chats.insert(channel.to_owned(), *chat);
+        }
+        result
+    }
+
+    /// Reads frames until the reduced `channel` equals what the host serves for `session`.
+    async fn settle(&mut self, host: &TestHost, token: Option<&str>, channel: &str, session: &str) {
+        let api = match token {
+            Some(token) => host.with_token(token),
+            None => (**host).clone(),
+        };
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let served: ChatState = api.get_ok(&format!("/v1/sessions/{session}/chat?turns=500")).await;
+            if self.chats[channel] == served {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the chat VS Code reduced differs:\n{:#?}\nserved:\n{served:#?}",
+                self.chats[channel]
+            );
+            if let Some(frame) = self.next_frame(Instant::now() + Duration::from_millis(200)).await {
+                self.take(frame);
+            }
+        }
+    }
+}
+
+/// `encodeURIComponent`, as VS Code escapes the token: all but letters, digits and `-_.!~*'()`.
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z'
+            | b'a'..=b'z'
+            | b'0'..=b'9'
+            | b'-'
+            | b'_'
+            | b'.'
+            | b'!'
+            | b'~'
+            | b'*'
+            | b'\''
+            | b'('
+            | b')' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The steps of a VS Code window, from `initialize` to an approved tool call, as `token`'s
+/// caller (none: the open host).
+async fn a_window_works(host: &TestHost, token: Option<&str>) {
+    let mut vscode = VsCode::connect(host, token).await.unwrap();
+
+    // §2: initialize, always the first request.
+    let init = vscode
+        .request(
+            "initialize",
+            json!({
+                "channel": "ahp-root://",
+                "protocolVersions": PROTOCOL_VERSIONS,
+                "clientId": vscode.client_id,
+                "clientInfo": {"name": "vscode-editor-window", "title": "Visual Studio Code"},
+                "_meta": {"vscode.telemetryLevel": "off", "vscode.clientConnectionKind": "direct_websocket", "vscode.ahpSessionUris": true},
+                "initialSubscriptions": ["ahp-root://"],
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(init["protocolVersion"], "0.9.0", "{init}");
+    let root = init["snapshots"].as_array().unwrap().iter().find(|s| s["resource"] == "ahp-root://").unwrap();
+    assert_eq!(root["state"]["agents"][0]["provider"], "demo");
+    vscode.last_seen_server_seq = init["serverSeq"].as_u64().unwrap();
+
+    // §4: the root configuration, several actions each with clientSeq 0, and notifications
+    // that are no AHP method; none is refused, and the socket stays open.
+    for config in [
+        json!({"telemetryLevel": "off"}),
+        json!({"autoApprovePolicyRestricted": false}),
+        json!({"trustedUris": []}),
+    ] {
+        vscode
+            .notify(
+                "dispatchAction",
+                json!({"channel": "ahp-root://", "clientSeq": 0, "action": {"type": "root/configChanged", "config": config}}),
+            )
+            .await;
+    }
+    vscode.notify("setClientManagedSettingsPermissions", json!({"permissions": {}})).await;
+    // §1: the liveness watchdog's ping.
+    vscode.request("ping", json!({"channel": "ahp-root://"})).await.unwrap();
+
+    // §5: the session list comes from listSessions.
+    let listed = vscode.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
+    assert!(listed["items"].is_array(), "{listed}");
+
+    // §6: createSession with the provider-scheme URI the editor handler builds, the working
+    // directories, the active client and a progress token.
+    let session_uri = "demo:/7d1e2f3a-4b5c-4d6e-8f90-a1b2c3d4e5f6";
+    let session_id = "7d1e2f3a-4b5c-4d6e-8f90-a1b2c3d4e5f6";
+    vscode
+        .request(
+            "createSession",
+            json!({
+                "channel": session_uri,
+                "provider": "demo",
+                "workingDirectories": ["file:///home/ana/project"],
+                "activeClient": {"clientId": vscode.client_id, "tools": [], "customizations": []},
+                "progressToken": "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9",
+            }),
+        )
+        .await
+        .unwrap();
+    let session = vscode.subscribe(session_uri).await;
+    let chat = session["snapshot"]["state"]["defaultChat"]
+        .as_str()
+        .expect("defaultChat, which VS Code needs")
+        .to_owned();
+    vscode.subscribe(&chat).await;
+
+    // §7: a turn, echoed with the client's origin.
+    let seq = vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/turnStarted", "turnId": "request_1", "startedAt": "2026-12-04T10:00:00.000Z",
+                   "message": {"text": "Hello there", "origin": {"kind": "user"}}}),
+        )
+        .await;
+    vscode.until("the turn's echo", |v| !v.pending.iter().any(|(_, s)| *s == seq)).await;
+    vscode.settle(host, token, &chat, session_id).await;
+    assert!(vscode.chats[&chat].turns.iter().any(|t| t.id == "request_1"), "{:#?}", vscode.chats[&chat]);
+
+    // §8: a tool call that needs approval, confirmed as VS Code does; the confirmation's echo
+    // carries its origin (VS Code would re-send it after every reconnect otherwise).
+    vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/turnStarted", "turnId": "request_2", "startedAt": "2026-12-04T10:01:00.000Z",
+                   "message": {"text": "/tool deploy {\"target\":\"prod\"}", "origin": {"kind": "user"}}}),
+        )
+        .await;
+    vscode
+        .until("the call waiting for confirmation", |v| {
+            v.chats[&chat].active_turn.as_ref().is_some_and(|t| {
+                serde_json::to_string(&t.response_parts).unwrap().contains("pending-confirmation")
+            })
+        })
+        .await;
+    let call_id = {
+        let parts =
+            serde_json::to_value(&vscode.chats[&chat].active_turn.as_ref().unwrap().response_parts).unwrap();
+        parts
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|p| p["toolCall"]["toolCallId"].as_str().map(str::to_owned))
+            .unwrap()
+    };
+    let seq = vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/toolCallConfirmed", "turnId": "request_2", "toolCallId": call_id,
+                   "approved": true, "confirmed": "user-action"}),
+        )
+        .await;
+    vscode.until("the confirmation's echo", |v| !v.pending.iter().any(|(_, s)| *s == seq)).await;
+    let echo = vscode
+        .envelopes
+        .iter()
+        .rev()
+        .find(|e| e.origin.as_ref().is_some_and(|o| o.client_seq == seq))
+        .unwrap();
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    vscode.settle(host, token, &chat, session_id).await;
+    // Nothing VS Code sent was refused: the root configuration included.
+    let refused: Vec<_> = vscode.envelopes.iter().filter(|e| e.rejection_reason.is_some()).collect();
+    assert!(refused.is_empty(), "{refused:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vs_code_drives_the_open_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    a_window_works(&host, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vs_code_drives_a_host_with_auth_by_its_tkn_parameter() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{CONFIG}\n[auth]\napi_keys_env = \"KEYS\"\n");
+    let host = TestHost::start_with_env(&config, dir.path(), |name| {
+        (name == "KEYS").then(|| "ana:key/ana+1".to_owned())
+    })
+    .await;
+    // Without the token, or with a wrong one, the upgrade is refused.
+    for token in [None, Some("key-nobody")] {
+        let error = VsCode::connect(&host, token).await.map(|_| ()).unwrap_err();
+        let tokio_tungstenite::tungstenite::Error::Http(response) = &error else { panic!("{error:?}") };
+        assert_eq!(response.status(), 401, "{token:?}");
+    }
+    // A key with characters a URL escapes arrives whole.
+    a_window_works(&host, Some("key/ana+1")).await;
+}
+
+/// A browser that keeps its token out of the URL offers it as a subprotocol beside `ahp`, and
+/// the host selects `ahp` (a browser fails a handshake that selects none of its offers).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_token_may_be_offered_as_a_subprotocol() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{CONFIG}\n[auth]\napi_keys_env = \"KEYS\"\n");
+    let host = TestHost::start_with_env(&config, dir.path(), |name| {
+        (name == "KEYS").then(|| "ana:key-ana".to_owned())
+    })
+    .await;
+    let url = format!("{}/v1/ahp", host.url().replacen("http://", "ws://", 1));
+    let offer = |protocols: &str| {
+        let mut request = url.clone().into_client_request().unwrap();
+        request.headers_mut().insert("sec-websocket-protocol", protocols.parse().unwrap());
+        request
+    };
+    let (_, response) = tokio_tungstenite::connect_async(offer("ahp, tkn.key-ana")).await.unwrap();
+    assert_eq!(response.headers()["sec-websocket-protocol"], "ahp");
+    let error = tokio_tungstenite::connect_async(offer("ahp, tkn.key-bob")).await.map(|_| ()).unwrap_err();
+    let tokio_tungstenite::tungstenite::Error::Http(response) = &error else { panic!("{error:?}") };
+    assert_eq!(response.status(), 401);
+}
