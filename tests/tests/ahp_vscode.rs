@@ -56,7 +56,10 @@ struct VsCode {
     next_seq: i64,
     last_seen_server_seq: u64,
     chats: HashMap<String, ChatState>,
-    pending: Vec<(String, i64)>,
+    /// The session channels it subscribes to.
+    sessions: Vec<String>,
+    /// Actions dispatched and not yet echoed: channel, `clientSeq`, action.
+    pending: Vec<(String, i64, Value)>,
     /// Every envelope received, in order.
     envelopes: Vec<ActionEnvelope>,
 }
@@ -80,9 +83,71 @@ impl VsCode {
             next_seq: 1,
             last_seen_server_seq: 0,
             chats: HashMap::new(),
+            sessions: Vec::new(),
             pending: Vec::new(),
             envelopes: Vec::new(),
         })
+    }
+
+    /// `initialize` as VS Code sends it (§2), and its result read as VS Code reads it.
+    async fn initialize(&mut self) {
+        let init = self
+            .request(
+                "initialize",
+                json!({
+                    "channel": "ahp-root://",
+                    "protocolVersions": PROTOCOL_VERSIONS,
+                    "clientId": self.client_id,
+                    "clientInfo": {"name": "vscode-editor-window", "title": "Visual Studio Code"},
+                    "_meta": {"vscode.telemetryLevel": "off", "vscode.clientConnectionKind": "direct_websocket",
+                              "vscode.ahpSessionUris": true},
+                    "initialSubscriptions": ["ahp-root://"],
+                }),
+            )
+            .await
+            .unwrap();
+        assert_eq!(init["protocolVersion"], "0.9.0", "{init}");
+        let root =
+            init["snapshots"].as_array().unwrap().iter().find(|s| s["resource"] == "ahp-root://").unwrap();
+        assert_eq!(root["state"]["agents"][0]["provider"], "demo");
+        self.last_seen_server_seq = init["serverSeq"].as_u64().unwrap();
+    }
+
+    /// `createSession` with the provider-scheme URI the editor handler builds, the working
+    /// directories, the active client and a progress token (§6); then the session and its
+    /// default chat are subscribed. The chat's channel.
+    async fn create_session(&mut self, session_uri: &str) -> String {
+        self.request(
+            "createSession",
+            json!({
+                "channel": session_uri,
+                "provider": "demo",
+                "workingDirectories": ["file:///home/ana/project"],
+                "activeClient": {"clientId": self.client_id, "tools": [], "customizations": []},
+                "progressToken": "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9",
+            }),
+        )
+        .await
+        .unwrap();
+        let session = self.subscribe(session_uri).await;
+        let chat = session["snapshot"]["state"]["defaultChat"]
+            .as_str()
+            .expect("defaultChat, which VS Code needs")
+            .to_owned();
+        self.subscribe(&chat).await;
+        chat
+    }
+
+    /// `chat/turnStarted` (§7), read until its echo.
+    async fn turn(&mut self, chat: &str, turn_id: &str, text: &str) {
+        let seq = self
+            .dispatch(
+                chat,
+                json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": "2026-12-04T10:00:00.000Z",
+                       "message": {"text": text, "origin": {"kind": "user"}}}),
+            )
+            .await;
+        self.until("the turn's echo", |v| !v.pending.iter().any(|(_, s, _)| *s == seq)).await;
     }
 
     async fn send(&mut self, frame: Value) {
@@ -117,7 +182,7 @@ impl VsCode {
         let client_seq = self.next_seq;
         self.next_seq += 1;
         if self.chats.contains_key(channel) {
-            self.pending.push((channel.to_owned(), client_seq));
+            self.pending.push((channel.to_owned(), client_seq, action.clone()));
         }
         self.notify("dispatchAction", json!({"channel": channel, "clientSeq": client_seq, "action": action}))
             .await;
@@ -150,7 +215,7 @@ impl VsCode {
             && origin.client_id == self.client_id
         {
             self.pending
-                .retain(|(channel, seq)| !(*channel == envelope.channel && *seq == origin.client_seq));
+                .retain(|(channel, seq, _)| !(*channel == envelope.channel && *seq == origin.client_seq));
         }
         if envelope.rejection_reason.is_none()
             && let Some(chat) = self.chats.get_mut(&envelope.channel)
@@ -179,10 +244,85 @@ impl VsCode {
         assert_eq!(snapshot["resource"], json!(channel), "the snapshot names the channel as subscribed");
         self.last_seen_server_seq = self.last_seen_server_seq.max(snapshot["fromSeq"].as_u64().unwrap());
         let state: SnapshotState = serde_json::from_value(snapshot["state"].clone()).unwrap();
-        if let SnapshotState::Chat(chat) = state {
-            self.chats.insert(channel.to_owned(), *chat);
+        match state {
+            SnapshotState::Chat(chat) => {
+                self.chats.insert(channel.to_owned(), *chat);
+            }
+            SnapshotState::Session(_) => self.sessions.push(channel.to_owned()),
+            _ => {}
         }
         result
+    }
+
+    /// Back on a new socket after the old one died (§10): `reconnect` as the client core sends
+    /// it, without `channel`, with the highest `serverSeq` seen on any channel and every
+    /// subscription (root first); a replay's envelopes go through the reducers, a snapshot
+    /// resets its chat; then the actions still pending are sent again with their `clientSeq`.
+    async fn reconnect(self, host: &TestHost, token: Option<&str>) -> (VsCode, Value) {
+        let VsCode {
+            client_id,
+            next_id,
+            next_seq,
+            last_seen_server_seq,
+            chats,
+            sessions,
+            pending,
+            envelopes,
+            ..
+        } = self;
+        let mut vscode = VsCode::connect(host, token).await.unwrap();
+        vscode = VsCode {
+            client_id,
+            next_id,
+            next_seq,
+            last_seen_server_seq,
+            chats,
+            sessions,
+            pending,
+            envelopes,
+            ..vscode
+        };
+        let mut subscriptions = vec!["ahp-root://".to_owned()];
+        subscriptions.extend(vscode.sessions.iter().cloned());
+        subscriptions.extend(vscode.chats.keys().cloned());
+        let result = vscode
+            .request(
+                "reconnect",
+                json!({"clientId": vscode.client_id, "lastSeenServerSeq": vscode.last_seen_server_seq,
+                       "subscriptions": subscriptions, "_meta": {"vscode.telemetryLevel": "off"}}),
+            )
+            .await
+            .unwrap();
+        match result["type"].as_str() {
+            Some("replay") => {
+                for envelope in result["actions"].as_array().unwrap() {
+                    vscode.take(json!({"method": "action", "params": envelope}));
+                }
+            }
+            Some("snapshot") => {
+                for snapshot in result["snapshots"].as_array().unwrap() {
+                    let channel = snapshot["resource"].as_str().unwrap().to_owned();
+                    let from = snapshot["fromSeq"].as_u64().unwrap();
+                    vscode.last_seen_server_seq = vscode.last_seen_server_seq.max(from);
+                    if let SnapshotState::Chat(chat) =
+                        serde_json::from_value(snapshot["state"].clone()).unwrap()
+                    {
+                        vscode.pending.retain(|(c, ..)| *c != channel);
+                        vscode.chats.insert(channel, *chat);
+                    }
+                }
+            }
+            other => panic!("not a reconnect result: {other:?} {result}"),
+        }
+        for (channel, client_seq, action) in vscode.pending.clone() {
+            vscode
+                .notify(
+                    "dispatchAction",
+                    json!({"channel": channel, "clientSeq": client_seq, "action": action}),
+                )
+                .await;
+        }
+        (vscode, result)
     }
 
     /// Reads frames until the reduced `channel` equals what the host serves for `session`.
@@ -236,24 +376,7 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
     let mut vscode = VsCode::connect(host, token).await.unwrap();
 
     // §2: initialize, always the first request.
-    let init = vscode
-        .request(
-            "initialize",
-            json!({
-                "channel": "ahp-root://",
-                "protocolVersions": PROTOCOL_VERSIONS,
-                "clientId": vscode.client_id,
-                "clientInfo": {"name": "vscode-editor-window", "title": "Visual Studio Code"},
-                "_meta": {"vscode.telemetryLevel": "off", "vscode.clientConnectionKind": "direct_websocket", "vscode.ahpSessionUris": true},
-                "initialSubscriptions": ["ahp-root://"],
-            }),
-        )
-        .await
-        .unwrap();
-    assert_eq!(init["protocolVersion"], "0.9.0", "{init}");
-    let root = init["snapshots"].as_array().unwrap().iter().find(|s| s["resource"] == "ahp-root://").unwrap();
-    assert_eq!(root["state"]["agents"][0]["provider"], "demo");
-    vscode.last_seen_server_seq = init["serverSeq"].as_u64().unwrap();
+    vscode.initialize().await;
 
     // §4: the root configuration, several actions each with clientSeq 0, and notifications
     // that are no AHP method; none is refused, and the socket stays open.
@@ -277,39 +400,10 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
     let listed = vscode.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
     assert!(listed["items"].is_array(), "{listed}");
 
-    // §6: createSession with the provider-scheme URI the editor handler builds, the working
-    // directories, the active client and a progress token.
-    let session_uri = "demo:/7d1e2f3a-4b5c-4d6e-8f90-a1b2c3d4e5f6";
+    // §6, §7: a session as the editor handler creates it, and a turn echoed with its origin.
     let session_id = "7d1e2f3a-4b5c-4d6e-8f90-a1b2c3d4e5f6";
-    vscode
-        .request(
-            "createSession",
-            json!({
-                "channel": session_uri,
-                "provider": "demo",
-                "workingDirectories": ["file:///home/ana/project"],
-                "activeClient": {"clientId": vscode.client_id, "tools": [], "customizations": []},
-                "progressToken": "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9",
-            }),
-        )
-        .await
-        .unwrap();
-    let session = vscode.subscribe(session_uri).await;
-    let chat = session["snapshot"]["state"]["defaultChat"]
-        .as_str()
-        .expect("defaultChat, which VS Code needs")
-        .to_owned();
-    vscode.subscribe(&chat).await;
-
-    // §7: a turn, echoed with the client's origin.
-    let seq = vscode
-        .dispatch(
-            &chat,
-            json!({"type": "chat/turnStarted", "turnId": "request_1", "startedAt": "2026-12-04T10:00:00.000Z",
-                   "message": {"text": "Hello there", "origin": {"kind": "user"}}}),
-        )
-        .await;
-    vscode.until("the turn's echo", |v| !v.pending.iter().any(|(_, s)| *s == seq)).await;
+    let chat = vscode.create_session(&format!("demo:/{session_id}")).await;
+    vscode.turn(&chat, "request_1", "Hello there").await;
     vscode.settle(host, token, &chat, session_id).await;
     assert!(vscode.chats[&chat].turns.iter().any(|t| t.id == "request_1"), "{:#?}", vscode.chats[&chat]);
 
@@ -346,7 +440,7 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
                    "approved": true, "confirmed": "user-action"}),
         )
         .await;
-    vscode.until("the confirmation's echo", |v| !v.pending.iter().any(|(_, s)| *s == seq)).await;
+    vscode.until("the confirmation's echo", |v| !v.pending.iter().any(|(_, s, _)| *s == seq)).await;
     let echo = vscode
         .envelopes
         .iter()
@@ -406,4 +500,78 @@ async fn the_token_may_be_offered_as_a_subprotocol() {
     let error = tokio_tungstenite::connect_async(offer("ahp, tkn.key-bob")).await.map(|_| ()).unwrap_err();
     let tokio_tungstenite::tungstenite::Error::Http(response) = &error else { panic!("{error:?}") };
     assert_eq!(response.status(), 401);
+}
+
+/// Turn `turn_id` of session `session` (driven over HTTP, as another window would), until it
+/// completed.
+async fn turn_over_http(host: &TestHost, session: &str, turn_id: &str, text: &str) {
+    let input = json!({"type": "client.message", "agent_id": "demo", "turn_id": turn_id,
+                       "message": {"role": "user", "content": text}});
+    host.submit_ok(session, &input).await;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (code, body) = host.get(&format!("/v1/sessions/{session}/turns/{turn_id}")).await;
+        if code == 200 && body["status"] == "completed" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "turn {turn_id} never completed: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// §10: a window that was away while turns ran in both of its chats comes back with the
+/// highest `serverSeq` it saw on any channel, without `channel` (the client core's params),
+/// and gets every action it missed in each chat, each from where that chat stood; then it
+/// goes on live. Numbered per chat, the one number read as a position in each chat's log
+/// would start a replay in the middle of a turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let (a, b) = ("a-5d9e", "b-71c2");
+    let chat_a = vscode.create_session(&format!("demo:/{a}")).await;
+    let chat_b = vscode.create_session(&format!("demo:/{b}")).await;
+    vscode.turn(&chat_a, "a1", "First in A").await;
+    vscode.settle(&host, None, &chat_a, a).await;
+    // B runs longer, so its own numbers would run ahead of A's.
+    for turn in ["b1", "b2", "b3"] {
+        vscode.turn(&chat_b, turn, "In B").await;
+        vscode.settle(&host, None, &chat_b, b).await;
+    }
+
+    vscode.socket.close(None).await.unwrap();
+    turn_over_http(&host, a, "a2", "While away, in A").await;
+    turn_over_http(&host, b, "b4", "While away, in B").await;
+
+    let (mut vscode, result) = vscode.reconnect(&host, None).await;
+    assert_eq!(result["type"], "replay", "{result}");
+    assert_eq!(result["missing"], json!([]));
+    for (chat, session, turn) in [(&chat_a, a, "a2"), (&chat_b, b, "b4")] {
+        vscode.settle(&host, None, chat, session).await;
+        let turns = &vscode.chats[chat.as_str()].turns;
+        assert!(turns.iter().any(|t| t.id == turn), "{turn} replayed whole: {turns:#?}");
+    }
+    let replayed: Vec<u64> =
+        result["actions"].as_array().unwrap().iter().map(|e| e["serverSeq"].as_u64().unwrap()).collect();
+    assert!(replayed.windows(2).all(|w| w[0] < w[1]), "one growing number: {replayed:?}");
+
+    // Live again.
+    vscode.turn(&chat_a, "a3", "Back in A").await;
+    vscode.settle(&host, None, &chat_a, a).await;
+
+    // A restarted host does not know what the window saw: snapshots, and numbers that go on
+    // past every one it saw before.
+    let before = vscode.last_seen_server_seq;
+    vscode.socket.close(None).await.unwrap();
+    host.stop().await;
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let (mut vscode, result) = vscode.reconnect(&host, None).await;
+    assert_eq!(result["type"], "snapshot", "{result}");
+    vscode.settle(&host, None, &chat_b, b).await;
+    vscode.turn(&chat_b, "b5", "After the restart").await;
+    let echo = vscode.envelopes.last().unwrap();
+    assert!(echo.server_seq > before, "{} after {before}", echo.server_seq);
+    vscode.settle(&host, None, &chat_b, b).await;
 }

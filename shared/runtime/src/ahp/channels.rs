@@ -23,8 +23,9 @@ use turnstone_engine::ids::{CallId, SessionId};
 use turnstone_engine::session::CallSpec;
 
 use super::AhpHost;
+use super::connection::Outgoing;
 use super::position::Position;
-use super::rpc::{self, RpcError};
+use super::rpc::RpcError;
 use super::turns;
 use crate::app::App;
 use crate::notify::{Delta, Progress};
@@ -234,7 +235,7 @@ pub(crate) async fn follow(
     host: Arc<AhpHost>,
     mut feed: ChatFeed,
     mut live: Live,
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Outgoing>,
     mut control: mpsc::Receiver<Control>,
 ) {
     let app = Arc::clone(&host.app);
@@ -324,12 +325,13 @@ fn load_turns(feed: &mut ChatFeed, cursor: Option<&str>) -> Result<Vec<(u64, Sta
     Ok(feed.number(vec![action]))
 }
 
-/// Sends a chat channel's envelopes to its connection.
+/// Sends a chat channel's envelopes to its connection (which numbers them from the host's
+/// sequence as they go out: [`Outgoing::Action`]).
 pub(crate) struct Sender<'a> {
     pub host: &'a AhpHost,
     pub channel: &'a str,
     pub session_id: SessionId,
-    pub out: &'a mpsc::Sender<String>,
+    pub out: &'a mpsc::Sender<Outgoing>,
 }
 
 impl Sender<'_> {
@@ -359,15 +361,21 @@ impl Sender<'_> {
         true
     }
 
+    /// `position` is the action's number in the chat's own numbering.
     async fn envelope(
         &self,
-        server_seq: u64,
+        position: u64,
         action: StateAction,
         origin: Option<ActionOrigin>,
         rejection_reason: Option<String>,
     ) -> bool {
-        let envelope =
-            ActionEnvelope { channel: self.channel.to_owned(), action, server_seq, origin, rejection_reason };
-        self.out.send(rpc::notification("action", &envelope)).await.is_ok()
+        let envelope = ActionEnvelope {
+            channel: self.channel.to_owned(),
+            action,
+            server_seq: position,
+            origin,
+            rejection_reason,
+        };
+        self.out.send(Outgoing::Action(Box::new(envelope))).await.is_ok()
     }
 }

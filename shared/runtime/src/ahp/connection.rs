@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ahp_types::actions::ActionEnvelope;
 use ahp_types::common::Uri;
 use async_trait::async_trait;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
@@ -20,7 +21,8 @@ use tokio::task::JoinHandle;
 
 use super::channels::{Control, Live, follow};
 use super::methods::{self, Refused, Subscribed, Transport};
-use super::rpc::RpcError;
+use super::rpc::{self, RpcError};
+use super::sequence::Ledger;
 use super::sessions::{self, not_found};
 use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, time_left};
 use crate::auth::Caller;
@@ -35,16 +37,20 @@ const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 /// Serves one upgraded connection of `caller` until either side ends it.
 pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller) {
     let (mut sink, mut stream) = socket.split();
-    let (out, mut queued) = mpsc::channel::<String>(OUT_BUFFER);
+    let (out, mut queued) = mpsc::channel::<Outgoing>(OUT_BUFFER);
+    let ledger = Arc::new(Ledger::default());
     // How the host ends the connection, if it does: its close frame goes out next.
     let (closing, mut closed) = oneshot::channel::<CloseFrame>();
+    let numbering = (Arc::clone(&host), Arc::clone(&ledger));
     let mut writer = tokio::spawn(async move {
+        let (host, ledger) = numbering;
         let close = loop {
             tokio::select! {
                 biased;
                 close = &mut closed => break close.ok(),
-                text = queued.recv() => match text {
-                    Some(text) => {
+                next = queued.recv() => match next {
+                    Some(next) => {
+                        let text = next.into_frame(&host, &ledger);
                         if sink.send(Message::Text(text.into())).await.is_err() {
                             return;
                         }
@@ -68,6 +74,8 @@ pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller) {
         out,
         client_id: String::new(),
         subscriptions: HashMap::new(),
+        ledger,
+        previous: None,
     };
     // The caller's token bounds the connection: at its expiry the host closes it.
     let expires_at = caller.expires_at();
@@ -146,13 +154,39 @@ impl Held {
     }
 }
 
+/// What goes out on a connection, in order.
+pub(crate) enum Outgoing {
+    /// A frame as it is: a response, a notification.
+    Frame(String),
+    /// A chat action whose `serverSeq` is its number in the chat's own numbering (its
+    /// position); it goes out numbered from the host's sequence, and marked in the ledger.
+    Action(Box<ActionEnvelope>),
+}
+
+impl Outgoing {
+    fn into_frame(self, host: &AhpHost, ledger: &Ledger) -> String {
+        match self {
+            Outgoing::Frame(text) => text,
+            Outgoing::Action(mut envelope) => {
+                let server_seq = host.sequence.next();
+                ledger.mark(&envelope.channel, server_seq, envelope.server_seq);
+                envelope.server_seq = server_seq;
+                rpc::notification("action", &*envelope)
+            }
+        }
+    }
+}
+
 struct Connection {
     host: Arc<AhpHost>,
     caller: Caller,
-    out: mpsc::Sender<String>,
+    out: mpsc::Sender<Outgoing>,
     /// From `initialize` or `reconnect`.
     client_id: String,
     subscriptions: HashMap<Uri, Held>,
+    /// What this connection was sent, and what the client's connection before it was.
+    ledger: Arc<Ledger>,
+    previous: Option<Arc<Ledger>>,
 }
 
 impl Drop for Connection {
@@ -182,12 +216,17 @@ impl Transport for Connection {
     }
 
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
+        self.previous = self.host.ledgers.register(&self.caller, &client_id, Arc::clone(&self.ledger));
         self.client_id = client_id;
         Ok(())
     }
 
+    fn ledgers(&self) -> Option<(Arc<Ledger>, Option<Arc<Ledger>>)> {
+        Some((Arc::clone(&self.ledger), self.previous.clone()))
+    }
+
     async fn send(&mut self, frame: String) -> bool {
-        self.out.send(frame).await.is_ok()
+        self.out.send(Outgoing::Frame(frame)).await.is_ok()
     }
 
     async fn hold(&mut self, subscribed: Vec<(Uri, Subscribed)>) {
@@ -262,7 +301,7 @@ impl Transport for Connection {
 /// The root channel's notifications: `root/sessionAdded` for every session this process
 /// creates (over AHP, over HTTP, or as a sub-agent) and `root/sessionRemoved` for every one it
 /// disposes, that the caller may see.
-async fn root_news(host: Arc<AhpHost>, caller: Caller, out: mpsc::Sender<String>) {
+async fn root_news(host: Arc<AhpHost>, caller: Caller, out: mpsc::Sender<Outgoing>) {
     let (mut added, mut removed) = (host.app.sessions_created(), host.app.sessions_removed());
     loop {
         // Notifications are ephemeral: a lagging client misses some (AHP never replays them).
@@ -279,7 +318,7 @@ async fn root_news(host: Arc<AhpHost>, caller: Caller, out: mpsc::Sender<String>
             },
         };
         if let Some(frame) = frame
-            && out.send(frame).await.is_err()
+            && out.send(Outgoing::Frame(frame)).await.is_err()
         {
             return;
         }

@@ -4,6 +4,8 @@
 //! [`Transport`] says how frames leave and where a connection's subscriptions live; the
 //! methods say what each request means.
 
+use std::sync::Arc;
+
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
 use ahp_types::commands::{
     CreateChatParams, CreateSessionParams, DispatchActionParams, DisposeSessionParams, FetchTurnsParams,
@@ -15,6 +17,7 @@ use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
 use ahp_types::errors::{UnsupportedProtocolVersionErrorData, ahp_error_codes, json_rpc_error_codes};
 use ahp_types::state::Snapshot;
 use ahp_types::version::{SUPPORTED_PROTOCOL_VERSIONS, negotiate_protocol_version};
+
 use async_trait::async_trait;
 use serde_json::Value;
 use turnstone_engine::ids::SessionId;
@@ -25,6 +28,7 @@ use super::channels::{ChatFeed, Live, root_snapshot};
 use super::dispatch::dispatch;
 use super::reconnect::reconnect;
 use super::rpc::{self, Incoming, RpcError};
+use super::sequence::{Ledger, Numbering};
 use super::sessions::{self, internal, reachable, session_id};
 use crate::auth::{Access, Caller};
 
@@ -75,7 +79,14 @@ pub(crate) trait Transport: Send {
     /// which replaces the one it holds), for `[limits] subscriptions_per_socket`.
     fn subscriptions_besides(&self, channel: &str) -> usize;
 
+    /// Sets the client id (from `initialize` or `reconnect`), making this connection the
+    /// client's latest.
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError>;
+
+    /// The connection's ledger and that of the client's connection before it (set by
+    /// [`Transport::set_client_id`]), when the transport numbers from the host's sequence;
+    /// `None` when it numbers by each chat's log ([`Numbering::Log`]).
+    fn ledgers(&self) -> Option<(Arc<Ledger>, Option<Arc<Ledger>>)>;
 
     /// Sends one frame; `false` once the client is gone.
     async fn send(&mut self, frame: String) -> bool;
@@ -93,6 +104,14 @@ pub(crate) trait Transport: Send {
     /// Echoes a refused action on the client's subscription of its channel, numbered there;
     /// gives it back when the client holds no such subscription.
     async fn reject(&mut self, channel: &str, refused: Refused) -> Option<Refused>;
+}
+
+/// How `transport`'s envelopes and snapshots are numbered.
+fn numbering<'a>(host: &'a AhpHost, transport: &dyn Transport) -> Numbering<'a> {
+    match transport.ledgers() {
+        Some((ledger, previous)) => Numbering::Host { sequence: &host.sequence, ledger, previous },
+        None => Numbering::Log,
+    }
 }
 
 /// What a request answers: its result, the subscriptions to hold once the answer went out,
@@ -185,18 +204,22 @@ async fn request(
     match method {
         "initialize" => initialize(host, caller, transport, rpc::params(params)?).await,
         "reconnect" => {
-            let params: ReconnectParams = rpc::params(params)?;
+            let params: ReconnectParams = rpc::params(with_root_channel(params))?;
             within_subscription_limit(host, params.subscriptions.len())?;
             transport.set_client_id(params.client_id.clone()).await?;
             transport.drop_subscription(None).await;
-            let (result, subscribed) = reconnect(host, caller, &params, transport.follows()).await?;
+            let numbering = numbering(host, transport);
+            let (result, subscribed) =
+                reconnect(host, caller, &params, transport.follows(), &numbering).await?;
             match result {
                 ReconnectResult::Replay(mut replay) => {
+                    numbering.envelopes(&mut replay.actions);
                     let after = split_replay(transport.max_frame(), &mut replay.actions);
                     Ok(Answer { result: rpc::to_value(&ReconnectResult::Replay(replay))?, subscribed, after })
                 }
                 ReconnectResult::Snapshot(result) => {
-                    let result = fitting(transport, result.snapshots, &subscribed, None, |snapshots| {
+                    let result = fitting(transport, result.snapshots, &subscribed, None, |mut snapshots| {
+                        numbering.snapshots(&mut snapshots);
                         rpc::to_value(&ReconnectResult::Snapshot(ReconnectSnapshotResult { snapshots }))
                     })?;
                     Ok(Answer { result, subscribed, after: Vec::new() })
@@ -212,7 +235,9 @@ async fn request(
             let (snapshot, subscribed) =
                 open(host, caller, transport.client_id(), channel, transport.follows()).await?;
             let subscribed = vec![(params.channel, subscribed)];
+            let numbering = numbering(host, transport);
             let result = fitting(transport, vec![snapshot], &subscribed, turns, |mut snapshots| {
+                numbering.snapshots(&mut snapshots);
                 rpc::to_value(&SubscribeResult { snapshot: snapshots.pop() })
             })?;
             Ok(Answer { result, subscribed, after: Vec::new() })
@@ -250,6 +275,15 @@ async fn request(
             Err(RpcError::new(json_rpc_error_codes::METHOD_NOT_FOUND, format!("unknown method {other:?}")))
         }
     }
+}
+
+/// Reconnect params with `channel` (`ahp-root://`) when the client left it out, as VS Code's
+/// client core does (`ahp-types` requires it).
+fn with_root_channel(mut params: Value) -> Value {
+    if let Value::Object(fields) = &mut params {
+        fields.entry("channel").or_insert_with(|| Value::String(ROOT_RESOURCE_URI.to_owned()));
+    }
+    params
 }
 
 /// The result `answer` makes of `snapshots`, each chat's trimmed to fewer turns (its
@@ -400,10 +434,12 @@ async fn initialize(
         snapshots.push(snapshot);
         subscribed.push((uri, held));
     }
-    let result = fitting(transport, snapshots, &subscribed, None, |snapshots| {
+    let numbering = numbering(host, transport);
+    let result = fitting(transport, snapshots, &subscribed, None, |mut snapshots| {
+        numbering.snapshots(&mut snapshots);
         rpc::to_value(&InitializeResult {
             protocol_version: version.clone(),
-            server_seq: 0,
+            server_seq: i64::try_from(numbering.current()).unwrap_or(i64::MAX),
             server_info: Some(Implementation {
                 name: "turnstone".to_owned(),
                 version: Some(env!("CARGO_PKG_VERSION").to_owned()),

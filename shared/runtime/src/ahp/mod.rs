@@ -13,23 +13,32 @@
 //!
 //! # `serverSeq` and the durable log
 //!
-//! A chat channel's actions are numbered from the session's log, so a number names the same
-//! action on every connection and on every host, a restarted one included:
+//! A chat channel's actions have a **position** derived from the session's log, so a position
+//! names the same action on every connection and on every host, a restarted one included:
 //!
-//! `serverSeq = e * 2^20 + c`, where `e` is the seq of the last durable event applied and `c`
+//! `position = e * 2^20 + c`, where `e` is the seq of the last durable event applied and `c`
 //! counts the actions sent since it: first the actions event `e` projects to (`1..=n_e`), then
 //! whatever went out before event `e + 1` (live token deltas, `chat/turnsLoaded`, rejections;
-//! none of them durable). A snapshot taken after event `e` has `fromSeq = e * 2^20 + n_e`.
+//! none of them durable). A snapshot taken after event `e` stands at `e * 2^20 + n_e`.
 //!
-//! `reconnect` with `lastSeenServerSeq = e * 2^20 + c` for one chat channel replays when the
-//! client's state is a pure function of the log: the host projects events `1..=e` again (their
-//! actions unsent), and if `c <= n_e` and no model call was running after event `e` (no
-//! delta could have shown part of a reply the log does not hold yet), it sends the actions of
-//! event `e` past the `c`-th and those of every later event, numbered as above. Otherwise
-//! (deltas or other non-durable actions seen, a model call mid-stream, several chat channels
-//! sharing one `lastSeenServerSeq`), the answer is fresh snapshots of every subscription. Either
-//! way no action is lost. Root and session channels carry no actions here (only the root's
-//! notifications, which AHP never replays), so their snapshots have `fromSeq` 0.
+//! A client that stands at position `e * 2^20 + c` of a chat can be brought up to date from
+//! the log when its state is a pure function of the log: the host projects events `1..=e`
+//! again (their actions unsent), and if `c <= n_e` and no model call was running after event
+//! `e` (no delta could have shown part of a reply the log does not hold yet), it sends the
+//! actions of event `e` past the `c`-th and those of every later event. Otherwise (deltas or
+//! other non-durable actions seen, a model call mid-stream) the answer is fresh snapshots of
+//! every subscription. Either way no action is lost.
+//!
+//! What clients are sent as `serverSeq` differs by transport:
+//! - **The local host** numbers every envelope from one counter of the host as it goes out, on
+//!   whatever channel ([`sequence`]), since clients reconnect with the highest number they saw
+//!   on any channel; a per-connection ledger turns that number back into a position in each
+//!   chat, so `reconnect` replays every subscribed chat from its own point.
+//! - **Behind API Gateway** every function pushes, so `serverSeq` is the position itself
+//!   ([`push`]), and `reconnect` replays only for a client subscribed to one chat.
+//!
+//! Root and session channels carry no actions here (only the root's notifications, which AHP
+//! never replays), so their snapshots have `fromSeq` 0.
 //!
 //! Origins (`clientId`, `clientSeq`) of accepted client actions are kept in memory
 //! ([`origins`]): a replay from the log or another host echoes those actions without one.
@@ -72,6 +81,7 @@ mod reconnect;
 pub mod registry;
 mod root_config;
 mod rpc;
+mod sequence;
 mod sessions;
 mod stored;
 pub(crate) mod turns;
@@ -125,6 +135,9 @@ pub struct AhpHost {
     origins: origins::Origins,
     /// What each client set with `root/configChanged`.
     root_configs: root_config::RootConfigs,
+    /// The host's `serverSeq`, and what each client's last connection was sent.
+    sequence: sequence::Sequence,
+    ledgers: sequence::Ledgers,
     /// The sockets open on this host, per caller identity ([`AhpHost::open_socket`]).
     sockets: PerCaller,
 }
@@ -133,10 +146,13 @@ impl AhpHost {
     /// The AHP host of `app`.
     pub fn new(app: Arc<App>) -> Arc<Self> {
         let sockets = PerCaller::new(app.limits().sockets_per_caller);
+        let sequence = sequence::Sequence::starting_at(app.now());
         Arc::new(AhpHost {
             app,
+            sequence,
             origins: origins::Origins::default(),
             root_configs: root_config::RootConfigs::default(),
+            ledgers: sequence::Ledgers::default(),
             sockets,
         })
     }

@@ -1,5 +1,5 @@
-//! A chat channel's `serverSeq`: the position of an action relative to the durable log (the
-//! scheme is in the module doc of [`super`]).
+//! A chat action's position relative to the durable log (the scheme is in the module doc of
+//! [`super`]): the `serverSeq` behind API Gateway, and what the local host's numbers map to.
 
 /// Actions a slot (one durable event and what follows it before the next) may number.
 pub(crate) const STRIDE: u64 = 1 << 20;

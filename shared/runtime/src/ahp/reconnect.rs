@@ -1,8 +1,13 @@
 //! `reconnect`: a client back on a new connection gets the chat actions it missed, replayed
-//! from the durable log when its `lastSeenServerSeq` names a point the log alone explains, or
-//! fresh snapshots of every subscription otherwise (the scheme is in [`super`]'s doc).
+//! from the durable log when its `lastSeenServerSeq` names, in every chat it subscribes to, a
+//! point the log alone explains, or fresh snapshots of every subscription otherwise. On the
+//! local host the number is the host's ([`super::sequence`]): the ledger of the client's last
+//! connection turns it into a position per chat. Behind API Gateway it is one chat's position
+//! (the scheme is in [`super`]'s doc), so a replay needs exactly one subscribed chat.
 
-use ahp_types::actions::StateAction;
+use std::collections::HashMap;
+
+use ahp_types::actions::{ActionEnvelope, StateAction};
 use ahp_types::commands::{ReconnectParams, ReconnectReplayResult, ReconnectResult, ReconnectSnapshotResult};
 use ahp_types::common::Uri;
 use turnstone_ahp::chat_uri;
@@ -14,19 +19,24 @@ use super::channels::{ChatFeed, Live, ProjectError};
 use super::methods::{Channel, Subscribed, open, resolve};
 use super::position::Position;
 use super::rpc::RpcError;
+use super::sequence::Numbering;
 use super::sessions::internal;
 use crate::auth::Caller;
 
 /// Events read from the store at a time.
 const PAGE: usize = 1000;
+/// The largest integer JavaScript holds exactly (2^53 - 1): `serverSeq`s stay below it.
+const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 
 /// The result of `params`, and the subscriptions the connection then holds (their chats
-/// followed in this process when `follow`).
+/// followed in this process when `follow`). Replayed actions carry each chat's log-derived
+/// numbers; the caller numbers them as its transport does ([`Numbering`]).
 pub(crate) async fn reconnect(
     host: &AhpHost,
     caller: &Caller,
     params: &ReconnectParams,
     follow: bool,
+    numbering: &Numbering<'_>,
 ) -> Result<(ReconnectResult, Vec<(Uri, Subscribed)>), RpcError> {
     let mut missing = Vec::new();
     let mut channels = Vec::new();
@@ -36,44 +46,48 @@ pub(crate) async fn reconnect(
             Err(_) => missing.push(uri.clone()),
         }
     }
-    let chats: Vec<&SessionId> = channels
-        .iter()
-        .filter_map(|(_, c)| match c {
-            Channel::Chat(id) => Some(id),
-            _ => None,
-        })
-        .collect();
-    // One `lastSeenServerSeq` names a point in one chat's log only.
     let last_seen = u64::try_from(params.last_seen_server_seq).ok();
-    if let ([id], Some(last_seen)) = (chats.as_slice(), last_seen) {
-        let id = (*id).clone();
-        if let Some((feed, live, replayed)) = replay(host, &id, last_seen, follow).await.map_err(internal)? {
-            let channel = chat_uri(&id);
-            let actions = replayed
-                .into_iter()
-                .map(|(server_seq, action)| ahp_types::actions::ActionEnvelope {
-                    origin: host.origins.of(&id, &action),
-                    channel: channel.clone(),
-                    action,
-                    server_seq,
-                    rejection_reason: None,
-                })
-                .collect();
-            // The replayed chat goes on from where the replay ended.
-            let mut replayed_feed = Some((feed, live));
-            let mut subscribed = Vec::new();
-            for (uri, channel) in channels {
-                let held = match channel {
-                    Channel::Chat(_) => match replayed_feed.take() {
-                        Some((feed, live)) => Subscribed::Chat { feed: Box::new(feed), live },
-                        None => continue,
-                    },
-                    Channel::Root => Subscribed::Root,
-                    Channel::Session { .. } => Subscribed::Session,
-                };
-                subscribed.push((uri, held));
+    let positions = match (numbering, last_seen) {
+        (Numbering::Host { sequence, ledger, previous }, Some(last_seen)) => {
+            // A number past any this host gave: another host's (one that ran before, on a
+            // clock ahead of this one's), or none at all. The client's state is not this
+            // host's to explain; later numbers pass it, while they stay exact in JavaScript.
+            let beyond = last_seen > sequence.current();
+            if beyond && last_seen < MAX_SAFE_INTEGER {
+                sequence.pass(last_seen);
             }
-            return Ok((ReconnectResult::Replay(ReconnectReplayResult { actions, missing }), subscribed));
+            // Each chat's position from what the client's last connection was sent, if this
+            // host remembers it.
+            previous.as_ref().filter(|_| !beyond).and_then(|previous| {
+                let positions: Option<Vec<(SessionId, u64)>> = chats(&channels)
+                    .map(|(uri, id)| {
+                        ledger.adopt(previous, uri);
+                        previous.position_at(uri, last_seen).map(|p| (id.clone(), p))
+                    })
+                    .collect();
+                positions
+            })
+        }
+        // One `lastSeenServerSeq` names a point in one chat's log only.
+        (Numbering::Log, Some(last_seen)) => match chats(&channels).collect::<Vec<_>>().as_slice() {
+            [(_, id)] => Some(vec![((*id).clone(), last_seen)]),
+            _ => None,
+        },
+        (_, None) => None,
+    };
+    if let Some(positions) = positions {
+        let mut replays = Vec::new();
+        for (id, position) in positions {
+            match replay(host, &id, position, follow).await.map_err(internal)? {
+                Some(replayed) => replays.push((id, replayed)),
+                None => {
+                    replays.clear();
+                    break;
+                }
+            }
+        }
+        if !replays.is_empty() || chats(&channels).next().is_none() {
+            return Ok(replayed(host, channels, replays, missing));
         }
     }
     let mut snapshots = Vec::new();
@@ -84,6 +98,54 @@ pub(crate) async fn reconnect(
         subscribed.push((uri, held));
     }
     Ok((ReconnectResult::Snapshot(ReconnectSnapshotResult { snapshots }), subscribed))
+}
+
+/// The subscribed chats: their URIs and sessions.
+fn chats(channels: &[(Uri, Channel)]) -> impl Iterator<Item = (&Uri, &SessionId)> {
+    channels.iter().filter_map(|(uri, c)| match c {
+        Channel::Chat(id) => Some((uri, id)),
+        _ => None,
+    })
+}
+
+/// What a chat's replay brings: the feed that goes on from it, and the actions it replays.
+type Replayed = (ChatFeed, Option<Live>, Vec<(u64, StateAction)>);
+
+/// The replay result of every subscribed chat's `replays`, and the subscriptions that go on
+/// from them.
+fn replayed(
+    host: &AhpHost,
+    channels: Vec<(Uri, Channel)>,
+    replays: Vec<(SessionId, Replayed)>,
+    missing: Vec<Uri>,
+) -> (ReconnectResult, Vec<(Uri, Subscribed)>) {
+    let mut feeds: HashMap<SessionId, (ChatFeed, Option<Live>)> = HashMap::new();
+    let mut actions = Vec::new();
+    for (id, (feed, live, replayed)) in replays {
+        let channel = chat_uri(&id);
+        actions.extend(replayed.into_iter().map(|(server_seq, action)| ActionEnvelope {
+            origin: host.origins.of(&id, &action),
+            channel: channel.clone(),
+            action,
+            server_seq,
+            rejection_reason: None,
+        }));
+        feeds.insert(id, (feed, live));
+    }
+    let mut subscribed = Vec::new();
+    for (uri, channel) in channels {
+        let held = match channel {
+            // Each replayed chat goes on from where its replay ended.
+            Channel::Chat(id) => match feeds.remove(&id) {
+                Some((feed, live)) => Subscribed::Chat { feed: Box::new(feed), live },
+                None => continue,
+            },
+            Channel::Root => Subscribed::Root,
+            Channel::Session { .. } => Subscribed::Session,
+        };
+        subscribed.push((uri, held));
+    }
+    (ReconnectResult::Replay(ReconnectReplayResult { actions, missing }), subscribed)
 }
 
 /// The actions of session `id`'s chat after `last_seen`, and the feed that goes on from

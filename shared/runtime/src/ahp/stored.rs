@@ -209,6 +209,11 @@ impl Transport for Stored {
         Ok(())
     }
 
+    /// Numbered by each chat's log ([`super::push`] numbers pushes from any function so).
+    fn ledgers(&self) -> Option<(Arc<super::sequence::Ledger>, Option<Arc<super::sequence::Ledger>>)> {
+        None
+    }
+
     async fn send(&mut self, frame: String) -> bool {
         match self.pushes.post(&self.id, &frame).await {
             Ok(Posted::Sent) => true,

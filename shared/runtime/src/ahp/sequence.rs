@@ -1,0 +1,234 @@
+//! One `serverSeq` per host: what a local host's clients see, and what `reconnect` reads back.
+//!
+//! Clients take `serverSeq` for one counter of the host: VS Code (and the reference client)
+//! reconnect with `lastSeenServerSeq` = the highest number they saw on any channel. So every
+//! envelope a connection is sent is numbered from the host's [`Sequence`] as it is written to
+//! the socket, in the order it goes out, whatever its channel. The number starts from the wall
+//! clock in microseconds when the host starts (and never goes back below a number a client
+//! brings), so it keeps growing across restarts, and stays below 2^53, an integer JavaScript
+//! holds exactly.
+//!
+//! What a number means for a channel is kept per connection, in its [`Ledger`]: for each chat,
+//! the numbers sent on it with the position each had in the chat's own log-derived numbering
+//! ([`super::position`]). On `reconnect` with the same client id, the ledger of the client's
+//! last connection turns `lastSeenServerSeq` into a position in each chat it subscribes to:
+//! that of the last action numbered at or below it (or the snapshot's), and the actions after it
+//! are replayed from the log. A client this host does not remember (restarted, or forgotten:
+//! ledgers are bounded) gets snapshots.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use turnstone_engine::time::Timestamp;
+
+use crate::auth::Caller;
+
+/// Numbers sent per chat whose positions a ledger keeps (older ones: a reconnect from before
+/// them gets snapshots).
+const MARKS_PER_CHANNEL: usize = 4096;
+/// Clients whose last connection's ledger the host keeps.
+const CLIENTS: usize = 1024;
+
+/// The host's `serverSeq`.
+#[derive(Debug)]
+pub(crate) struct Sequence {
+    last: AtomicU64,
+}
+
+impl Sequence {
+    /// A sequence that starts at `now` (the host's clock) in microseconds: above what a host
+    /// that ran before sent, unless it sent more than a million numbers a second.
+    pub fn starting_at(now: Timestamp) -> Self {
+        let micros = u64::try_from(now.0).unwrap_or(0).saturating_mul(1000);
+        Sequence { last: AtomicU64::new(micros) }
+    }
+}
+
+impl Sequence {
+    /// The next number.
+    pub fn next(&self) -> u64 {
+        self.last.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The last number given (an `initialize`'s `serverSeq`).
+    pub fn current(&self) -> u64 {
+        self.last.load(Ordering::SeqCst)
+    }
+
+    /// Makes every later number larger than `seen`, a number a client says it saw.
+    pub fn pass(&self, seen: u64) {
+        self.last.fetch_max(seen, Ordering::SeqCst);
+    }
+}
+
+/// What one connection was sent, per chat: `(serverSeq, position)` pairs, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    channels: Mutex<HashMap<String, VecDeque<(u64, u64)>>>,
+}
+
+impl Ledger {
+    /// Records that `server_seq` went out on `channel` for the action (or snapshot) at
+    /// `position`.
+    pub fn mark(&self, channel: &str, server_seq: u64, position: u64) {
+        let mut channels = self.lock();
+        let marks = channels.entry(channel.to_owned()).or_default();
+        marks.push_back((server_seq, position));
+        if marks.len() > MARKS_PER_CHANNEL {
+            marks.pop_front();
+        }
+    }
+
+    /// The position in `channel` of a client that saw everything up to `last_seen`: that of
+    /// the last action (or snapshot) numbered at or below it; `None` when nothing this ledger
+    /// still holds was numbered so (the client's knowledge of the chat predates it).
+    pub fn position_at(&self, channel: &str, last_seen: u64) -> Option<u64> {
+        let channels = self.lock();
+        let marks = channels.get(channel)?;
+        let at = marks.partition_point(|(seq, _)| *seq <= last_seen);
+        at.checked_sub(1).and_then(|i| marks.get(i)).map(|(_, position)| *position)
+    }
+
+    /// Takes over what `from` (the client's connection before this one) was sent on
+    /// `channel`: numbers the client may have seen, whose positions a later reconnect needs.
+    pub fn adopt(&self, from: &Ledger, channel: &str) {
+        if std::ptr::eq(self, from) {
+            return;
+        }
+        let marks = from.lock().get(channel).cloned().unwrap_or_default();
+        let mut channels = self.lock();
+        let mine = channels.entry(channel.to_owned()).or_default();
+        let mut all: VecDeque<(u64, u64)> = marks;
+        all.extend(mine.drain(..));
+        while all.len() > MARKS_PER_CHANNEL {
+            all.pop_front();
+        }
+        *mine = all;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, VecDeque<(u64, u64)>>> {
+        // Marks are hints for a replay; a poisoned map still holds usable ones.
+        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How a connection numbers what it sends ([`super`]'s transports differ): from the host's
+/// sequence, marking its ledger (the local host), or by each chat's log-derived position alone
+/// (API Gateway's, whose connection outlives any one process; `reconnect` then reads a number as
+/// a position in one chat's log).
+pub(crate) enum Numbering<'a> {
+    Host { sequence: &'a Sequence, ledger: Arc<Ledger>, previous: Option<Arc<Ledger>> },
+    Log,
+}
+
+impl Numbering<'_> {
+    /// Numbers chat snapshots (and marks them); other channels carry no actions (`fromSeq` 0).
+    pub fn snapshots(&self, snapshots: &mut [ahp_types::state::Snapshot]) {
+        let Numbering::Host { sequence, ledger, .. } = self else { return };
+        for snapshot in snapshots {
+            if matches!(snapshot.state, ahp_types::state::SnapshotState::Chat(_)) {
+                let seq = sequence.next();
+                ledger.mark(&snapshot.resource, seq, u64::try_from(snapshot.from_seq).unwrap_or(0));
+                snapshot.from_seq = i64::try_from(seq).unwrap_or(i64::MAX);
+            }
+        }
+    }
+
+    /// Numbers replayed actions (and marks them), in order.
+    pub fn envelopes(&self, envelopes: &mut [ahp_types::actions::ActionEnvelope]) {
+        let Numbering::Host { sequence, ledger, .. } = self else { return };
+        for envelope in envelopes {
+            let seq = sequence.next();
+            ledger.mark(&envelope.channel, seq, envelope.server_seq);
+            envelope.server_seq = seq;
+        }
+    }
+
+    /// An `initialize`'s `serverSeq`.
+    pub fn current(&self) -> u64 {
+        match self {
+            Numbering::Host { sequence, .. } => sequence.current(),
+            Numbering::Log => 0,
+        }
+    }
+}
+
+/// The ledger of each client's last connection, by the caller and its client id (a client
+/// id is the client's to choose: another caller's is another client).
+#[derive(Debug, Default)]
+pub(crate) struct Ledgers {
+    inner: Mutex<Clients>,
+}
+
+/// Whose ledger: the caller's key (none for the open host's anyone) and its client id.
+type Client = (Option<String>, String);
+
+#[derive(Debug, Default)]
+struct Clients {
+    ledgers: HashMap<Client, Arc<Ledger>>,
+    /// Oldest registered first.
+    order: VecDeque<Client>,
+}
+
+impl Ledgers {
+    /// Makes `ledger` client `client_id`'s of `caller`, and gives back the one it had.
+    pub fn register(&self, caller: &Caller, client_id: &str, ledger: Arc<Ledger>) -> Option<Arc<Ledger>> {
+        let key = (caller.key(), client_id.to_owned());
+        let mut clients = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let previous = clients.ledgers.insert(key.clone(), ledger);
+        if previous.is_none() {
+            clients.order.push_back(key);
+        }
+        while clients.order.len() > CLIENTS {
+            if let Some(old) = clients.order.pop_front() {
+                clients.ledgers.remove(&old);
+            }
+        }
+        previous
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_grow_from_the_clock_and_past_what_a_client_saw() {
+        let sequence = Sequence::starting_at(Timestamp(1_796_400_000_000));
+        let first = sequence.next();
+        assert_eq!(first, 1_796_400_000_000_001, "microseconds since 1970, and one");
+        assert!(first < 1 << 53, "a number JavaScript holds exactly");
+        assert_eq!(sequence.next(), first + 1);
+        sequence.pass(first + 1000);
+        assert_eq!(sequence.next(), first + 1001);
+        sequence.pass(5);
+        assert_eq!(sequence.current(), first + 1001, "never back");
+    }
+
+    #[test]
+    fn a_ledger_turns_the_highest_number_seen_into_a_position_per_chat() {
+        let ledger = Ledger::default();
+        ledger.mark("ahp-chat:/a", 100, 7 << 20);
+        ledger.mark("ahp-chat:/b", 101, 3 << 20);
+        ledger.mark("ahp-chat:/a", 102, (8 << 20) + 1);
+        ledger.mark("ahp-chat:/b", 103, (4 << 20) + 1);
+        assert_eq!(ledger.position_at("ahp-chat:/a", 102), Some((8 << 20) + 1));
+        // Saw 102 (a's), not 103 (b's): b stands at its snapshot.
+        assert_eq!(ledger.position_at("ahp-chat:/b", 102), Some(3 << 20));
+        assert_eq!(ledger.position_at("ahp-chat:/a", 101), Some(7 << 20));
+        assert_eq!(ledger.position_at("ahp-chat:/a", 99), None, "before the snapshot");
+        assert_eq!(ledger.position_at("ahp-chat:/c", 200), None, "never sent");
+    }
+
+    #[test]
+    fn a_clients_ledger_is_its_callers_own() {
+        let ledgers = Ledgers::default();
+        let ana = Caller::Admin { name: "ana".to_owned() };
+        let first = Arc::new(Ledger::default());
+        assert!(ledgers.register(&ana, "w1", Arc::clone(&first)).is_none());
+        let back = ledgers.register(&ana, "w1", Arc::new(Ledger::default())).unwrap();
+        assert!(Arc::ptr_eq(&back, &first));
+        assert!(ledgers.register(&Caller::Anyone, "w1", Arc::new(Ledger::default())).is_none());
+    }
+}
