@@ -117,13 +117,18 @@ impl VsCode {
     /// directories, the active client and a progress token (§6); then the session and its
     /// default chat are subscribed. The chat's channel.
     async fn create_session(&mut self, session_uri: &str) -> String {
+        self.create_session_with_tools(session_uri, json!([])).await
+    }
+
+    /// [`VsCode::create_session`] with VS Code's `tools` in its active client.
+    async fn create_session_with_tools(&mut self, session_uri: &str, tools: Value) -> String {
         self.request(
             "createSession",
             json!({
                 "channel": session_uri,
                 "provider": "demo",
                 "workingDirectories": ["file:///home/ana/project"],
-                "activeClient": {"clientId": self.client_id, "tools": [], "customizations": []},
+                "activeClient": {"clientId": self.client_id, "tools": tools, "customizations": []},
                 "progressToken": "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9",
             }),
         )
@@ -574,4 +579,86 @@ async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
     let echo = vscode.envelopes.last().unwrap();
     assert!(echo.server_seq > before, "{} after {before}", echo.server_seq);
     vscode.settle(&host, None, &chat_b, b).await;
+}
+
+/// A tool of VS Code's (§8): offered with its active client (§6, §7), its call contributed by
+/// VS Code's client id so VS Code runs it, and answered with `chat/toolCallComplete`. A
+/// changed tool list is dispatched as `session/activeClientSet` and echoed with its origin.
+#[tokio::test(flavor = "multi_thread")]
+async fn vs_code_runs_its_own_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let session_id = "c-91aa";
+    let session_uri = format!("demo:/{session_id}");
+    let read_file = json!({"name": "readFile", "description": "Reads a file of the workspace.",
+                           "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}});
+    let chat = vscode.create_session_with_tools(&session_uri, json!([read_file])).await;
+    let snapshot = vscode.request("subscribe", json!({"channel": session_uri})).await.unwrap();
+    let active = &snapshot["snapshot"]["state"]["activeClients"];
+    assert_eq!(active[0]["clientId"], json!(vscode.client_id), "{active}");
+    assert_eq!(active[0]["tools"][0]["name"], "readFile");
+
+    // VS Code's tools changed: it dispatches its entry again, before the turn (§7).
+    let run_tests =
+        json!({"name": "runTests", "description": "Runs the tests.", "inputSchema": {"type": "object"}});
+    let entry = json!({"clientId": vscode.client_id, "tools": [read_file, run_tests], "customizations": []});
+    let seq = vscode
+        .dispatch(&session_uri, json!({"type": "session/activeClientSet", "activeClient": entry}))
+        .await;
+    vscode
+        .until("the active client's echo", |v| {
+            v.envelopes.iter().any(|e| {
+                e.channel == session_uri
+                    && e.origin.as_ref().is_some_and(|o| o.client_seq == seq)
+                    && e.rejection_reason.is_none()
+            })
+        })
+        .await;
+    let snapshot = vscode.request("subscribe", json!({"channel": session_uri})).await.unwrap();
+    assert_eq!(snapshot["snapshot"]["state"]["activeClients"][0]["tools"][1]["name"], "runTests");
+
+    vscode.turn(&chat, "request_1", "/tool readFile {\"path\":\"README.md\"}").await;
+    vscode
+        .until("VS Code's tool call, past streaming", |v| {
+            let parts =
+                serde_json::to_value(v.chats[&chat].active_turn.as_ref().map(|t| &t.response_parts)).unwrap();
+            parts.as_array().is_some_and(|parts| {
+                parts.iter().any(|p| {
+                    p["toolCall"]["toolName"] == "readFile" && p["toolCall"]["status"] != "streaming"
+                })
+            })
+        })
+        .await;
+    let parts =
+        serde_json::to_value(&vscode.chats[&chat].active_turn.as_ref().unwrap().response_parts).unwrap();
+    let call = parts.as_array().unwrap().iter().find(|p| p["toolCall"]["toolName"] == "readFile").unwrap()["toolCall"].clone();
+    // HND `_setupToolCallPart`: VS Code runs a call only if it is the contributor.
+    assert_eq!(call["contributor"], json!({"kind": "client", "clientId": vscode.client_id}), "{call}");
+    let call_id = call["toolCallId"].as_str().unwrap().to_owned();
+    let seq = vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/toolCallComplete", "turnId": "request_1", "toolCallId": call_id,
+                   "result": {"success": true, "pastTenseMessage": "Read README.md",
+                              "content": [{"type": "text", "text": "# Turnstone"}]}}),
+        )
+        .await;
+    vscode.until("the result's echo", |v| !v.pending.iter().any(|(_, s, _)| *s == seq)).await;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (_, turn) = host.get(&format!("/v1/sessions/{session_id}/turns/request_1")).await;
+        if turn["status"] == "completed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the turn never completed: {turn}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    vscode.settle(&host, None, &chat, session_id).await;
+    let last = vscode.chats[&chat].turns.last().unwrap();
+    assert!(
+        serde_json::to_string(&last.response_parts).unwrap().contains("readFile returned: # Turnstone"),
+        "{last:#?}"
+    );
 }

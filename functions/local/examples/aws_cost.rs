@@ -203,6 +203,7 @@ fn message(agent: &str, text: String) -> ClientInput {
         turn_id: None,
         message: DraftMessage::user(text),
         stream: None,
+        client: None,
     })
 }
 

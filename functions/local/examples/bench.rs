@@ -485,6 +485,7 @@ fn input(session_id: &str, n: usize) -> ClientInput {
         // The first word names the session (see `session_of`).
         message: DraftMessage::user(format!("{session_id} question {n}: what do you make of it?")),
         stream: None,
+        client: None,
     })
 }
 

@@ -202,6 +202,7 @@ fn round_input(mb: u64, session: usize) -> ClientInput {
              but the box was damaged. Can you send a replacement, and do I need to return the old one?"
         )),
         stream: None,
+        client: None,
     })
 }
 

@@ -168,6 +168,7 @@ fn message(text: String) -> ClientInput {
         turn_id: None,
         message: DraftMessage::user(text),
         stream: None,
+        client: None,
     })
 }
 

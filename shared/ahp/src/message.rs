@@ -30,7 +30,7 @@ pub(crate) fn text(text: String, origin: TurnOrigin) -> Message {
 /// The message of a turn started by `input` (a queued turn keeps its input).
 pub(crate) fn from_input(input: Option<&TurnInput>, origin: TurnOrigin) -> Message {
     match input {
-        Some(TurnInput::Message { message }) => text(message.content_text(), origin),
+        Some(TurnInput::Message { message, .. }) => text(message.content_text(), origin),
         Some(TurnInput::Messages { messages, .. }) => from_view(messages, origin),
         Some(TurnInput::Action { name, args }) => action(name, args.as_ref(), origin),
         None => text(String::new(), origin),
@@ -40,7 +40,7 @@ pub(crate) fn from_input(input: Option<&TurnInput>, origin: TurnOrigin) -> Messa
 /// The message of a turn whose input is `source`; `None` for a trigger that starts no turn.
 pub(crate) fn from_source(source: &TriggerSource, origin: TurnOrigin) -> Option<Message> {
     match source {
-        TriggerSource::ClientMessage { message } => Some(text(message.content_text(), origin)),
+        TriggerSource::ClientMessage { message, .. } => Some(text(message.content_text(), origin)),
         TriggerSource::ClientMessages { messages, .. } => Some(from_view(messages, origin)),
         TriggerSource::ClientAction { name, args } => Some(action(name, args.as_ref(), origin)),
         TriggerSource::SessionStart

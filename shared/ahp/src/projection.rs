@@ -494,13 +494,17 @@ impl ChatProjection {
         Ok(())
     }
 
-    /// A client tool is run by the session's client. The engine does not know the AHP client
-    /// id of the client that offered the tool, so the session's owner stands for it.
+    /// A client tool is run by a client: the one whose tools the turn brought (its AHP client
+    /// id), or, for the agent's own client tools (any client of the session may answer them),
+    /// the session's owner.
     fn contributor(&self, name: &str) -> Option<ToolCallContributor> {
         let turn_id = self.turn.as_ref().map(|t| &t.id);
         let declared = self.session.tool_declaration(name, turn_id)?;
         (declared.handler == Some(ToolHandler::Client)).then(|| {
-            let client_id = self.session.identity().id.unwrap_or_else(|| "client".to_owned());
+            let client_id = match self.session.tool_client(name, turn_id) {
+                Some(client) => client.to_owned(),
+                None => self.session.identity().id.unwrap_or_else(|| "client".to_owned()),
+            };
             ToolCallContributor::Client(ToolCallClientContributor { client_id })
         })
     }

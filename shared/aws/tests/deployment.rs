@@ -88,6 +88,7 @@ async fn a_function_starts_from_ssm_and_secrets_manager_and_runs_a_turn() {
         turn_id: Some("t1".into()),
         message: DraftMessage::user("hello from lambda"),
         stream: None,
+        client: None,
     });
     app.submit("s1", input, Placement::Start, &alice).await.unwrap();
     let (_, queue) = support::config(store.table(), &queue_url).connect_with(&clients).await.unwrap();

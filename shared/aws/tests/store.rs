@@ -57,6 +57,7 @@ fn submit_turn(turn_id: &str, text: &str) -> Command {
             turn_id: Some(turn_id.into()),
             message: DraftMessage::user(text),
             stream: None,
+            client: None,
         }),
         queue: false,
         origin: TurnOrigin::Client,

@@ -96,6 +96,7 @@ fn message(text: &str) -> ClientInput {
         turn_id: None,
         message: DraftMessage::user(text),
         stream: None,
+        client: None,
     })
 }
 

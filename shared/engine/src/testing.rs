@@ -361,6 +361,7 @@ pub fn message(agent_id: &str, text: &str) -> Command {
             turn_id: None,
             message: DraftMessage::user(text),
             stream: None,
+            client: None,
         }),
         queue: false,
         origin: TurnOrigin::Client,
@@ -375,6 +376,7 @@ pub fn steer(agent_id: &str, text: &str, turn_id: &str) -> Command {
             turn_id: Some(turn_id.into()),
             message: DraftMessage::user(text),
             stream: None,
+            client: None,
         },
     }
 }

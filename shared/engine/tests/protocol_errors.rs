@@ -453,7 +453,7 @@ fn unknown_fields_are_refused() {
     assert_error::<ClientInput>(
         &json!({ "type": "client.message", "agent_id": "a", "message": { "role": "user" }, "queue": true }),
         "queue",
-        "unknown field `queue`, expected one of `agent_id`, `turn_id`, `message`, `stream`",
+        "unknown field `queue`, expected one of `agent_id`, `turn_id`, `message`, `stream`, `client`",
     );
 }
 

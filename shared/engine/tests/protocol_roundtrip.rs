@@ -1300,6 +1300,7 @@ fn client_inputs_minimal_variants() {
             turn_id: None,
             message: DraftMessage::user("hi"),
             stream: None,
+            client: None,
         })
     );
     assert_eq!(

@@ -20,6 +20,7 @@ fn msg_with_turn(agent_id: &str, text: &str, turn_id: &str) -> Command {
             turn_id: Some(turn_id.into()),
             message: DraftMessage::user(text),
             stream: None,
+            client: None,
         }),
         false,
     )
@@ -1306,6 +1307,43 @@ fn client_tools_are_run_by_the_client_whatever_their_handler_says() {
         assert!(call.is_client_tool(), "{:?}", call.spec);
         assert_eq!((call.status, call.attempt), (CallStatus::Pending, 1));
     }
+}
+
+#[test]
+fn a_client_message_may_bring_its_clients_tools_and_name_the_client_that_runs_them() {
+    // The extension: `client.message` with a `client`, naming itself. Its tools are the
+    // turn's, run by that client; the agent's own client tool stays anyone's.
+    let mut h = harness(
+        "s",
+        init(
+            "demo",
+            Some(with_tools(vec![AgentTool { handler: Some(ToolHandler::Client), ..tool("ask") }])),
+            false,
+        ),
+    );
+    let client = ClientContext {
+        tools: Some(vec![tool("readFile")]),
+        client_id: Some("w1".into()),
+        ..Default::default()
+    };
+    h.exec(submit(
+        ClientInput::Message(ClientMessageInput {
+            agent_id: "demo".into(),
+            turn_id: Some("t1".into()),
+            message: DraftMessage::user("read it"),
+            stream: None,
+            client: Some(client),
+        }),
+        false,
+    ));
+    let turn = Some(turnstone_engine::ids::TurnId::from("t1"));
+    let offered: Vec<String> =
+        h.session.offered_tools(turn.as_ref()).unwrap_or_default().into_iter().map(|t| t.name).collect();
+    assert_eq!(offered, ["ask", "readFile"]);
+    assert_eq!(h.session.tool_client("readFile", turn.as_ref()), Some("w1"));
+    assert_eq!(h.session.tool_client("ask", turn.as_ref()), None, "the agent's own tool");
+    h.run_llm(tool_calls(&[("c1", "readFile", "{}")]));
+    assert!(h.session.call(&"c1".into()).expect("an open call").is_client_tool());
 }
 
 #[test]

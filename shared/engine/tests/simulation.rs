@@ -271,6 +271,7 @@ fn run(seed: u64, steps: usize) {
                     turn_id: None,
                     message: DraftMessage::user("steer"),
                     stream: None,
+                    client: None,
                 };
                 let _ = h.try_exec(Command::Steer { input });
             }

@@ -237,6 +237,7 @@ pub async fn store_used_ids_are_kept_for_good_in_batches(store: &dyn Store, turn
             turn_id: Some("t-first".into()),
             message: DraftMessage::user("the first question"),
             stream: None,
+            client: None,
         }),
         queue: false,
         origin: TurnOrigin::Client,

@@ -103,6 +103,7 @@ impl Chat<'_, '_> {
             turn_id: None,
             message: DraftMessage::user(text),
             stream: Some(true),
+            client: None,
         });
         let accepted = self.client.post_input(self.session, &input, false).await?;
         let turn_id = accepted.turn_id.context("the server started no turn for the message")?;

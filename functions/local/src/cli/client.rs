@@ -210,6 +210,7 @@ mod tests {
             turn_id: None,
             message: DraftMessage::user("hi"),
             stream: None,
+            client: None,
         });
         assert_eq!(
             serde_json::to_value(&input).unwrap(),

@@ -49,6 +49,7 @@ pub async fn smoke(
         turn_id: None,
         message: DraftMessage::user(&args.message),
         stream: Some(true),
+        client: None,
     });
     let submitted = api.post_input(&session, &input, false).await.context("step `submit a message`")?;
     let turn_id = submitted.turn_id.context("step `submit a message`: the server started no turn")?;

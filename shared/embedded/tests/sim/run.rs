@@ -164,6 +164,7 @@ impl Input {
                 turn_id: self.turn_id.clone(),
                 message: DraftMessage::user("hello"),
                 stream: None,
+                client: None,
             }),
             What::ToolResult(id) => ClientInput::ToolResult(ToolResultInput {
                 id: id.clone(),

@@ -96,6 +96,11 @@ pub struct ClientMessageInput {
     /// Whether the client wants token streaming.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
+    /// Client tools and context for the turn, as `client.messages` carries them. An
+    /// extension: the seed's `client.message` has none, and an AHP client's tools come this
+    /// way (ARCHITECTURE.md, "Decisions where the design was silent").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<ClientContext>,
 }
 
 /// `client.messages`.

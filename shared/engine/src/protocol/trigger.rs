@@ -295,6 +295,11 @@ pub struct ClientContext {
     /// Anything else the client forwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forwarded_props: Option<Value>,
+    /// The client that brought `tools` and runs their calls (an AHP client id). An extension:
+    /// where several clients drive one session, a client tool's call goes to the one that
+    /// offered it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
 }
 
 super::parse::objects_only!(

@@ -70,6 +70,7 @@ impl Session {
                     turn.ended_at = Some(*at);
                     turn.input = None;
                     turn.client_tools = Vec::new();
+                    turn.client_id = None;
                     turn.done_pending = false;
                     self.ended_order.push_back(turn_id.clone());
                 }

@@ -187,11 +187,11 @@ impl Tx {
         let gone = |id: &CallId| format!("call {id} is no longer open");
         Ok(match source {
             TriggerSource::SessionStart => (Trigger::SessionStart, None, None),
-            TriggerSource::ClientMessage { message } => {
+            TriggerSource::ClientMessage { message, client } => {
                 // The view is the active path plus the message: kept by reference to the path.
                 let head = s.tree.head().cloned();
                 let new_from = s.tree.path_len(head.as_ref());
-                let client = ClientContext::default();
+                let client = client.clone().unwrap_or_default();
                 let t = ClientMessagesTrigger { messages: vec![message.clone()], new_from, client };
                 (Trigger::ClientMessages(t), None, Some(PathRef { head }))
             }

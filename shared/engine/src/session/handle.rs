@@ -175,7 +175,7 @@ impl Tx {
                         "system messages belong to the agent config, not the conversation",
                     ));
                 }
-                let input = TurnInput::Message { message: i.message };
+                let input = TurnInput::Message { message: i.message, client: i.client };
                 self.start_turn(&i.agent_id, i.turn_id, input, queue, origin, true)
             }
             ClientInput::Messages(i) => self.submit_view(i, queue, origin),
@@ -361,16 +361,21 @@ impl Tx {
 
     /// A turn of `input`, queued (until it starts).
     fn queued_turn(&self, id: TurnId, input: TurnInput, origin: TurnOrigin) -> TurnRecord {
-        let client_tools = match &input {
-            TurnInput::Messages { client, .. } => client.tools.clone().unwrap_or_default(),
-            _ => Vec::new(),
+        let client = match &input {
+            TurnInput::Messages { client, .. } | TurnInput::Message { client: Some(client), .. } => {
+                Some(client)
+            }
+            _ => None,
         };
+        let client_tools = client.and_then(|c| c.tools.clone()).unwrap_or_default();
+        let client_id = client.and_then(|c| c.client_id.clone());
         TurnRecord {
             id,
             status: TurnStatus::Queued,
             origin,
             input: Some(input),
             client_tools,
+            client_id,
             submitted_at: self.now,
             started_at: None,
             ended_at: None,
@@ -466,7 +471,7 @@ impl Tx {
         }
         self.check_queue()?;
         let id = i.turn_id.unwrap_or_else(|| self.ids.turn_id());
-        let input = TurnInput::Message { message: i.message };
+        let input = TurnInput::Message { message: i.message, client: i.client };
         let turn = TurnRecord { steering: true, ..self.queued_turn(id, input, TurnOrigin::Client) };
         self.emit(Event::TurnQueued { turn });
         Ok(())
@@ -488,7 +493,7 @@ impl Tx {
             .filter_map(|t| self.session.turns.get(t))
             .filter(|t| t.steering)
             .filter_map(|t| match &t.input {
-                Some(TurnInput::Message { message }) => Some((t.id.clone(), message.clone())),
+                Some(TurnInput::Message { message, .. }) => Some((t.id.clone(), message.clone())),
                 _ => None,
             })
             .collect();
@@ -797,7 +802,7 @@ impl Tx {
 
 fn turn_source(input: TurnInput) -> TriggerSource {
     match input {
-        TurnInput::Message { message } => TriggerSource::ClientMessage { message },
+        TurnInput::Message { message, client } => TriggerSource::ClientMessage { message, client },
         TurnInput::Messages { messages, client } => TriggerSource::ClientMessages { messages, client },
         TurnInput::Action { name, args } => TriggerSource::ClientAction { name, args },
     }

@@ -557,6 +557,15 @@ impl Session {
         agent.or_else(|| self.client_tools(turn_id).iter().find(|t| t.name == name).map(client_tool))
     }
 
+    /// The client that runs tool `name`'s calls in turn `turn_id`: the one whose tools the turn
+    /// brought (`ClientContext::client_id`), when `name` is one of them and not the agent's own.
+    pub fn tool_client(&self, name: &str, turn_id: Option<&TurnId>) -> Option<&str> {
+        let turn = turn_id.and_then(|t| self.turns.get(t))?;
+        let agents = self.current_agent().is_some_and(|a| a.tools().iter().any(|t| t.name == name));
+        let brought = turn.client_tools.iter().any(|t| t.name == name);
+        turn.client_id.as_deref().filter(|_| brought && !agents)
+    }
+
     /// The client tools turn `turn_id` brought, as the client declared them; empty once the
     /// turn has ended.
     pub fn client_tools(&self, turn_id: Option<&TurnId>) -> &[AgentTool] {

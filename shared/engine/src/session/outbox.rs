@@ -175,6 +175,7 @@ impl Send {
                 turn_id: Some(self.turn_id),
                 message: self.message,
                 stream: None,
+                client: None,
             }),
             queue: true,
             origin: TurnOrigin::Parent,

@@ -368,8 +368,12 @@ pub struct PendingTrigger {
 pub enum TriggerSource {
     /// `session.start`.
     SessionStart,
-    /// `client.message`: one message at the head.
-    ClientMessage { message: DraftMessage },
+    /// `client.message`: one message at the head, and the client context it may bring.
+    ClientMessage {
+        message: DraftMessage,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client: Option<ClientContext>,
+    },
     /// `client.messages`: the client's full view.
     ClientMessages {
         /// The view (system messages already dropped).
@@ -449,8 +453,12 @@ pub enum TurnOrigin {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TurnInput {
-    /// `client.message`.
-    Message { message: DraftMessage },
+    /// `client.message`, with the client context it may bring (an extension).
+    Message {
+        message: DraftMessage,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client: Option<ClientContext>,
+    },
     /// `client.messages`.
     Messages { messages: Vec<DraftMessage>, client: ClientContext },
     /// `client.action`.
@@ -476,6 +484,10 @@ pub struct TurnRecord {
     /// Client tools the input brought, layered onto the agent's tools for this turn.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub client_tools: Vec<AgentTool>,
+    /// The client that brought them and runs their calls, when the input named it
+    /// (`ClientContext::client_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
     pub submitted_at: Timestamp,
     /// `None` while queued.
     pub started_at: Option<Timestamp>,

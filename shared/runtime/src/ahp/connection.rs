@@ -18,7 +18,9 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
+use turnstone_engine::ids::SessionId;
 
+use super::active_clients::SessionNews;
 use super::channels::{Control, Live, follow};
 use super::methods::{self, Refused, Subscribed, Transport};
 use super::rpc::{self, RpcError};
@@ -141,15 +143,14 @@ fn too_big(e: &axum::Error) -> bool {
 /// A subscription the connection holds.
 enum Held {
     Root(JoinHandle<()>),
-    Session,
+    Session(JoinHandle<()>),
     Chat { control: mpsc::Sender<Control>, task: JoinHandle<()> },
 }
 
 impl Held {
     fn stop(&self) {
         match self {
-            Held::Root(task) | Held::Chat { task, .. } => task.abort(),
-            Held::Session => {}
+            Held::Root(task) | Held::Session(task) | Held::Chat { task, .. } => task.abort(),
         }
     }
 }
@@ -237,7 +238,11 @@ impl Transport for Connection {
                     self.caller.clone(),
                     self.out.clone(),
                 ))),
-                Subscribed::Session => Held::Session,
+                Subscribed::Session(id) => {
+                    // Listening before the task runs: nothing dispatched next is missed.
+                    let news = self.host.active_clients.news();
+                    Held::Session(tokio::spawn(session_news(news, id, uri.clone(), self.out.clone())))
+                }
                 Subscribed::Chat { feed, live } => {
                     let live = match live {
                         Some(live) => live,
@@ -320,6 +325,34 @@ async fn root_news(host: Arc<AhpHost>, caller: Caller, out: mpsc::Sender<Outgoin
         if let Some(frame) = frame
             && out.send(Outgoing::Frame(frame)).await.is_err()
         {
+            return;
+        }
+    }
+}
+
+/// A session channel's actions ([`super::active_clients`]): those of session `id`, sent on
+/// `channel` as the client spelled it, each with the origin of whoever dispatched it.
+async fn session_news(
+    mut news: broadcast::Receiver<SessionNews>,
+    id: SessionId,
+    channel: Uri,
+    out: mpsc::Sender<Outgoing>,
+) {
+    loop {
+        let news = match news.recv().await {
+            Ok(news) if news.session_id == id => news,
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        // Numbered as it goes out; a session channel has no position in a log (0).
+        let envelope = ActionEnvelope {
+            channel: channel.clone(),
+            action: news.action,
+            server_seq: 0,
+            origin: news.origin,
+            rejection_reason: None,
+        };
+        if out.send(Outgoing::Action(Box::new(envelope))).await.is_err() {
             return;
         }
     }

@@ -16,7 +16,7 @@ use turnstone_engine::session::{CallSpec, Command, Session};
 
 use super::AhpHost;
 use super::rpc::RpcError;
-use super::sessions::{reachable, session_id};
+use super::sessions::{reachable, session_id, session_of};
 use crate::api::Placement;
 use crate::auth::{Access, Caller};
 use crate::error::Error;
@@ -32,16 +32,19 @@ pub(crate) async fn dispatch(
     params: &DispatchActionParams,
 ) -> Result<(), Refusal> {
     let channel = params.channel.as_str();
+    let origin = ActionOrigin { client_id: client_id.to_owned(), client_seq: params.client_seq };
+    if let Some((id, _)) = session_of(host, channel) {
+        return session_action(host, caller, &id, channel, &params.action, origin).await;
+    }
     let id =
         session_id(channel, "ahp-chat").ok_or_else(|| format!("{channel} is not a chat of this host"))?;
     let session = reachable(host, caller, &id, Access::Drive, channel)
         .await
         .map_err(|_| format!("no chat {channel}"))?;
-    let origin = ActionOrigin { client_id: client_id.to_owned(), client_seq: params.client_seq };
     let action = &params.action;
     let run = async {
         match action {
-            StateAction::ChatTurnStarted(a) => start_turn(host, caller, &session, a).await,
+            StateAction::ChatTurnStarted(a) => start_turn(host, caller, client_id, &session, a).await,
             StateAction::ChatTurnCancelled(a) => {
                 if session.active_turn_id().map(|t| t.as_str()) != Some(a.turn_id.as_str()) {
                     return Err(format!("turn {} is not the active turn", a.turn_id));
@@ -53,7 +56,7 @@ pub(crate) async fn dispatch(
                 submit(host, caller, &id, resume(a), Placement::Start).await
             }
             StateAction::ChatToolCallComplete(a) => complete_tool(host, caller, &session, a).await,
-            StateAction::ChatPendingMessageSet(a) => pend(host, caller, &session, a).await,
+            StateAction::ChatPendingMessageSet(a) => pend(host, caller, client_id, &session, a).await,
             StateAction::ChatToolCallConfirmed(a) => confirm(host, caller, &session, a).await,
             StateAction::ChatPendingMessageRemoved(a) => {
                 let withdraw = Command::Withdraw { turn_id: a.id.as_str().into() };
@@ -75,6 +78,44 @@ pub(crate) async fn dispatch(
         host.origins.forget(&id, action);
     }
     outcome
+}
+
+/// An action on a session channel: a client joins the session's active clients or leaves
+/// them ([`super::active_clients`]), each client with its own entry only. The change is echoed
+/// to the session channel's subscribers.
+async fn session_action(
+    host: &AhpHost,
+    caller: &Caller,
+    id: &SessionId,
+    channel: &str,
+    action: &StateAction,
+    origin: ActionOrigin,
+) -> Result<(), Refusal> {
+    reachable(host, caller, id, Access::Drive, channel).await.map_err(|_| format!("no session {channel}"))?;
+    match action {
+        StateAction::SessionActiveClientSet(a) => {
+            if a.active_client.client_id != origin.client_id {
+                return Err(format!(
+                    "a client sets its own active entry only (this is client {:?}, not {:?})",
+                    origin.client_id, a.active_client.client_id
+                ));
+            }
+            host.active_clients.set(id, a.active_client.clone(), Some(origin));
+            Ok(())
+        }
+        StateAction::SessionActiveClientRemoved(a) => {
+            if a.client_id != origin.client_id {
+                return Err(format!(
+                    "a client removes its own active entry only (this is client {:?}, not {:?})",
+                    origin.client_id, a.client_id
+                ));
+            }
+            let client_id = a.client_id.clone();
+            host.active_clients.remove(id, &client_id, Some(origin));
+            Ok(())
+        }
+        other => Err(format!("{} is not an action a client may dispatch to this host", action_type(other))),
+    }
 }
 
 /// `chat/toolCallConfirmed` of a call waiting for approval: `tool.approval`, a denial with
@@ -100,14 +141,16 @@ async fn confirm(
 }
 
 /// `chat/turnStarted`: a `client.message` with the client's turn id (the session's agent
-/// runs it). A turn already active refuses it.
+/// runs it), offering the tools of the client that started it when it is active in the
+/// session. A turn already active refuses it.
 async fn start_turn(
     host: &AhpHost,
     caller: &Caller,
+    client_id: &str,
     session: &Session,
     action: &ChatTurnStartedAction,
 ) -> Result<(), Refusal> {
-    let input = message(session, &action.turn_id, &action.message.text);
+    let input = message(host, client_id, session, &action.turn_id, &action.message.text);
     submit(host, caller, session.id(), input, Placement::Start).await
 }
 
@@ -117,6 +160,7 @@ async fn start_turn(
 async fn pend(
     host: &AhpHost,
     caller: &Caller,
+    client_id: &str,
     session: &Session,
     action: &ChatPendingMessageSetAction,
 ) -> Result<(), Refusal> {
@@ -124,18 +168,24 @@ async fn pend(
         PendingMessageKind::Queued => Placement::Queue,
         PendingMessageKind::Steering => Placement::Steer,
     };
-    let input = message(session, &action.id, &action.message.text);
+    let input = message(host, client_id, session, &action.id, &action.message.text);
     submit(host, caller, session.id(), input, placement).await
 }
 
-fn message(session: &Session, turn_id: &str, text: &str) -> Value {
-    json!({
+/// The `client.message` of a turn client `client_id` starts, with its tools when it is an
+/// active client of the session.
+fn message(host: &AhpHost, client_id: &str, session: &Session, turn_id: &str, text: &str) -> Value {
+    let mut input = json!({
         "type": "client.message",
         "agent_id": session.agent_id(),
         "turn_id": turn_id,
         "message": {"role": "user", "content": text},
         "stream": true,
-    })
+    });
+    if let Some(client) = host.active_clients.context(session.id(), client_id) {
+        input["client"] = json!(client);
+    }
+    input
 }
 
 /// `chat/inputCompleted`: `interrupt.resume` with `{"response", "answers"}`, the payload the

@@ -46,7 +46,8 @@ pub(crate) enum Channel {
 /// A subscription opened and not yet held by its connection.
 pub(crate) enum Subscribed {
     Root,
-    Session,
+    /// A session's channel (which carries its active clients' comings and goings).
+    Session(SessionId),
     /// A chat at the feed's position; `live` when its session is followed in this process.
     Chat {
         feed: Box<ChatFeed>,
@@ -253,7 +254,7 @@ async fn request(
         }
         "createSession" => {
             let params: CreateSessionParams = rpc::params(params)?;
-            sessions::create(host, caller, params).await?;
+            sessions::create(host, caller, transport.client_id(), params).await?;
             just(Value::Null)
         }
         "disposeSession" => {
@@ -488,7 +489,8 @@ pub(crate) async fn open(
             Ok((root_snapshot(&host.app, host.root_configs.of(caller, client_id)), Subscribed::Root))
         }
         Channel::Session { session, uri } => {
-            Ok((sessions::snapshot(host, caller, &session, &uri).await?, Subscribed::Session))
+            let id = session.id().clone();
+            Ok((sessions::snapshot(host, caller, &session, &uri).await?, Subscribed::Session(id)))
         }
         Channel::Chat(id) => {
             // Followed before the log is read, so nothing committed in between is missed.

@@ -70,6 +70,7 @@
 //! `[limits] subscriptions_per_socket` subscriptions (a `subscribe` past it is a JSON-RPC error
 //! naming the limit).
 
+mod active_clients;
 mod channels;
 mod connection;
 mod dispatch;
@@ -135,6 +136,8 @@ pub struct AhpHost {
     origins: origins::Origins,
     /// What each client set with `root/configChanged`.
     root_configs: root_config::RootConfigs,
+    /// The clients active in each session, and the session channels' news of them.
+    active_clients: active_clients::ActiveClients,
     /// The host's `serverSeq`, and what each client's last connection was sent.
     sequence: sequence::Sequence,
     ledgers: sequence::Ledgers,
@@ -152,6 +155,7 @@ impl AhpHost {
             sequence,
             origins: origins::Origins::default(),
             root_configs: root_config::RootConfigs::default(),
+            active_clients: active_clients::ActiveClients::default(),
             ledgers: sequence::Ledgers::default(),
             sockets,
         })

@@ -141,7 +141,7 @@ fn replayed(
                 None => continue,
             },
             Channel::Root => Subscribed::Root,
-            Channel::Session { .. } => Subscribed::Session,
+            Channel::Session { session, .. } => Subscribed::Session(session.id().clone()),
         };
         subscribed.push((uri, held));
     }

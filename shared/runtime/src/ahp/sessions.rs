@@ -199,12 +199,22 @@ fn summary(
 }
 
 /// `createSession`: an empty session of agent `provider`, owned by the caller, announced to
-/// every root subscriber who may see it.
+/// every root subscriber who may see it; `activeClient`, the entry of client `client_id` (the
+/// connection's), makes it the session's first active client.
 pub(crate) async fn create(
     host: &AhpHost,
     caller: &Caller,
+    client_id: &str,
     params: CreateSessionParams,
 ) -> Result<(), RpcError> {
+    if let Some(active) = &params.active_client
+        && active.client_id != client_id
+    {
+        return Err(RpcError::invalid_params(format!(
+            "params.activeClient.clientId: a client joins as itself ({client_id:?}), not as {:?}",
+            active.client_id
+        )));
+    }
     let (id, scheme) = session_of(host, &params.channel).ok_or_else(|| {
         RpcError::invalid_params(
             "params.channel: must be ahp-session:/<id> or <agent id>:/<id>, the id 1-128 characters of A-Z, \
@@ -225,7 +235,12 @@ pub(crate) async fn create(
         return Err(RpcError::new(ahp_error_codes::PROVIDER_NOT_FOUND, format!("no agent {provider:?}")));
     }
     match host.app.create_session(&id, &provider, caller).await {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            if let Some(active) = params.active_client {
+                host.active_clients.set(&id, active, None);
+            }
+            Ok(())
+        }
         // Said to exist only to a caller that may read it (its owner, an admin); to anyone else
         // it is a session they cannot reach, answered as one that does not exist.
         Err(Error::Rejected(Rejection::AlreadyExists(_))) if visible(host, caller, &id).await => {
@@ -303,6 +318,7 @@ pub(crate) async fn create_chat(
             turn_id: None,
             message: DraftMessage::user(message.text),
             stream: Some(true),
+            client: None,
         });
         host.app
             .submit(&fork_id, input, Placement::Start, caller)
@@ -366,7 +382,7 @@ pub(crate) async fn snapshot(
         lifecycle: SessionLifecycle::Ready,
         creation_error: None,
         server_tools: None,
-        active_clients: Vec::new(),
+        active_clients: host.active_clients.of(&id),
         chats,
         default_chat: Some(chat_uri(&id)),
         config: None,

@@ -236,7 +236,7 @@ impl Transport for Stored {
                     }
                     continue;
                 }
-                Subscribed::Session => continue,
+                Subscribed::Session(_) => continue,
             };
             let session = feed.session_id.clone();
             let (at, expires_at) = (feed.position.server_seq(), self.record.caller.expires_at());

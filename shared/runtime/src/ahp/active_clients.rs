@@ -1,0 +1,203 @@
+//! The clients active in each session (AHP's `activeClients`): a client joins with its tools
+//! (`createSession.activeClient`, `session/activeClientSet`; VS Code sends its own entry before
+//! a turn whenever the session's differs) and leaves with `session/activeClientRemoved`.
+//!
+//! A turn a client starts offers the agent that client's tools, as client tools it runs
+//! ([`dispatch`](super::dispatch)): they ride on the turn's input (`client.message` with
+//! `client: {tools, client_id}`), so the log holds what the model was offered and which client
+//! answers each call ([`turnstone_ahp`] names it the call's contributor). Other clients' tools
+//! are not offered in that turn.
+//!
+//! Who is active is the live state of connections, not of the session's log: it is memory of
+//! this process, bounded (sessions and clients per session, oldest forgotten first), and its
+//! changes reach the session channel's subscribers on this host, each echoed with the origin of
+//! the client that dispatched it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use ahp_types::actions::{ActionOrigin, StateAction};
+use ahp_types::state::SessionActiveClient;
+use tokio::sync::broadcast;
+use turnstone_engine::ids::SessionId;
+use turnstone_engine::protocol::{AgentTool, ClientContext, ToolHandler};
+
+/// Sessions whose active clients are kept at most.
+const SESSIONS: usize = 4096;
+/// Active clients kept per session at most.
+const CLIENTS_PER_SESSION: usize = 16;
+/// Session actions a slow subscriber may fall behind by before it misses some.
+const NEWS: usize = 1024;
+
+/// A session channel's action: the session, the action and who dispatched it.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionNews {
+    pub session_id: SessionId,
+    pub action: StateAction,
+    pub origin: Option<ActionOrigin>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ActiveClients {
+    inner: Mutex<Inner>,
+    news: broadcast::Sender<SessionNews>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    by_session: HashMap<SessionId, Vec<SessionActiveClient>>,
+    order: VecDeque<SessionId>,
+}
+
+impl Default for ActiveClients {
+    fn default() -> Self {
+        ActiveClients { inner: Mutex::default(), news: broadcast::channel(NEWS).0 }
+    }
+}
+
+impl ActiveClients {
+    /// Session `session`'s active clients, in the order they joined.
+    pub fn of(&self, session: &SessionId) -> Vec<SessionActiveClient> {
+        self.lock().by_session.get(session).cloned().unwrap_or_default()
+    }
+
+    /// Adds or replaces `client`'s entry (by its client id), and tells the session channel.
+    pub fn set(&self, session: &SessionId, client: SessionActiveClient, origin: Option<ActionOrigin>) {
+        {
+            let mut inner = self.lock();
+            if !inner.by_session.contains_key(session) {
+                inner.order.push_back(session.clone());
+            }
+            let clients = inner.by_session.entry(session.clone()).or_default();
+            match clients.iter_mut().find(|c| c.client_id == client.client_id) {
+                Some(known) => *known = client.clone(),
+                None => clients.push(client.clone()),
+            }
+            if clients.len() > CLIENTS_PER_SESSION {
+                clients.remove(0);
+            }
+            while inner.order.len() > SESSIONS {
+                if let Some(old) = inner.order.pop_front() {
+                    inner.by_session.remove(&old);
+                }
+            }
+        }
+        let action = StateAction::SessionActiveClientSet(ahp_types::actions::SessionActiveClientSetAction {
+            active_client: client,
+        });
+        self.tell(session, action, origin);
+    }
+
+    /// Removes client `client_id`'s entry (a no-op when it has none), and tells the session
+    /// channel.
+    pub fn remove(&self, session: &SessionId, client_id: &str, origin: Option<ActionOrigin>) {
+        if let Some(clients) = self.lock().by_session.get_mut(session) {
+            clients.retain(|c| c.client_id != client_id);
+        }
+        let action =
+            StateAction::SessionActiveClientRemoved(ahp_types::actions::SessionActiveClientRemovedAction {
+                client_id: client_id.to_owned(),
+            });
+        self.tell(session, action, origin);
+    }
+
+    /// The client context of a turn client `client_id` starts in `session`: its tools, as
+    /// client tools it runs; `None` when it is not active there or offers no tool.
+    pub fn context(&self, session: &SessionId, client_id: &str) -> Option<ClientContext> {
+        let inner = self.lock();
+        let client = inner.by_session.get(session)?.iter().find(|c| c.client_id == client_id)?;
+        let tools: Vec<AgentTool> = client
+            .tools
+            .iter()
+            .map(|tool| AgentTool {
+                name: tool.name.clone(),
+                description: tool.description.clone().or_else(|| tool.title.clone()),
+                input: tool.input_schema.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                output: tool.output_schema.as_ref().and_then(|s| serde_json::to_value(s).ok()),
+                handler: Some(ToolHandler::Client),
+                approval: None,
+            })
+            .collect();
+        (!tools.is_empty()).then(|| ClientContext {
+            tools: Some(tools),
+            client_id: Some(client_id.to_owned()),
+            ..ClientContext::default()
+        })
+    }
+
+    /// Session channel actions from now on.
+    pub fn news(&self) -> broadcast::Receiver<SessionNews> {
+        self.news.subscribe()
+    }
+
+    fn tell(&self, session: &SessionId, action: StateAction, origin: Option<ActionOrigin>) {
+        // Nobody subscribed: nobody to tell.
+        let _ = self.news.send(SessionNews { session_id: session.clone(), action, origin });
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Live presence only: a poisoned map is still a usable one.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ahp_types::state::ToolDefinition;
+    use serde_json::json;
+
+    fn client(id: &str, tools: &[&str]) -> SessionActiveClient {
+        SessionActiveClient {
+            client_id: id.to_owned(),
+            display_name: None,
+            tools: tools
+                .iter()
+                .map(|name| ToolDefinition {
+                    name: (*name).to_owned(),
+                    title: None,
+                    description: Some(format!("{name} in the editor")),
+                    input_schema: Some(serde_json::from_value(json!({"type": "object"})).unwrap()),
+                    output_schema: None,
+                    annotations: None,
+                    meta: None,
+                })
+                .collect(),
+            customizations: None,
+        }
+    }
+
+    #[test]
+    fn a_turn_offers_its_own_clients_tools_only() {
+        let active = ActiveClients::default();
+        let mut news = active.news();
+        let session = SessionId::from("s1");
+        active.set(&session, client("w1", &["readFile"]), None);
+        active.set(&session, client("w2", &["runTests"]), None);
+        active.set(&session, client("w1", &["readFile", "editFile"]), None);
+        assert_eq!(active.of(&session).len(), 2, "an entry is replaced by its client id");
+        let context = active.context(&session, "w1").unwrap();
+        let names: Vec<_> = context.tools.unwrap().into_iter().map(|t| (t.name, t.handler)).collect();
+        assert_eq!(
+            names,
+            [
+                ("readFile".to_owned(), Some(ToolHandler::Client)),
+                ("editFile".to_owned(), Some(ToolHandler::Client))
+            ]
+        );
+        assert_eq!(context.client_id.as_deref(), Some("w1"));
+        active.remove(&session, "w2", None);
+        assert!(active.context(&session, "w2").is_none());
+        assert!(active.context(&SessionId::from("s2"), "w1").is_none());
+        let kinds: Vec<_> = std::iter::from_fn(|| news.try_recv().ok())
+            .map(|n| serde_json::to_value(&n.action).unwrap()["type"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["session/activeClientSet"; 3]
+                .into_iter()
+                .chain(["session/activeClientRemoved"])
+                .collect::<Vec<_>>()
+        );
+    }
+}
