@@ -62,6 +62,8 @@ struct VsCode {
     pending: Vec<(String, i64, Value)>,
     /// Every envelope received, in order.
     envelopes: Vec<ActionEnvelope>,
+    /// Every other notification received (`root/...`), in order.
+    notifications: Vec<Value>,
 }
 
 impl VsCode {
@@ -86,6 +88,7 @@ impl VsCode {
             sessions: Vec::new(),
             pending: Vec::new(),
             envelopes: Vec::new(),
+            notifications: Vec::new(),
         })
     }
 
@@ -152,7 +155,8 @@ impl VsCode {
                        "message": {"text": text, "origin": {"kind": "user"}}}),
             )
             .await;
-        self.until("the turn's echo", |v| !v.pending.iter().any(|(_, s, _)| *s == seq)).await;
+        let echo = self.echoed("the turn's echo", seq).await;
+        assert!(echo.rejection_reason.is_none(), "turn {turn_id} refused: {echo:?}");
     }
 
     async fn send(&mut self, frame: Value) {
@@ -186,7 +190,7 @@ impl VsCode {
     async fn dispatch(&mut self, channel: &str, action: Value) -> i64 {
         let client_seq = self.next_seq;
         self.next_seq += 1;
-        if self.chats.contains_key(channel) {
+        if self.chats.contains_key(channel) || self.sessions.iter().any(|s| s == channel) {
             self.pending.push((channel.to_owned(), client_seq, action.clone()));
         }
         self.notify("dispatchAction", json!({"channel": channel, "clientSeq": client_seq, "action": action}))
@@ -212,6 +216,9 @@ impl VsCode {
     /// its origin releases the pending action it echoes (§9).
     fn take(&mut self, frame: Value) {
         if frame.get("method") != Some(&json!("action")) {
+            if frame.get("method").is_some() {
+                self.notifications.push(frame);
+            }
             return;
         }
         let envelope: ActionEnvelope = serde_json::from_value(frame["params"].clone()).unwrap();
@@ -240,6 +247,24 @@ impl VsCode {
                 None => panic!("{what}: not within {PATIENCE:?}; envelopes: {:#?}", self.envelopes),
             }
         }
+    }
+
+    /// Reads frames until the echo of this client's action `seq` releases it (§9): the echo.
+    async fn echoed(&mut self, what: &str, seq: i64) -> ActionEnvelope {
+        self.until(what, |v| !v.pending.iter().any(|(_, s, _)| *s == seq)).await;
+        let echo =
+            self.envelopes.iter().rev().find(|e| e.origin.as_ref().is_some_and(|o| o.client_seq == seq));
+        echo.cloned().unwrap_or_else(|| panic!("{what}: no echo of clientSeq {seq}"))
+    }
+
+    /// Reads frames until a tool call of `chat`'s active turn waits for confirmation.
+    async fn until_confirmation(&mut self, chat: &str) {
+        self.until("a call waiting for confirmation", |v| {
+            v.chats[chat].active_turn.as_ref().is_some_and(|t| {
+                serde_json::to_string(&t.response_parts).unwrap().contains("pending-confirmation")
+            })
+        })
+        .await;
     }
 
     /// `subscribe` with only `channel` (§5); a chat's snapshot starts its reduced copy.
@@ -409,7 +434,43 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
     let session_id = "7d1e2f3a-4b5c-4d6e-8f90-a1b2c3d4e5f6";
     let chat = vscode.create_session(&format!("demo:/{session_id}")).await;
     vscode.turn(&chat, "request_1", "Hello there").await;
+    completed_as(host, token, session_id, "request_1").await;
     vscode.settle(host, token, &chat, session_id).await;
+
+    // §5, §11: the session list shows the session under VS Code's URI, titled after its first
+    // message, and root notifications keep it current (status, title, modifiedAt).
+    let session_uri = format!("demo:/{session_id}");
+    let listed = vscode.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
+    let item =
+        listed["items"].as_array().unwrap().iter().find(|i| i["resource"] == json!(session_uri)).cloned();
+    let item = item.unwrap_or_else(|| panic!("{session_uri} listed: {listed}"));
+    assert_eq!(
+        (item["provider"].as_str(), item["title"].as_str()),
+        (Some("demo"), Some("Hello there")),
+        "{item}"
+    );
+    let changed = |v: &VsCode, field: &str, value: Value| {
+        v.notifications.iter().any(|n| {
+            n["method"] == "root/sessionSummaryChanged"
+                && n["params"]["session"] == json!(session_uri)
+                && n["params"]["changes"][field] == value
+        })
+    };
+    vscode
+        .until("the summary's title and status", |v| {
+            changed(v, "title", json!("Hello there")) && changed(v, "status", json!(1))
+        })
+        .await;
+
+    // A rename from VS Code's list (§7): echoed with its origin, kept, and told to the list.
+    let seq = vscode
+        .dispatch(&session_uri, json!({"type": "session/titleChanged", "title": "Deploy review"}))
+        .await;
+    let echo = vscode.echoed("the rename's echo", seq).await;
+    assert!(echo.channel == session_uri && echo.rejection_reason.is_none(), "{echo:?}");
+    vscode.until("the renamed summary", |v| changed(v, "title", json!("Deploy review"))).await;
+    let session = vscode.request("subscribe", json!({"channel": session_uri})).await.unwrap();
+    assert_eq!(session["snapshot"]["state"]["title"], "Deploy review");
     assert!(vscode.chats[&chat].turns.iter().any(|t| t.id == "request_1"), "{:#?}", vscode.chats[&chat]);
 
     // §8: a tool call that needs approval, confirmed as VS Code does; the confirmation's echo
@@ -421,13 +482,7 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
                    "message": {"text": "/tool deploy {\"target\":\"prod\"}", "origin": {"kind": "user"}}}),
         )
         .await;
-    vscode
-        .until("the call waiting for confirmation", |v| {
-            v.chats[&chat].active_turn.as_ref().is_some_and(|t| {
-                serde_json::to_string(&t.response_parts).unwrap().contains("pending-confirmation")
-            })
-        })
-        .await;
+    vscode.until_confirmation(&chat).await;
     let call_id = {
         let parts =
             serde_json::to_value(&vscode.chats[&chat].active_turn.as_ref().unwrap().response_parts).unwrap();
@@ -445,13 +500,7 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
                    "approved": true, "confirmed": "user-action"}),
         )
         .await;
-    vscode.until("the confirmation's echo", |v| !v.pending.iter().any(|(_, s, _)| *s == seq)).await;
-    let echo = vscode
-        .envelopes
-        .iter()
-        .rev()
-        .find(|e| e.origin.as_ref().is_some_and(|o| o.client_seq == seq))
-        .unwrap();
+    let echo = vscode.echoed("the confirmation's echo", seq).await;
     assert!(echo.rejection_reason.is_none(), "{echo:?}");
     vscode.settle(host, token, &chat, session_id).await;
     // Nothing VS Code sent was refused: the root configuration included.
@@ -513,9 +562,18 @@ async fn turn_over_http(host: &TestHost, session: &str, turn_id: &str, text: &st
     let input = json!({"type": "client.message", "agent_id": "demo", "turn_id": turn_id,
                        "message": {"role": "user", "content": text}});
     host.submit_ok(session, &input).await;
+    completed_as(host, None, session, turn_id).await;
+}
+
+/// Waits until turn `turn_id` of `session` completed (asked as `token`'s caller).
+async fn completed_as(host: &TestHost, token: Option<&str>, session: &str, turn_id: &str) {
+    let api = match token {
+        Some(token) => host.with_token(token),
+        None => (**host).clone(),
+    };
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let (code, body) = host.get(&format!("/v1/sessions/{session}/turns/{turn_id}")).await;
+        let (code, body) = api.get(&format!("/v1/sessions/{session}/turns/{turn_id}")).await;
         if code == 200 && body["status"] == "completed" {
             return;
         }
@@ -539,10 +597,12 @@ async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
     let chat_a = vscode.create_session(&format!("demo:/{a}")).await;
     let chat_b = vscode.create_session(&format!("demo:/{b}")).await;
     vscode.turn(&chat_a, "a1", "First in A").await;
+    completed_as(&host, None, a, "a1").await;
     vscode.settle(&host, None, &chat_a, a).await;
     // B runs longer, so its own numbers would run ahead of A's.
     for turn in ["b1", "b2", "b3"] {
         vscode.turn(&chat_b, turn, "In B").await;
+        completed_as(&host, None, b, turn).await;
         vscode.settle(&host, None, &chat_b, b).await;
     }
 
@@ -562,9 +622,18 @@ async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
         result["actions"].as_array().unwrap().iter().map(|e| e["serverSeq"].as_u64().unwrap()).collect();
     assert!(replayed.windows(2).all(|w| w[0] < w[1]), "one growing number: {replayed:?}");
 
-    // Live again.
+    // Live again, its session list told in its own spelling (a `reconnect` does not say it).
     vscode.turn(&chat_a, "a3", "Back in A").await;
+    completed_as(&host, None, a, "a3").await;
     vscode.settle(&host, None, &chat_a, a).await;
+    vscode
+        .until("the list's news of A", |v| {
+            v.notifications.iter().any(|n| {
+                n["method"] == "root/sessionSummaryChanged"
+                    && n["params"]["session"] == json!(format!("demo:/{a}"))
+            })
+        })
+        .await;
 
     // A restarted host does not know what the window saw: snapshots, and numbers that go on
     // past every one it saw before.
@@ -607,15 +676,8 @@ async fn vs_code_runs_its_own_tools() {
     let seq = vscode
         .dispatch(&session_uri, json!({"type": "session/activeClientSet", "activeClient": entry}))
         .await;
-    vscode
-        .until("the active client's echo", |v| {
-            v.envelopes.iter().any(|e| {
-                e.channel == session_uri
-                    && e.origin.as_ref().is_some_and(|o| o.client_seq == seq)
-                    && e.rejection_reason.is_none()
-            })
-        })
-        .await;
+    let echo = vscode.echoed("the active client's echo", seq).await;
+    assert!(echo.channel == session_uri && echo.rejection_reason.is_none(), "{echo:?}");
     let snapshot = vscode.request("subscribe", json!({"channel": session_uri})).await.unwrap();
     assert_eq!(snapshot["snapshot"]["state"]["activeClients"][0]["tools"][1]["name"], "runTests");
 
@@ -645,7 +707,8 @@ async fn vs_code_runs_its_own_tools() {
                               "content": [{"type": "text", "text": "# Turnstone"}]}}),
         )
         .await;
-    vscode.until("the result's echo", |v| !v.pending.iter().any(|(_, s, _)| *s == seq)).await;
+    let echo = vscode.echoed("the result's echo", seq).await;
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
     let deadline = Instant::now() + PATIENCE;
     loop {
         let (_, turn) = host.get(&format!("/v1/sessions/{session_id}/turns/request_1")).await;
@@ -661,4 +724,40 @@ async fn vs_code_runs_its_own_tools() {
         serde_json::to_string(&last.response_parts).unwrap().contains("readFile returned: # Turnstone"),
         "{last:#?}"
     );
+}
+
+/// Older VS Code builds (the editor handler at 00738c8d9c54646044b1f7d4debeb14163086cdb, §7)
+/// start a turn without `startedAt` and cancel it without `duration`; both are understood.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_older_vs_code_builds_turn_actions_are_understood() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let chat = vscode.create_session("demo:/old-1").await;
+    let seq = vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/turnStarted", "turnId": "request_1", "message": {"text": "Hello", "origin": {"kind": "user"}}}),
+        )
+        .await;
+    let echo = vscode.echoed("the turn's echo", seq).await;
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    completed_as(&host, None, "old-1", "request_1").await;
+    vscode.settle(&host, None, &chat, "old-1").await;
+    // A turn waiting for a person, cancelled the old way.
+    vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/turnStarted", "turnId": "request_2",
+                   "message": {"text": "/tool deploy {}", "origin": {"kind": "user"}}}),
+        )
+        .await;
+    vscode.until_confirmation(&chat).await;
+    let seq = vscode.dispatch(&chat, json!({"type": "chat/turnCancelled", "turnId": "request_2"})).await;
+    let echo = vscode.echoed("the cancel's echo", seq).await;
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    vscode.settle(&host, None, &chat, "old-1").await;
+    let refused: Vec<_> = vscode.envelopes.iter().filter(|e| e.rejection_reason.is_some()).collect();
+    assert!(refused.is_empty(), "{refused:#?}");
 }

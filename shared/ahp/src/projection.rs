@@ -200,8 +200,10 @@ impl ChatProjection {
             }
             // The engine's bookkeeping: decisions, retries, reporting, the outbox and agent
             // state show nothing in a chat. A closed interrupt stays unanswered in its turn,
-            // as AHP keeps an input request its turn ended without.
-            Event::TurnAliased { .. }
+            // as AHP keeps an input request its turn ended without. A title is the session's
+            // (its channel and summary show it), and no chat action changes a chat's title.
+            Event::SessionTitled { .. }
+            | Event::TurnAliased { .. }
             | Event::TurnDone { .. }
             | Event::TriggerDropped { .. }
             | Event::DecisionOpened { .. }
@@ -748,6 +750,7 @@ pub fn shows_in_chat(event: &Event) -> bool {
     !matches!(
         event,
         Event::CallDispatched { .. }
+            | Event::SessionTitled { .. }
             | Event::Forked { .. }
             | Event::TurnAliased { .. }
             | Event::TurnDone { .. }

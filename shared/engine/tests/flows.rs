@@ -17,7 +17,7 @@ fn plain_reply_engine_hosted() {
     assert_eq!(h.session.current_agent().map(|a| a.model.as_str()), Some("m"));
     // The engine's step for the turn's message is recorded by what it does.
     let events = h.exec(message("demo", "hello"));
-    assert_eq!(names(&events), ["turn.started", "message.recorded", "call.created"]);
+    assert_eq!(names(&events), ["session.titled", "turn.started", "message.recorded", "call.created"]);
     // The llm.finished step consumes the call's result: one decision.accepted reports it.
     let events = h.run_llm(reply("hi there"));
     assert_eq!(

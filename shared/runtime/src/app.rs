@@ -112,6 +112,8 @@ pub struct App {
     created: broadcast::Sender<SessionId>,
     /// Sessions this process disposed (AHP's `root/sessionRemoved`).
     removed: broadcast::Sender<Removed>,
+    /// Commits of this process that change a session's summary.
+    changed: broadcast::Sender<SessionChanged>,
     /// What this process committed, counted.
     metrics: Metrics,
 }
@@ -121,10 +123,27 @@ pub struct App {
 pub struct Removed {
     pub session_id: SessionId,
     pub owner: Option<String>,
+    /// Its agent (an AHP session URI may be spelled with it).
+    pub agent_id: Option<String>,
+}
+
+/// A commit of this process that changed what a session's summary shows (a catalog's
+/// `root/sessionSummaryChanged`): its status, its title, or its chat.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionChanged {
+    pub session_id: SessionId,
+    pub agent_id: String,
+    pub owner: Option<String>,
+    pub status: crate::api::SessionStatus,
+    pub title: Option<String>,
+    /// When the commit was made.
+    pub at: Timestamp,
 }
 
 /// Session creations buffered per listener before a slow one skips some.
 const CREATED_BUFFER: usize = 256;
+/// Summary changes buffered per listener before a slow one skips some.
+const CHANGED_BUFFER: usize = 1024;
 
 /// What the store told a command that the head forgot, kept across its attempts.
 #[derive(Debug, Default)]
@@ -180,6 +199,7 @@ impl App {
             entropy: AtomicU64::new(seed),
             created: broadcast::channel(CREATED_BUFFER).0,
             removed: broadcast::channel(CREATED_BUFFER).0,
+            changed: broadcast::channel(CHANGED_BUFFER).0,
             metrics,
         })
     }
@@ -194,6 +214,12 @@ impl App {
     /// gone from the store.
     pub fn sessions_removed(&self) -> broadcast::Receiver<Removed> {
         self.removed.subscribe()
+    }
+
+    /// Follows this process's commits that change a session's summary (its status, its title,
+    /// or its chat), from now on.
+    pub fn sessions_changed(&self) -> broadcast::Receiver<SessionChanged> {
+        self.changed.subscribe()
     }
 
     /// Disposes session `session_id` if `caller` may drive it (else [`Error::SessionNotFound`],
@@ -220,15 +246,18 @@ impl App {
         let mut disposed = Vec::with_capacity(tree.len());
         for id in tree.into_iter().rev() {
             // Its owner, for whoever announces the removal to the callers that may know.
-            let owner = match self.store.load(&id).await? {
-                Some(loaded) => loaded.session.init().and_then(|i| i.identity.id.clone()),
-                None => None,
+            let (owner, agent_id) = match self.store.load(&id).await? {
+                Some(loaded) => (
+                    loaded.session.init().and_then(|i| i.identity.id.clone()),
+                    Some(loaded.session.agent_id().to_owned()),
+                ),
+                None => (None, None),
             };
             if self.store.dispose(&id).await? {
                 self.messages.remove(id.as_str());
                 self.handoff.remove(id.as_str());
                 self.committed.remove(id.as_str());
-                let removed = Removed { session_id: id.clone(), owner };
+                let removed = Removed { session_id: id.clone(), owner, agent_id };
                 self.notifier.root(crate::notify::RootNotice::SessionRemoved(removed.clone()));
                 // Nobody listening is fine.
                 let _ = self.removed.send(removed);
@@ -586,7 +615,20 @@ impl App {
         crate::trace::turn_ended(session, events, self.clock.now());
         let shows = events.iter().any(turnstone_ahp::shows_in_chat);
         self.notifier.committed(session_id, session.events_applied(), &ended_turns, shows);
-        if events.iter().any(|e| matches!(e, Event::SessionCreated { .. })) {
+        // A creating commit's summary is `root/sessionAdded`'s.
+        let created = events.iter().any(|e| matches!(e, Event::SessionCreated { .. }));
+        let titled = events.iter().any(|e| matches!(e, Event::SessionTitled { .. }));
+        if (shows || titled) && !created && self.changed.receiver_count() > 0 {
+            let _ = self.changed.send(SessionChanged {
+                session_id: session.id().clone(),
+                agent_id: session.agent_id().to_owned(),
+                owner: session.init().and_then(|i| i.identity.id.clone()),
+                status: crate::api::SessionStatus::of(session),
+                title: session.title().map(str::to_owned),
+                at: self.clock.now(),
+            });
+        }
+        if created {
             // No listener is no error.
             let _ = self.created.send(session.id().clone());
             self.notifier.root(crate::notify::RootNotice::SessionAdded(session.id().clone()));

@@ -37,6 +37,7 @@ impl Session {
             Event::TurnAliased { alias, turn_id } => {
                 self.turn_aliases.insert(alias.clone(), turn_id.clone());
             }
+            Event::SessionTitled { title } => self.title = Some(title.clone()),
             Event::QueueReordered { order } => {
                 // The queued turns take the slots queued turns held, in the new order; steering
                 // turns keep theirs.

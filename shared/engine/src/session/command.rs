@@ -31,6 +31,8 @@ pub enum Command {
     },
     /// A client takes back a turn that waits (queued or steering) before it starts.
     Withdraw { turn_id: TurnId },
+    /// A person names the session (1 to `MAX_TITLE_CHARS` characters, trimmed).
+    Rename { title: String },
     /// A client reorders the queued turns: those of `order` first, in that order, the others
     /// after them as they were (steering turns keep their places).
     Reorder { order: Vec<TurnId> },

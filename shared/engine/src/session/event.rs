@@ -43,6 +43,8 @@ pub enum Event {
     },
     /// The queued (not steering) turns now wait in this order.
     QueueReordered { order: Vec<TurnId> },
+    /// The session's title: taken from its first turn's message, or given by a person.
+    SessionTitled { title: String },
     /// A fork of this session was made (`Command::Forked`): only the log keeps it.
     Forked {
         /// The fork.
@@ -281,6 +283,7 @@ impl Event {
             Event::TurnSteered { .. } => "turn.steered",
             Event::Forked { .. } => "session.forked",
             Event::QueueReordered { .. } => "turn.queue_reordered",
+            Event::SessionTitled { .. } => "session.titled",
             Event::TurnEnded { .. } => "turn.ended",
             Event::TurnDone { .. } => "turn.done",
             Event::TriggerQueued { .. } => "trigger.queued",

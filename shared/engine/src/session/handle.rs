@@ -92,6 +92,7 @@ impl Tx {
             Command::Steer { input } => self.steer(input)?,
             Command::Seed { messages } => self.seed(messages)?,
             Command::Withdraw { turn_id } => self.withdraw(&turn_id)?,
+            Command::Rename { title } => self.rename(&title)?,
             Command::Reorder { order } => self.reorder(order)?,
             Command::Forked { into, turn_id } => {
                 self.emit(Event::Forked { session_id: into, turn_id });
@@ -289,12 +290,16 @@ impl Tx {
             return Ok(());
         }
         let id = turn_id.unwrap_or_else(|| self.ids.turn_id());
+        // A session without a title takes one from the first turn's message.
+        let title =
+            self.session.title.is_none().then(|| input.user_text().and_then(|t| title_from(&t))).flatten();
         let mut turn = self.queued_turn(id, input, origin);
         if let Some(active) = &self.session.active_turn {
             if !queue {
                 return Err(Rejection::TurnAlreadyActive { turn_id: active.clone() });
             }
             self.check_queue()?;
+            self.name(title);
             self.emit(Event::TurnQueued { turn });
             return Ok(());
         }
@@ -305,6 +310,7 @@ impl Tx {
         if !self.session.queued_turns.is_empty() {
             // Queued turns start in arrival order: this one waits its place.
             self.check_queue()?;
+            self.name(title);
             self.emit(Event::TurnQueued { turn });
             return Ok(());
         }
@@ -312,8 +318,29 @@ impl Tx {
         turn.started_at = Some(self.now);
         let Some(source) = turn.input.take().map(turn_source) else { return Ok(()) };
         let turn_id = turn.id.clone();
+        // Before the turn's events, which a step right after them folds into fewer.
+        self.name(title);
         self.emit(Event::TurnStarted { turn });
         self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: Some(turn_id) } });
+        Ok(())
+    }
+
+    /// Gives the session `title`, if there is one.
+    fn name(&mut self, title: Option<String>) {
+        if let Some(title) = title {
+            self.emit(Event::SessionTitled { title });
+        }
+    }
+
+    /// `Command::Rename`: the session's title, as a person chose it.
+    fn rename(&mut self, title: &str) -> Result<(), Rejection> {
+        let title = title.trim();
+        if title.is_empty() || title.chars().count() > MAX_TITLE_CHARS {
+            return Err(Rejection::invalid("title", format!("a title is 1 to {MAX_TITLE_CHARS} characters")));
+        }
+        if self.session.title.as_deref() != Some(title) {
+            self.emit(Event::SessionTitled { title: title.to_owned() });
+        }
         Ok(())
     }
 
@@ -818,4 +845,21 @@ fn check_turn_id(turn_id: Option<&TurnId>) -> Result<(), Rejection> {
         )),
         _ => Ok(()),
     }
+}
+
+/// The most characters a title a person gives may have.
+pub const MAX_TITLE_CHARS: usize = 200;
+/// The most characters of a title taken from a message.
+const DERIVED_TITLE_CHARS: usize = 80;
+
+/// A title from a user's `text`: its first line that says something, spaces collapsed, cut to
+/// [`DERIVED_TITLE_CHARS`] characters (ending with `…` when cut).
+pub fn title_from(text: &str) -> Option<String> {
+    let line =
+        text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).find(|l| !l.is_empty())?;
+    if line.chars().count() <= DERIVED_TITLE_CHARS {
+        return Some(line);
+    }
+    let cut: String = line.chars().take(DERIVED_TITLE_CHARS - 1).collect();
+    Some(format!("{}…", cut.trim_end()))
 }

@@ -30,6 +30,7 @@ use serde_json::Value;
 
 pub use command::{Command, Rejection};
 pub use event::Event;
+pub use handle::{MAX_TITLE_CHARS, title_from};
 pub use limits::Limits;
 pub use outbox::{OutboxItem, Route, Send, Spawn, child_failed, route};
 pub use plan::{Effect, Plan};
@@ -204,6 +205,9 @@ pub struct Session {
     /// The task each open delegation sent its child (what a retry sends again), by call id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     tasks: BTreeMap<CallId, ChildTask>,
+    /// Its title, once its first turn or a person gave it one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    title: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -308,6 +312,11 @@ impl Session {
     /// of sessions is bounded by; the memory a session takes is within a small factor of it.
     pub fn approx_bytes(&self) -> usize {
         crate::json_len(self) + self.declared().map_or(0, crate::json_len) + self.tree.bytes()
+    }
+
+    /// Its title: from its first turn's message, or as a person renamed it.
+    pub fn title(&self) -> Option<&str> {
+        self.title.as_deref()
     }
 
     /// The parent, for a sub-agent's session.

@@ -469,6 +469,21 @@ pub enum TurnInput {
     },
 }
 
+impl TurnInput {
+    /// The text of the user's message it brings: the message, or a view's last user message.
+    pub fn user_text(&self) -> Option<String> {
+        match self {
+            TurnInput::Message { message, .. } => Some(message.content_text()),
+            TurnInput::Messages { messages, .. } => messages
+                .iter()
+                .rev()
+                .find(|m| m.role == crate::protocol::Role::User)
+                .map(|m| m.content_text()),
+            TurnInput::Action { .. } => None,
+        }
+    }
+}
+
 /// A turn: from a client input to `done`, failure or cancel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ahp_types::actions::ActionEnvelope;
+use ahp_types::actions::{ActionEnvelope, SessionTitleChangedAction, StateAction};
 use ahp_types::common::Uri;
 use async_trait::async_trait;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
@@ -25,8 +25,9 @@ use super::channels::{Control, Live, follow};
 use super::methods::{self, Refused, Subscribed, Transport};
 use super::rpc::{self, RpcError};
 use super::sequence::Ledger;
-use super::sessions::{self, not_found};
+use super::sessions::{self, UriStyle, not_found};
 use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, time_left};
+use crate::app::{Removed, SessionChanged};
 use crate::auth::Caller;
 
 /// Frames queued for the client before the channels wait for it (back-pressure, not loss).
@@ -218,12 +219,24 @@ impl Transport for Connection {
 
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
         self.previous = self.host.ledgers.register(&self.caller, &client_id, Arc::clone(&self.ledger));
+        // Spelled as the client's connection before this one was (an `initialize` then says).
+        if let Some(previous) = &self.previous {
+            self.set_uri_style(previous.uri_style());
+        }
         self.client_id = client_id;
         Ok(())
     }
 
     fn ledgers(&self) -> Option<(Arc<Ledger>, Option<Arc<Ledger>>)> {
         Some((Arc::clone(&self.ledger), self.previous.clone()))
+    }
+
+    fn uri_style(&self) -> UriStyle {
+        self.ledger.uri_style()
+    }
+
+    fn set_uri_style(&mut self, style: UriStyle) {
+        self.ledger.set_uri_style(style);
     }
 
     async fn send(&mut self, frame: String) -> bool {
@@ -233,15 +246,22 @@ impl Transport for Connection {
     async fn hold(&mut self, subscribed: Vec<(Uri, Subscribed)>) {
         for (uri, subscribed) in subscribed {
             let held = match subscribed {
-                Subscribed::Root => Held::Root(tokio::spawn(root_news(
-                    Arc::clone(&self.host),
-                    self.caller.clone(),
-                    self.out.clone(),
-                ))),
+                Subscribed::Root => {
+                    let host = Arc::clone(&self.host);
+                    let feeds = RootFeeds {
+                        added: host.app.sessions_created(),
+                        removed: host.app.sessions_removed(),
+                        changed: host.app.sessions_changed(),
+                    };
+                    let news =
+                        root_news(host, self.caller.clone(), self.uri_style(), feeds, self.out.clone());
+                    Held::Root(tokio::spawn(news))
+                }
                 Subscribed::Session(id) => {
                     // Listening before the task runs: nothing dispatched next is missed.
-                    let news = self.host.active_clients.news();
-                    Held::Session(tokio::spawn(session_news(news, id, uri.clone(), self.out.clone())))
+                    let news = (self.host.active_clients.news(), self.host.app.sessions_changed());
+                    let task = session_news(Arc::clone(&self.host), news, id, uri.clone(), self.out.clone());
+                    Held::Session(tokio::spawn(task))
                 }
                 Subscribed::Chat { feed, live } => {
                     let live = match live {
@@ -303,21 +323,52 @@ impl Transport for Connection {
     }
 }
 
+/// What the root channel follows, subscribed before its task runs (nothing in between is
+/// missed).
+struct RootFeeds {
+    added: broadcast::Receiver<SessionId>,
+    removed: broadcast::Receiver<Removed>,
+    changed: broadcast::Receiver<SessionChanged>,
+}
+
 /// The root channel's notifications: `root/sessionAdded` for every session this process
 /// creates (over AHP, over HTTP, or as a sub-agent) and `root/sessionRemoved` for every one it
-/// disposes, that the caller may see.
-async fn root_news(host: Arc<AhpHost>, caller: Caller, out: mpsc::Sender<Outgoing>) {
-    let (mut added, mut removed) = (host.app.sessions_created(), host.app.sessions_removed());
+/// disposes, and `root/sessionSummaryChanged` as its commits change one's status, title or
+/// chat, for the sessions the caller may see, spelled in `style`.
+async fn root_news(
+    host: Arc<AhpHost>,
+    caller: Caller,
+    style: UriStyle,
+    mut feeds: RootFeeds,
+    out: mpsc::Sender<Outgoing>,
+) {
+    // What this client was last told of each session's status and title (bounded: a client
+    // told nothing of a session it forgot is told everything again).
+    let mut shown: HashMap<SessionId, Option<(u32, Option<String>)>> = HashMap::new();
     loop {
         // Notifications are ephemeral: a lagging client misses some (AHP never replays them).
         let frame = tokio::select! {
-            id = added.recv() => match id {
-                Ok(id) => sessions::added(&host, &caller, &id).await,
+            id = feeds.added.recv() => match id {
+                Ok(id) => sessions::added(&host, &caller, style, &id).await,
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
-            gone = removed.recv() => match gone {
-                Ok(gone) => sessions::removed(&caller, &gone),
+            gone = feeds.removed.recv() => match gone {
+                Ok(gone) => {
+                    shown.remove(&gone.session_id);
+                    sessions::removed(&caller, style, &gone)
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            changed = feeds.changed.recv() => match changed {
+                Ok(changed) => {
+                    if shown.len() >= SHOWN_SESSIONS && !shown.contains_key(&changed.session_id) {
+                        shown.clear();
+                    }
+                    let last = shown.entry(changed.session_id.clone()).or_default();
+                    sessions::summary_changed(&caller, style, &changed, last)
+                }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
@@ -330,26 +381,47 @@ async fn root_news(host: Arc<AhpHost>, caller: Caller, out: mpsc::Sender<Outgoin
     }
 }
 
-/// A session channel's actions ([`super::active_clients`]): those of session `id`, sent on
-/// `channel` as the client spelled it, each with the origin of whoever dispatched it.
+/// Sessions whose last told status and title a root subscription remembers.
+const SHOWN_SESSIONS: usize = 4096;
+
+/// A session channel's actions: its active clients' comings and goings
+/// ([`super::active_clients`]) and its title as commits set it (`session/titleChanged`), those
+/// of session `id`, sent on `channel` as the client spelled it, each with the origin of
+/// whoever dispatched it.
 async fn session_news(
-    mut news: broadcast::Receiver<SessionNews>,
+    host: Arc<AhpHost>,
+    (mut news, mut changed): (broadcast::Receiver<SessionNews>, broadcast::Receiver<SessionChanged>),
     id: SessionId,
     channel: Uri,
     out: mpsc::Sender<Outgoing>,
 ) {
+    let mut title: Option<String> = None;
     loop {
-        let news = match news.recv().await {
-            Ok(news) if news.session_id == id => news,
-            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-            Err(broadcast::error::RecvError::Closed) => return,
+        let (action, origin) = tokio::select! {
+            news = news.recv() => match news {
+                Ok(news) if news.session_id == id => (news.action, news.origin),
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            change = changed.recv() => match change {
+                Ok(change) if change.session_id == id && change.title.is_some() && change.title != title => {
+                    title.clone_from(&change.title);
+                    let action = StateAction::SessionTitleChanged(SessionTitleChangedAction {
+                        title: change.title.unwrap_or_default(),
+                    });
+                    let origin = host.origins.of(&id, &action);
+                    (action, origin)
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
         };
         // Numbered as it goes out; a session channel has no position in a log (0).
         let envelope = ActionEnvelope {
             channel: channel.clone(),
-            action: news.action,
+            action,
             server_seq: 0,
-            origin: news.origin,
+            origin,
             rejection_reason: None,
         };
         if out.send(Outgoing::Action(Box::new(envelope))).await.is_err() {

@@ -81,8 +81,9 @@ pub(crate) async fn dispatch(
 }
 
 /// An action on a session channel: a client joins the session's active clients or leaves
-/// them ([`super::active_clients`]), each client with its own entry only. The change is echoed
-/// to the session channel's subscribers.
+/// them ([`super::active_clients`]), each client with its own entry only, or renames the
+/// session (`session/titleChanged`, a durable `Command::Rename`). The change is echoed to the
+/// session channel's subscribers.
 async fn session_action(
     host: &AhpHost,
     caller: &Caller,
@@ -113,6 +114,16 @@ async fn session_action(
             let client_id = a.client_id.clone();
             host.active_clients.remove(id, &client_id, Some(origin));
             Ok(())
+        }
+        StateAction::SessionTitleChanged(a) => {
+            // Its echo is the title the commit sets, as every subscriber hears it.
+            host.origins.remember(id, action, origin);
+            let rename = Command::Rename { title: a.title.clone() };
+            let renamed = host.app.command_as(id, caller, Access::Drive, rename).await;
+            renamed.map(drop).map_err(|e| {
+                host.origins.forget(id, action);
+                refusal(e)
+            })
         }
         other => Err(format!("{} is not an action a client may dispatch to this host", action_type(other))),
     }

@@ -29,7 +29,7 @@ use super::dispatch::dispatch;
 use super::reconnect::reconnect;
 use super::rpc::{self, Incoming, RpcError};
 use super::sequence::{Ledger, Numbering};
-use super::sessions::{self, internal, reachable, session_id};
+use super::sessions::{self, UriStyle, internal, reachable, session_id};
 use crate::auth::{Access, Caller};
 
 /// A channel a URI names, resolved for a caller.
@@ -83,6 +83,14 @@ pub(crate) trait Transport: Send {
     /// Sets the client id (from `initialize` or `reconnect`), making this connection the
     /// client's latest.
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError>;
+
+    /// How the client spells session URIs best ([`UriStyle`]; set by `initialize`).
+    fn uri_style(&self) -> UriStyle {
+        UriStyle::AhpSession
+    }
+
+    /// Keeps the spelling `initialize` chose.
+    fn set_uri_style(&mut self, _style: UriStyle) {}
 
     /// The connection's ledger and that of the client's connection before it (set by
     /// [`Transport::set_client_id`]), when the transport numbers from the host's sequence;
@@ -250,7 +258,7 @@ async fn request(
         }
         "listSessions" => {
             let params: ListSessionsParams = rpc::params(params)?;
-            just(rpc::to_value(&sessions::list(host, caller, params).await?)?)
+            just(rpc::to_value(&sessions::list(host, caller, transport.uri_style(), params).await?)?)
         }
         "createSession" => {
             let params: CreateSessionParams = rpc::params(params)?;
@@ -276,6 +284,24 @@ async fn request(
             Err(RpcError::new(json_rpc_error_codes::METHOD_NOT_FOUND, format!("unknown method {other:?}")))
         }
     }
+}
+
+/// A dispatched action with the fields older VS Code builds leave out and `ahp-types`
+/// requires: a `chat/turnStarted` without `startedAt` started now, a `chat/turnCancelled`
+/// without `duration` lasted 0 ms (the host keeps its own times either way).
+fn with_older_fields(host: &AhpHost, mut params: Value) -> Value {
+    if let Some(action) = params.get_mut("action").and_then(Value::as_object_mut) {
+        match action.get("type").and_then(Value::as_str) {
+            Some("chat/turnStarted") if !action.contains_key("startedAt") => {
+                action.insert("startedAt".to_owned(), Value::String(host.app.now().to_rfc3339()));
+            }
+            Some("chat/turnCancelled") if !action.contains_key("duration") => {
+                action.insert("duration".to_owned(), Value::from(0));
+            }
+            _ => {}
+        }
+    }
+    params
 }
 
 /// Reconnect params with `channel` (`ahp-root://`) when the client left it out, as VS Code's
@@ -367,7 +393,7 @@ async fn notification(
             Ok(params) => transport.drop_subscription(Some(&params.channel)).await,
             Err(e) => tracing::debug!(error = %e.message, "an AHP unsubscribe was malformed"),
         },
-        "dispatchAction" => match rpc::params::<DispatchActionParams>(params) {
+        "dispatchAction" => match rpc::params::<DispatchActionParams>(with_older_fields(host, params)) {
             Ok(params) => dispatch_action(host, caller, transport, params).await,
             Err(e) => tracing::debug!(error = %e.message, "an AHP dispatchAction was malformed"),
         },
@@ -426,6 +452,7 @@ async fn initialize(
     };
     within_subscription_limit(host, params.initial_subscriptions.as_ref().map_or(0, Vec::len))?;
     transport.set_client_id(params.client_id.clone()).await?;
+    transport.set_uri_style(UriStyle::of(params.client_info.as_ref()));
     let mut snapshots = Vec::new();
     let mut subscribed = Vec::new();
     for uri in params.initial_subscriptions.unwrap_or_default() {

@@ -3,7 +3,9 @@
 //! caller's Turnstone sessions.
 //!
 //! - A Turnstone agent is an AHP agent (`provider` = the agent id) in the root state.
-//! - Session `X` is `ahp-session:/X`; its one chat, the active path, is `ahp-chat:/X`.
+//! - Session `X` is `ahp-session:/X`, or `<agent>:/X` as VS Code spells it (either is
+//!   accepted; a client is answered in its spelling, [`sessions::UriStyle`]); its one chat,
+//!   the active path, is `ahp-chat:/X`. Its title comes from its first message, or a rename.
 //! - Every chat action comes from [`turnstone_ahp::ChatProjection`], fed the session's durable
 //!   events in log order and, live, the model's token deltas: what a subscriber reduces equals
 //!   `GET /v1/sessions/X/chat`.
@@ -37,8 +39,12 @@
 //! - **Behind API Gateway** every function pushes, so `serverSeq` is the position itself
 //!   ([`push`]), and `reconnect` replays only for a client subscribed to one chat.
 //!
-//! Root and session channels carry no actions here (only the root's notifications, which AHP
-//! never replays), so their snapshots have `fromSeq` 0.
+//! The root channel carries no actions here, only notifications (`root/sessionAdded`,
+//! `root/sessionRemoved`, `root/sessionSummaryChanged`), which AHP never replays. A session
+//! channel carries its active clients' comings and goings and its title
+//! ([`active_clients`]); they have no position in a log, so a session snapshot has `fromSeq`
+//! 0, and a replay brings none of them: a session channel's change a client missed while away
+//! shows in its next snapshot of the session.
 //!
 //! Origins (`clientId`, `clientSeq`) of accepted client actions are kept in memory
 //! ([`origins`]): a replay from the log or another host echoes those actions without one.

@@ -70,6 +70,7 @@ fn subject(action: &StateAction) -> Option<String> {
         StateAction::ChatInputCompleted(a) => ("chat/inputCompleted", &a.request_id),
         StateAction::ChatToolCallComplete(a) => ("chat/toolCallComplete", &a.tool_call_id),
         StateAction::ChatToolCallConfirmed(a) => ("chat/toolCallConfirmed", &a.tool_call_id),
+        StateAction::SessionTitleChanged(a) => ("session/titleChanged", &a.title),
         StateAction::ChatPendingMessageSet(a) => ("chat/pendingMessageSet", &a.id),
         _ => return None,
     };

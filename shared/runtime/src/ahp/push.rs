@@ -397,7 +397,7 @@ impl Pushes {
                     Ok(session) => session,
                     Err(e) => return Err(PushError::Project(ProjectError::Store(e))),
                 };
-                let frame = super::sessions::added_frame(&session);
+                let frame = super::sessions::added_frame(&session, super::sessions::UriStyle::AhpSession);
                 for subscriber in subscribers.iter().filter(|s| s.caller.may(Access::Read, &session)) {
                     if expired(subscriber.caller.expires_at()) {
                         self.gone(&subscriber.connection_id).await?;
@@ -412,7 +412,11 @@ impl Pushes {
                         self.gone(&subscriber.connection_id).await?;
                         continue;
                     }
-                    if let Some(frame) = super::sessions::removed(&subscriber.caller, removed) {
+                    if let Some(frame) = super::sessions::removed(
+                        &subscriber.caller,
+                        super::sessions::UriStyle::AhpSession,
+                        removed,
+                    ) {
                         self.post(&subscriber.connection_id, &frame).await?;
                     }
                 }

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use turnstone_engine::time::Timestamp;
 
+use super::sessions::UriStyle;
 use crate::auth::Caller;
 
 /// Numbers sent per chat whose positions a ledger keeps (older ones: a reconnect from before
@@ -62,13 +63,24 @@ impl Sequence {
     }
 }
 
-/// What one connection was sent, per chat: `(serverSeq, position)` pairs, oldest first.
+/// What one connection was sent, per chat: `(serverSeq, position)` pairs, oldest first; and
+/// how its client spells session URIs, which a `reconnect` (unlike an `initialize`) does not
+/// say.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     channels: Mutex<HashMap<String, VecDeque<(u64, u64)>>>,
+    uri_style: Mutex<UriStyle>,
 }
 
 impl Ledger {
+    pub fn uri_style(&self) -> UriStyle {
+        *self.uri_style.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_uri_style(&self, style: UriStyle) {
+        *self.uri_style.lock().unwrap_or_else(|p| p.into_inner()) = style;
+    }
+
     /// Records that `server_seq` went out on `channel` for the action (or snapshot) at
     /// `position`.
     pub fn mark(&self, channel: &str, server_seq: u64, position: u64) {

@@ -12,7 +12,9 @@ use ahp_types::commands::{
 };
 use ahp_types::common::ROOT_RESOURCE_URI;
 use ahp_types::errors::ahp_error_codes;
-use ahp_types::notifications::{SessionAddedParams, SessionRemovedParams};
+use ahp_types::notifications::{
+    PartialSessionSummary, SessionAddedParams, SessionRemovedParams, SessionSummaryChangedParams,
+};
 use ahp_types::state::{
     ChatState, ChatSummary, SessionLifecycle, SessionState, SessionStatus, SessionSummary, Snapshot,
     SnapshotState,
@@ -26,10 +28,10 @@ use super::AhpHost;
 use super::channels::project_log;
 use super::rpc::{self, RpcError};
 use crate::api::Placement;
-use crate::app::Removed;
+use crate::app::{Removed, SessionChanged};
 use crate::auth::{Access, Caller, Listing};
 use crate::error::Error;
-use crate::store::{SessionFilter, SessionListing};
+use crate::store::SessionFilter;
 
 /// Sessions a `listSessions` page holds unless asked otherwise, and at most.
 const DEFAULT_PAGE: usize = 50;
@@ -52,6 +54,35 @@ pub(crate) fn session_of<'a>(host: &AhpHost, uri: &'a str) -> Option<(SessionId,
     let (scheme, _) = uri.split_once(":/")?;
     let id = host.app.agent(scheme).and_then(|_| session_id(uri, scheme))?;
     Some((id, Some(scheme)))
+}
+
+/// How a connection's client spells session URIs in what the host sends it unasked (listings,
+/// root notifications): `ahp-session:/X`, or `<agent>:/X` for VS Code, whose session list
+/// keys a session by its URI's scheme (the agent, as its `provider`). Either spelling is
+/// accepted from every client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum UriStyle {
+    #[default]
+    AhpSession,
+    Provider,
+}
+
+impl UriStyle {
+    /// The spelling a client that introduced itself as `client_info` reads best.
+    pub fn of(client_info: Option<&ahp_types::commands::Implementation>) -> UriStyle {
+        match client_info {
+            Some(info) if info.name.starts_with("vscode") => UriStyle::Provider,
+            _ => UriStyle::AhpSession,
+        }
+    }
+
+    /// Session `id` of agent `agent_id`, spelled so.
+    pub fn uri(self, id: &SessionId, agent_id: &str) -> String {
+        match self {
+            UriStyle::AhpSession => session_uri(id),
+            UriStyle::Provider => format!("{agent_id}:/{id}"),
+        }
+    }
 }
 
 /// -32001 for `uri`: no such session, or one the caller may not see.
@@ -111,10 +142,12 @@ async fn visible(host: &AhpHost, caller: &Caller, id: &SessionId) -> bool {
     reachable(host, caller, id, Access::Read, "").await.is_ok()
 }
 
-/// `listSessions`: the caller's sessions, most recently created first as the store lists them.
+/// `listSessions`: the caller's sessions, most recently created first as the store lists them,
+/// their URIs spelled in `style`.
 pub(crate) async fn list(
     host: &AhpHost,
     caller: &Caller,
+    style: UriStyle,
     params: ListSessionsParams,
 ) -> Result<ListSessionsResult, RpcError> {
     let owner = match caller.listing() {
@@ -137,58 +170,70 @@ pub(crate) async fn list(
             e => internal(e),
         },
     )?;
-    // The listing has no status: each session's comes from its head, read concurrently (a
-    // host's cache usually has it).
-    let statuses =
-        futures_util::future::join_all(page.items.iter().map(|l| status(host, &l.session_id))).await;
-    let items = page.items.iter().zip(statuses).map(|(listing, status)| listed(listing, status)).collect();
+    // The listing has neither status nor title: each session's come from its head, read
+    // concurrently (a host's cache usually has it).
+    let heads = futures_util::future::join_all(page.items.iter().map(|l| head(host, &l.session_id))).await;
+    let items = page
+        .items
+        .iter()
+        .zip(heads)
+        .map(|(listing, (status, title))| {
+            let id = SessionId::from(listing.session_id.as_str());
+            let times = (listing.created_at.to_rfc3339(), listing.updated_at.to_rfc3339());
+            summary(&id, &listing.agent_id, style, status, title, times)
+        })
+        .collect();
     Ok(ListSessionsResult { next_cursor: page.next_cursor, items })
 }
 
-/// Session `id`'s AHP status: idle, in progress, or waiting for input (an interrupt, a client
-/// tool, an approval); idle when it cannot be read.
-async fn status(host: &AhpHost, id: &str) -> u32 {
+/// Session `id`'s AHP status and its title, from its head; idle and untitled when it cannot
+/// be read.
+async fn head(host: &AhpHost, id: &str) -> (u32, Option<String>) {
     match host.app.session(id).await {
-        Ok(session) => match crate::api::SessionStatus::of(&session) {
-            crate::api::SessionStatus::Idle => SessionStatus::Idle.bits(),
-            crate::api::SessionStatus::Running => SessionStatus::InProgress.bits(),
-            crate::api::SessionStatus::Waiting => SessionStatus::InputNeeded.bits(),
-        },
+        Ok(session) => (status(crate::api::SessionStatus::of(&session)), session.title().map(str::to_owned)),
         Err(e) => {
             tracing::warn!(session_id = id, error = %e, "a listed session could not be read; shown idle");
-            SessionStatus::Idle.bits()
+            (SessionStatus::Idle.bits(), None)
         }
     }
 }
 
-/// The summary of a listed session with its `status`.
-fn listed(listing: &SessionListing, status: u32) -> SessionSummary {
-    summary(
-        &SessionId::from(listing.session_id.as_str()),
-        &listing.agent_id,
-        status,
-        listing.created_at.to_rfc3339(),
-        listing.updated_at.to_rfc3339(),
-    )
+/// A session's AHP status: idle, in progress, or waiting for input (an interrupt, a client
+/// tool, an approval).
+pub(crate) fn status(status: crate::api::SessionStatus) -> u32 {
+    match status {
+        crate::api::SessionStatus::Idle => SessionStatus::Idle.bits(),
+        crate::api::SessionStatus::Running => SessionStatus::InProgress.bits(),
+        crate::api::SessionStatus::Waiting => SessionStatus::InputNeeded.bits(),
+    }
 }
+
+/// A session's title as AHP shows it: its own, or its agent's name until it has one.
+fn title_or(title: Option<String>, agent_id: &str) -> String {
+    title.unwrap_or_else(|| agent_id.to_owned())
+}
+
+/// `(created_at, modified_at)`.
+type Times = (String, String);
 
 fn summary(
     id: &SessionId,
     agent_id: &str,
+    style: UriStyle,
     status: u32,
-    created_at: String,
-    modified_at: String,
+    title: Option<String>,
+    (created_at, modified_at): Times,
 ) -> SessionSummary {
     SessionSummary {
         provider: agent_id.to_owned(),
-        title: agent_id.to_owned(),
+        title: title_or(title, agent_id),
         status,
         activity: None,
         origin: None,
         project: None,
         working_directories: None,
         annotations: None,
-        resource: session_uri(id),
+        resource: style.uri(id, agent_id),
         created_at,
         modified_at,
         changes: None,
@@ -339,16 +384,47 @@ pub(crate) async fn dispose(host: &AhpHost, caller: &Caller, channel: &str) -> R
 }
 
 /// `root/sessionRemoved` for `removed`, if `caller` may see it.
-pub(crate) fn removed(caller: &Caller, removed: &Removed) -> Option<String> {
+pub(crate) fn removed(caller: &Caller, style: UriStyle, removed: &Removed) -> Option<String> {
     caller.listing().shows(removed.owner.as_deref()).then(|| {
+        let session = match &removed.agent_id {
+            Some(agent_id) => style.uri(&removed.session_id, agent_id),
+            None => session_uri(&removed.session_id),
+        };
         rpc::notification(
             "root/sessionRemoved",
-            &SessionRemovedParams {
-                channel: ROOT_RESOURCE_URI.to_owned(),
-                session: session_uri(&removed.session_id),
-            },
+            &SessionRemovedParams { channel: ROOT_RESOURCE_URI.to_owned(), session },
         )
     })
+}
+
+/// `root/sessionSummaryChanged` for `changed` (if `caller` may see the session): the fields
+/// that differ from `shown`, what this client was last told of the session's status and
+/// title (then updated), and `modifiedAt`.
+pub(crate) fn summary_changed(
+    caller: &Caller,
+    style: UriStyle,
+    changed: &SessionChanged,
+    shown: &mut Option<(u32, Option<String>)>,
+) -> Option<String> {
+    if !caller.listing().shows(changed.owner.as_deref()) {
+        return None;
+    }
+    let now = (status(changed.status), changed.title.clone());
+    let before = shown.replace(now.clone());
+    let changes = PartialSessionSummary {
+        status: Some(now.0).filter(|s| before.as_ref().is_none_or(|b| b.0 != *s)),
+        title: now.1.filter(|t| before.as_ref().is_none_or(|b| b.1.as_ref() != Some(t))),
+        modified_at: Some(changed.at.to_rfc3339()),
+        ..PartialSessionSummary::default()
+    };
+    Some(rpc::notification(
+        "root/sessionSummaryChanged",
+        &SessionSummaryChangedParams {
+            channel: ROOT_RESOURCE_URI.to_owned(),
+            session: style.uri(&changed.session_id, &changed.agent_id),
+            changes,
+        },
+    ))
 }
 
 /// The session channel's snapshot: the session with its one chat, its `resource` the URI the
@@ -372,7 +448,7 @@ pub(crate) async fn snapshot(
     }
     let state = SessionState {
         provider: session.agent_id().to_owned(),
-        title: chat.title.clone(),
+        title: title_or(session.title().map(str::to_owned), session.agent_id()),
         status: chat.status,
         activity: None,
         origin: None,
@@ -410,15 +486,22 @@ fn chat_summary(chat: &ChatState) -> ChatSummary {
 }
 
 /// `root/sessionAdded` for session `id`, if `caller` may see it.
-pub(crate) async fn added(host: &AhpHost, caller: &Caller, id: &SessionId) -> Option<String> {
+pub(crate) async fn added(
+    host: &AhpHost,
+    caller: &Caller,
+    style: UriStyle,
+    id: &SessionId,
+) -> Option<String> {
     let session = host.app.session(id).await.ok().filter(|s| caller.may(Access::Read, s))?;
-    Some(added_frame(&session))
+    Some(added_frame(&session, style))
 }
 
-/// `root/sessionAdded` for `session` (for a caller that may read it).
-pub(crate) fn added_frame(session: &Session) -> String {
+/// `root/sessionAdded` for `session` (for a caller that may read it), as it stands.
+pub(crate) fn added_frame(session: &Session, style: UriStyle) -> String {
     let at = session.created_at().to_rfc3339();
-    let summary = summary(session.id(), session.agent_id(), SessionStatus::Idle.bits(), at.clone(), at);
+    let status = status(crate::api::SessionStatus::of(session));
+    let title = session.title().map(str::to_owned);
+    let summary = summary(session.id(), session.agent_id(), style, status, title, (at.clone(), at));
     rpc::notification(
         "root/sessionAdded",
         &SessionAddedParams { channel: ROOT_RESOURCE_URI.to_owned(), summary },
