@@ -289,23 +289,33 @@ impl ChatProjection {
         }))
     }
 
-    /// A queued turn starts from its pending message, which the start consumes.
+    /// A queued turn starts from its pending message, which the start consumes: the message
+    /// leaves the pending list by `chat/pendingMessageRemoved`, then `chat/turnStarted` names it
+    /// (`queuedMessageId`; a client whose reducer reads only one of them still drops it).
     fn activate(&mut self, turn_id: &TurnId, at: Timestamp) -> Result<(), ProjectionError> {
         let record = self.session.turn(turn_id);
         let origin = record.map(|t| t.origin).unwrap_or_default();
         let message = message::from_input(record.and_then(|t| t.input.as_ref()), origin);
         let mut turn = OpenTurn::new(turn_id.clone(), at, origin);
+        let mut consumed = None;
         if let Some(i) = self.queued.iter().position(|q| q == turn_id) {
             self.queued.remove(i);
-            turn.queued_message_id = Some(turn_id.to_string());
+            consumed = Some(PendingMessageKind::Queued);
         }
         // A steering message whose turn ended before a safe point starts a turn of its own;
         // the turn's start takes it out of the chat when it is the one shown.
         if let Some(i) = self.steering.iter().position(|q| q == turn_id) {
             if i + 1 == self.steering.len() {
-                turn.queued_message_id = Some(turn_id.to_string());
+                consumed = Some(PendingMessageKind::Steering);
             }
             self.steering.remove(i);
+        }
+        if let Some(kind) = consumed {
+            turn.queued_message_id = Some(turn_id.to_string());
+            self.emit(StateAction::ChatPendingMessageRemoved(ChatPendingMessageRemovedAction {
+                kind,
+                id: turn_id.to_string(),
+            }))?;
         }
         self.turn = Some(turn);
         self.announce(Some(message))
