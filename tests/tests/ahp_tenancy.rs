@@ -7,6 +7,9 @@
 //!   exactly as a session that does not exist (before: `createSession` said "already exists").
 //! - `a_socket_is_closed_when_its_token_expires`: a JWT socket is closed with 4401 at `exp`,
 //!   and the token then opens no socket.
+//! - `a_socket_lives_on_with_a_renewed_token`: `authenticate` with a later JWT of the same
+//!   caller moves the socket's end to its expiry; another caller's token, or a bad one, is
+//!   refused and changes nothing.
 //! - `the_token_may_come_as_the_tkn_parameter`: `?tkn=` authenticates the upgrade; a bad one is
 //!   401, and the header wins over it.
 //! - `a_message_over_the_body_limit_closes_the_socket`: past `[server] max_body_bytes`, 1009.
@@ -443,4 +446,25 @@ async fn subscriptions_per_socket_are_capped() {
         .await;
     assert!(init["message"].as_str().unwrap().contains("subscriptions_per_socket"), "{init}");
     host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_socket_lives_on_with_a_renewed_token() {
+    let (host, _dir) = host().await;
+    let first_exp = now_secs() + 3;
+    let mut socket = initialized(&host, &jwt("carol", first_exp)).await;
+    let auth = |token: String| json!({"channel": "ahp-root://", "resource": "turnstone", "token": token});
+    // Another caller's token, or one that is no token, is refused.
+    let other = socket.request("authenticate", auth(jwt("dave", now_secs() + 60))).await;
+    assert_eq!(other["error"]["code"], -32009, "{other}");
+    let bad = socket.request("authenticate", auth("not-a-token".to_owned())).await;
+    assert_eq!(bad["error"]["code"], -32007, "{bad}");
+    // Carol's renewed token: the socket outlives the first one.
+    let renewed = socket.request("authenticate", auth(jwt("carol", now_secs() + 60))).await;
+    assert_eq!(renewed["result"], json!({}), "{renewed}");
+    while now_secs() <= first_exp + 1 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let listed = socket.request("listSessions", json!({"channel": "ahp-root://"})).await;
+    assert_eq!(listed["result"]["items"], json!([]), "still open past the first token's expiry: {listed}");
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use ahp_types::actions::{ActionEnvelope, SessionTitleChangedAction, StateAction};
 use ahp_types::common::Uri;
+use ahp_types::errors::ahp_error_codes;
 use async_trait::async_trait;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
@@ -26,9 +27,9 @@ use super::methods::{self, Refused, Subscribed, Transport};
 use super::rpc::{self, RpcError};
 use super::sequence::Ledger;
 use super::sessions::{self, UriStyle, not_found};
-use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, time_left};
+use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, expired, time_left};
 use crate::app::{Removed, SessionChanged};
-use crate::auth::Caller;
+use crate::auth::{Authenticator, Caller};
 
 /// Frames queued for the client before the channels wait for it (back-pressure, not loss).
 const OUT_BUFFER: usize = 1024;
@@ -38,7 +39,8 @@ const CONTROL_BUFFER: usize = 16;
 const CLOSE_WITHIN: Duration = Duration::from_secs(5);
 
 /// Serves one upgraded connection of `caller` until either side ends it.
-pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller) {
+/// `auth` checks the tokens `authenticate` brings (none: the open host, where nothing is).
+pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller, auth: Option<Arc<Authenticator>>) {
     let (mut sink, mut stream) = socket.split();
     let (out, mut queued) = mpsc::channel::<Outgoing>(OUT_BUFFER);
     let ledger = Arc::new(Ledger::default());
@@ -79,9 +81,11 @@ pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller) {
         subscriptions: HashMap::new(),
         ledger,
         previous: None,
+        auth,
     };
-    // The caller's token bounds the connection: at its expiry the host closes it.
-    let expires_at = caller.expires_at();
+    // The caller's token bounds the connection: at its expiry the host closes it (a renewed
+    // token, `authenticate`, moves it).
+    let mut expires_at = caller.expires_at();
     let expiry = tokio::time::sleep(expires_at.map_or(Duration::ZERO, time_left));
     tokio::pin!(expiry);
     let close = loop {
@@ -106,10 +110,16 @@ pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller) {
         if expires_at.is_some_and(|at| time_left(at).is_zero()) {
             break Some(token_expired());
         }
+        let caller = connection.caller.clone();
         if !methods::handle(&host, &caller, &mut connection, text.as_str()).await
             || connection.out.is_closed()
         {
             break None;
+        }
+        if connection.caller.expires_at() != expires_at {
+            expires_at = connection.caller.expires_at();
+            let left = expires_at.map_or(Duration::ZERO, time_left);
+            expiry.as_mut().reset(tokio::time::Instant::now() + left);
         }
     };
     drop(connection);
@@ -189,6 +199,7 @@ struct Connection {
     /// What this connection was sent, and what the client's connection before it was.
     ledger: Arc<Ledger>,
     previous: Option<Arc<Ledger>>,
+    auth: Option<Arc<Authenticator>>,
 }
 
 impl Drop for Connection {
@@ -237,6 +248,24 @@ impl Transport for Connection {
 
     fn set_uri_style(&mut self, style: UriStyle) {
         self.ledger.set_uri_style(style);
+    }
+
+    async fn renew(&mut self, token: &str) -> Result<(), RpcError> {
+        let Some(auth) = &self.auth else { return Ok(()) };
+        let required = |why: String| RpcError::new(ahp_error_codes::AUTH_REQUIRED, why);
+        let renewed = auth.authenticate_token(token).map_err(|e| required(format!("params.token: {e}")))?;
+        if expired(renewed.expires_at()) {
+            return Err(required("params.token: it has expired".to_owned()));
+        }
+        if renewed.key() != self.caller.key() {
+            return Err(RpcError::new(
+                ahp_error_codes::PERMISSION_DENIED,
+                "params.token: it names another caller; a connection keeps the identity it connected as \
+                 (connect again to change it)",
+            ));
+        }
+        self.caller = renewed;
+        Ok(())
     }
 
     async fn send(&mut self, frame: String) -> bool {

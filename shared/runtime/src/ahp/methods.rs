@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
 use ahp_types::commands::{
-    CreateChatParams, CreateSessionParams, DispatchActionParams, DisposeSessionParams, FetchTurnsParams,
-    FetchTurnsResult, Implementation, InitializeParams, InitializeResult, ListSessionsParams,
-    ReconnectParams, ReconnectResult, ReconnectSnapshotResult, SubscribeParams, SubscribeResult,
-    UnsubscribeParams,
+    AuthenticateParams, AuthenticateResult, CreateChatParams, CreateSessionParams, DispatchActionParams,
+    DisposeSessionParams, FetchTurnsParams, FetchTurnsResult, Implementation, InitializeParams,
+    InitializeResult, ListSessionsParams, ReconnectParams, ReconnectResult, ReconnectSnapshotResult,
+    SubscribeParams, SubscribeResult, UnsubscribeParams,
 };
 use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
 use ahp_types::errors::{UnsupportedProtocolVersionErrorData, ahp_error_codes, json_rpc_error_codes};
@@ -96,6 +96,11 @@ pub(crate) trait Transport: Send {
     /// [`Transport::set_client_id`]), when the transport numbers from the host's sequence;
     /// `None` when it numbers by each chat's log ([`Numbering::Log`]).
     fn ledgers(&self) -> Option<(Arc<Ledger>, Option<Arc<Ledger>>)>;
+
+    /// `authenticate` with `token`: the connection goes on as the caller `token` names, which
+    /// must be the one it connected as (a renewed JWT, a later expiry). `Err` when the token
+    /// does not do, or the transport keeps the token it connected with.
+    async fn renew(&mut self, token: &str) -> Result<(), RpcError>;
 
     /// Sends one frame; `false` once the client is gone.
     async fn send(&mut self, frame: String) -> bool;
@@ -236,6 +241,15 @@ async fn request(
             }
         }
         "ping" => just(Value::Null),
+        "authenticate" => {
+            let params: AuthenticateParams = rpc::params(params)?;
+            // No token revokes one the client gave before: the connection keeps the one it
+            // connected with, which this host never forgets early.
+            if !params.token.is_empty() {
+                transport.renew(&params.token).await?;
+            }
+            just(rpc::to_value(&AuthenticateResult {})?)
+        }
         "subscribe" => {
             let params: SubscribeParams = rpc::params(params)?;
             within_subscription_limit(host, transport.subscriptions_besides(&params.channel) + 1)?;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, StateAction};
 use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
-use ahp_types::errors::ahp_error_codes;
+use ahp_types::errors::{ahp_error_codes, json_rpc_error_codes};
 use async_trait::async_trait;
 use turnstone_engine::ids::SessionId;
 
@@ -207,6 +207,16 @@ impl Transport for Stored {
         self.pushes.registry.set_client_id(&self.id, &client_id).await.map_err(internal)?;
         self.record.client_id = client_id;
         Ok(())
+    }
+
+    /// A connection's records carry the token's identity and expiry from `$connect` (its chat
+    /// subscriptions too): a new token takes a new connection.
+    async fn renew(&mut self, _token: &str) -> Result<(), RpcError> {
+        Err(RpcError::new(
+            json_rpc_error_codes::METHOD_NOT_FOUND,
+            "authenticate is not offered behind API Gateway: a connection keeps the token it connected with; \
+             connect again with a new one",
+        ))
     }
 
     /// Numbered by each chat's log ([`super::push`] numbers pushes from any function so).

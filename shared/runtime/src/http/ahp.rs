@@ -48,13 +48,14 @@ pub(super) async fn upgrade(
     })?;
     let max = state.config.max_body_bytes;
     let host = Arc::clone(&state.ahp);
+    let auth = state.config.auth.clone();
     // `ahp` is selected when the client offers it (the token's subprotocol never is).
     let upgrade = upgrade.max_message_size(max).max_frame_size(max).protocols([crate::ahp::SUBPROTOCOL]);
     Ok(upgrade
         .on_upgrade(move |socket| async move {
             // Counted until the socket ends (or, if the upgrade fails, until this is dropped).
             let _slot = slot;
-            crate::ahp::serve(socket, host, caller).await;
+            crate::ahp::serve(socket, host, caller, auth).await;
         })
         .into_response())
 }
