@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use turnstone_tests::TestHost;
+use turnstone_tests::{ApiClient, TestHost};
 
 const PATIENCE: Duration = Duration::from_secs(15);
 
@@ -267,6 +267,20 @@ impl VsCode {
         .await;
     }
 
+    /// Closes the socket and waits for the host's close frame: its end of the connection is
+    /// done then (it let go of the host before it answered).
+    async fn hang_up(&mut self) {
+        self.socket.close(None).await.unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while let Ok(Some(Ok(frame))) =
+            tokio::time::timeout(deadline.saturating_duration_since(Instant::now()), self.socket.next()).await
+        {
+            if matches!(frame, Message::Close(_)) {
+                break;
+            }
+        }
+    }
+
     /// `subscribe` with only `channel` (§5); a chat's snapshot starts its reduced copy.
     async fn subscribe(&mut self, channel: &str) -> Value {
         let result = self.request("subscribe", json!({"channel": channel})).await.unwrap();
@@ -289,29 +303,9 @@ impl VsCode {
     /// subscription (root first); a replay's envelopes go through the reducers, a snapshot
     /// resets its chat; then the actions still pending are sent again with their `clientSeq`.
     async fn reconnect(self, host: &TestHost, token: Option<&str>) -> (VsCode, Value) {
-        let VsCode {
-            client_id,
-            next_id,
-            next_seq,
-            last_seen_server_seq,
-            chats,
-            sessions,
-            pending,
-            envelopes,
-            ..
-        } = self;
-        let mut vscode = VsCode::connect(host, token).await.unwrap();
-        vscode = VsCode {
-            client_id,
-            next_id,
-            next_seq,
-            last_seen_server_seq,
-            chats,
-            sessions,
-            pending,
-            envelopes,
-            ..vscode
-        };
+        // The same client (its id, counters, chats and pending actions) on a new socket.
+        let fresh = VsCode::connect(host, token).await.unwrap();
+        let mut vscode = VsCode { socket: fresh.socket, notifications: Vec::new(), ..self };
         let mut subscriptions = vec!["ahp-root://".to_owned()];
         subscriptions.extend(vscode.sessions.iter().cloned());
         subscriptions.extend(vscode.chats.keys().cloned());
@@ -357,10 +351,7 @@ impl VsCode {
 
     /// Reads frames until the reduced `channel` equals what the host serves for `session`.
     async fn settle(&mut self, host: &TestHost, token: Option<&str>, channel: &str, session: &str) {
-        let api = match token {
-            Some(token) => host.with_token(token),
-            None => (**host).clone(),
-        };
+        let api = api(host, token);
         let deadline = Instant::now() + PATIENCE;
         loop {
             let served: ChatState = api.get_ok(&format!("/v1/sessions/{session}/chat?turns=500")).await;
@@ -376,6 +367,14 @@ impl VsCode {
                 self.take(frame);
             }
         }
+    }
+}
+
+/// The HTTP API as `token`'s caller (none: the open host).
+fn api(host: &TestHost, token: Option<&str>) -> ApiClient {
+    match token {
+        Some(token) => host.with_token(token),
+        None => (**host).clone(),
     }
 }
 
@@ -567,10 +566,7 @@ async fn turn_over_http(host: &TestHost, session: &str, turn_id: &str, text: &st
 
 /// Waits until turn `turn_id` of `session` completed (asked as `token`'s caller).
 async fn completed_as(host: &TestHost, token: Option<&str>, session: &str, turn_id: &str) {
-    let api = match token {
-        Some(token) => host.with_token(token),
-        None => (**host).clone(),
-    };
+    let api = api(host, token);
     let deadline = Instant::now() + PATIENCE;
     loop {
         let (code, body) = api.get(&format!("/v1/sessions/{session}/turns/{turn_id}")).await;
@@ -606,7 +602,7 @@ async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
         vscode.settle(&host, None, &chat_b, b).await;
     }
 
-    vscode.socket.close(None).await.unwrap();
+    vscode.hang_up().await;
     turn_over_http(&host, a, "a2", "While away, in A").await;
     turn_over_http(&host, b, "b4", "While away, in B").await;
 
@@ -638,7 +634,7 @@ async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
     // A restarted host does not know what the window saw: snapshots, and numbers that go on
     // past every one it saw before.
     let before = vscode.last_seen_server_seq;
-    vscode.socket.close(None).await.unwrap();
+    vscode.hang_up().await;
     host.stop().await;
     let host = TestHost::start(CONFIG, dir.path()).await;
     let (mut vscode, result) = vscode.reconnect(&host, None).await;

@@ -25,7 +25,7 @@ use super::active_clients::SessionNews;
 use super::channels::{Control, Live, follow};
 use super::methods::{self, Refused, Subscribed, Transport};
 use super::rpc::{self, RpcError};
-use super::sequence::Ledger;
+use super::sequence::{Ledger, Sequence};
 use super::sessions::{self, UriStyle, not_found};
 use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, expired, time_left};
 use crate::app::{Removed, SessionChanged};
@@ -46,16 +46,18 @@ pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller, auth: 
     let ledger = Arc::new(Ledger::default());
     // How the host ends the connection, if it does: its close frame goes out next.
     let (closing, mut closed) = oneshot::channel::<CloseFrame>();
-    let numbering = (Arc::clone(&host), Arc::clone(&ledger));
+    // The writer holds what numbering needs, not the host: it may outlive the connection's
+    // other tasks while it flushes, and must not keep the app (and its store) open.
+    let numbering = (Arc::clone(&host.sequence), Arc::clone(&ledger));
     let mut writer = tokio::spawn(async move {
-        let (host, ledger) = numbering;
+        let (sequence, ledger) = numbering;
         let close = loop {
             tokio::select! {
                 biased;
                 close = &mut closed => break close.ok(),
                 next = queued.recv() => match next {
                     Some(next) => {
-                        let text = next.into_frame(&host, &ledger);
+                        let text = next.into_frame(&sequence, &ledger);
                         if sink.send(Message::Text(text.into())).await.is_err() {
                             return;
                         }
@@ -123,6 +125,9 @@ pub async fn serve(socket: WebSocket, host: Arc<AhpHost>, caller: Caller, auth: 
         }
     };
     drop(connection);
+    // Nothing below needs the host: let go of it (and of the app's store) while the writer
+    // flushes.
+    drop(host);
     match close {
         Some(frame) => {
             // Whatever is still queued is not sent: the connection ends now.
@@ -176,11 +181,11 @@ pub(crate) enum Outgoing {
 }
 
 impl Outgoing {
-    fn into_frame(self, host: &AhpHost, ledger: &Ledger) -> String {
+    fn into_frame(self, sequence: &Sequence, ledger: &Ledger) -> String {
         match self {
             Outgoing::Frame(text) => text,
             Outgoing::Action(mut envelope) => {
-                let server_seq = host.sequence.next();
+                let server_seq = sequence.next();
                 ledger.mark(&envelope.channel, server_seq, envelope.server_seq);
                 envelope.server_seq = server_seq;
                 rpc::notification("action", &*envelope)

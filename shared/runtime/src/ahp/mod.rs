@@ -145,7 +145,7 @@ pub struct AhpHost {
     /// The clients active in each session, and the session channels' news of them.
     active_clients: active_clients::ActiveClients,
     /// The host's `serverSeq`, and what each client's last connection was sent.
-    sequence: sequence::Sequence,
+    sequence: Arc<sequence::Sequence>,
     ledgers: sequence::Ledgers,
     /// The sockets open on this host, per caller identity ([`AhpHost::open_socket`]).
     sockets: PerCaller,
@@ -155,7 +155,7 @@ impl AhpHost {
     /// The AHP host of `app`.
     pub fn new(app: Arc<App>) -> Arc<Self> {
         let sockets = PerCaller::new(app.limits().sockets_per_caller);
-        let sequence = sequence::Sequence::starting_at(app.now());
+        let sequence = Arc::new(sequence::Sequence::starting_at(app.now()));
         Arc::new(AhpHost {
             app,
             sequence,
