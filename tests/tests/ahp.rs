@@ -731,7 +731,22 @@ async fn approval_steering_and_forks_over_ahp() {
         "chat": "ahp-chat:/s-st-fork",
         "source": {"kind": "fork", "chat": "ahp-chat:/s-st", "turnId": "st-1"},
     });
+    // A subscriber of the session hears of the new chat.
+    let (_, mut session_sub): (SubscribeResult, _) =
+        client.subscribe("ahp-session:/s-st".into()).await.unwrap();
     let _: Value = client.request("createChat", fork.clone()).await.unwrap();
+    let added = loop {
+        match tokio::time::timeout(PATIENCE, session_sub.recv()).await.expect("session/chatAdded in time") {
+            Some(SubscriptionEvent::Action(envelope)) => {
+                if let StateAction::SessionChatAdded(added) = envelope.action {
+                    break added;
+                }
+            }
+            Some(_) => {}
+            None => panic!("the session subscription ended"),
+        }
+    };
+    assert_eq!(added.summary.resource, "ahp-chat:/s-st-fork");
     let _: Value = client.request("createChat", fork).await.unwrap();
     let (result, _): (SubscribeResult, _) = client.subscribe("ahp-session:/s-st".into()).await.unwrap();
     let SnapshotState::Session(session) = result.snapshot.unwrap().state else { panic!() };

@@ -136,6 +136,8 @@ pub struct SessionChanged {
     pub owner: Option<String>,
     pub status: crate::api::SessionStatus,
     pub title: Option<String>,
+    /// The forks of it the commit made (new chats of its catalog).
+    pub forks: Vec<SessionId>,
     /// When the commit was made.
     pub at: Timestamp,
 }
@@ -618,13 +620,21 @@ impl App {
         // A creating commit's summary is `root/sessionAdded`'s.
         let created = events.iter().any(|e| matches!(e, Event::SessionCreated { .. }));
         let titled = events.iter().any(|e| matches!(e, Event::SessionTitled { .. }));
-        if (shows || titled) && !created && self.changed.receiver_count() > 0 {
+        let forks: Vec<SessionId> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Forked { session_id, .. } => Some(session_id.clone()),
+                _ => None,
+            })
+            .collect();
+        if (shows || titled || !forks.is_empty()) && !created && self.changed.receiver_count() > 0 {
             let _ = self.changed.send(SessionChanged {
                 session_id: session.id().clone(),
                 agent_id: session.agent_id().to_owned(),
                 owner: session.init().and_then(|i| i.identity.id.clone()),
                 status: crate::api::SessionStatus::of(session),
                 title: session.title().map(str::to_owned),
+                forks,
                 at: self.clock.now(),
             });
         }

@@ -11,9 +11,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ahp_types::actions::{ActionEnvelope, SessionTitleChangedAction, StateAction};
+use ahp_types::actions::{
+    ActionEnvelope, ActionOrigin, SessionChatAddedAction, SessionTitleChangedAction, StateAction,
+};
 use ahp_types::common::Uri;
 use ahp_types::errors::ahp_error_codes;
+use ahp_types::state::ChatSummary;
 use async_trait::async_trait;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
@@ -29,7 +32,7 @@ use super::sequence::{Ledger, Sequence};
 use super::sessions::{self, UriStyle, not_found};
 use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, expired, time_left};
 use crate::app::{Removed, SessionChanged};
-use crate::auth::{Authenticator, Caller};
+use crate::auth::{Access, Authenticator, Caller};
 
 /// Frames queued for the client before the channels wait for it (back-pressure, not loss).
 const OUT_BUFFER: usize = 1024;
@@ -294,7 +297,14 @@ impl Transport for Connection {
                 Subscribed::Session(id) => {
                     // Listening before the task runs: nothing dispatched next is missed.
                     let news = (self.host.active_clients.news(), self.host.app.sessions_changed());
-                    let task = session_news(Arc::clone(&self.host), news, id, uri.clone(), self.out.clone());
+                    let task = session_news(
+                        Arc::clone(&self.host),
+                        self.caller.clone(),
+                        news,
+                        id,
+                        uri.clone(),
+                        self.out.clone(),
+                    );
                     Held::Session(tokio::spawn(task))
                 }
                 Subscribed::Chat { feed, live } => {
@@ -419,11 +429,12 @@ async fn root_news(
 const SHOWN_SESSIONS: usize = 4096;
 
 /// A session channel's actions: its active clients' comings and goings
-/// ([`super::active_clients`]) and its title as commits set it (`session/titleChanged`), those
-/// of session `id`, sent on `channel` as the client spelled it, each with the origin of
-/// whoever dispatched it.
+/// ([`super::active_clients`]), its title as commits set it (`session/titleChanged`), and the
+/// forks of its chat that `caller` may read (`session/chatAdded`), those of session `id`, sent
+/// on `channel` as the client spelled it, each with the origin of whoever dispatched it.
 async fn session_news(
     host: Arc<AhpHost>,
+    caller: Caller,
     (mut news, mut changed): (broadcast::Receiver<SessionNews>, broadcast::Receiver<SessionChanged>),
     id: SessionId,
     channel: Uri,
@@ -431,35 +442,53 @@ async fn session_news(
 ) {
     let mut title: Option<String> = None;
     loop {
-        let (action, origin) = tokio::select! {
+        let actions: Vec<(StateAction, Option<ActionOrigin>)> = tokio::select! {
             news = news.recv() => match news {
-                Ok(news) if news.session_id == id => (news.action, news.origin),
+                Ok(news) if news.session_id == id => vec![(news.action, news.origin)],
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
             change = changed.recv() => match change {
-                Ok(change) if change.session_id == id && change.title.is_some() && change.title != title => {
-                    title.clone_from(&change.title);
-                    let action = StateAction::SessionTitleChanged(SessionTitleChangedAction {
-                        title: change.title.unwrap_or_default(),
-                    });
-                    let origin = host.origins.of(&id, &action);
-                    (action, origin)
+                Ok(change) if change.session_id == id => {
+                    let mut actions = Vec::new();
+                    if change.title.is_some() && change.title != title {
+                        title.clone_from(&change.title);
+                        let action = StateAction::SessionTitleChanged(SessionTitleChangedAction {
+                            title: change.title.unwrap_or_default(),
+                        });
+                        let origin = host.origins.of(&id, &action);
+                        actions.push((action, origin));
+                    }
+                    for fork in &change.forks {
+                        if let Some(summary) = fork_summary(&host, &caller, fork).await {
+                            actions.push((StateAction::SessionChatAdded(SessionChatAddedAction { summary }), None));
+                        }
+                    }
+                    actions
                 }
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
         };
-        // Numbered as it goes out; a session channel has no position in a log (0).
-        let envelope = ActionEnvelope {
-            channel: channel.clone(),
-            action,
-            server_seq: 0,
-            origin,
-            rejection_reason: None,
-        };
-        if out.send(Outgoing::Action(Box::new(envelope))).await.is_err() {
-            return;
+        for (action, origin) in actions {
+            // Numbered as it goes out; a session channel has no position in a log (0).
+            let envelope = ActionEnvelope {
+                channel: channel.clone(),
+                action,
+                server_seq: 0,
+                origin,
+                rejection_reason: None,
+            };
+            if out.send(Outgoing::Action(Box::new(envelope))).await.is_err() {
+                return;
+            }
         }
     }
+}
+
+/// The catalog entry of fork `fork`, if `caller` may read it.
+async fn fork_summary(host: &AhpHost, caller: &Caller, fork: &SessionId) -> Option<ChatSummary> {
+    let session = host.app.session(fork).await.ok().filter(|s| caller.may(Access::Read, s))?;
+    let projection = super::channels::project_log(&host.app, session.id()).await.ok()?;
+    Some(sessions::chat_summary(projection.chat()))
 }

@@ -41,8 +41,8 @@
 //!
 //! The root channel carries no actions here, only notifications (`root/sessionAdded`,
 //! `root/sessionRemoved`, `root/sessionSummaryChanged`), which AHP never replays. A session
-//! channel carries its active clients' comings and goings and its title
-//! ([`active_clients`]); they have no position in a log, so a session snapshot has `fromSeq`
+//! channel carries its active clients' comings and goings ([`active_clients`]), its title and
+//! the forks added to its catalog of chats (`session/chatAdded`); they have no position in a log, so a session snapshot has `fromSeq`
 //! 0, and a replay brings none of them: a session channel's change a client missed while away
 //! shows in its next snapshot of the session.
 //!

@@ -470,7 +470,7 @@ pub(crate) async fn snapshot(
     Ok(Snapshot { resource: uri.to_owned(), state: SnapshotState::Session(Box::new(state)), from_seq: 0 })
 }
 
-fn chat_summary(chat: &ChatState) -> ChatSummary {
+pub(crate) fn chat_summary(chat: &ChatState) -> ChatSummary {
     ChatSummary {
         resource: chat.resource.clone(),
         title: chat.title.clone(),
