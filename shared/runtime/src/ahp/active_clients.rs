@@ -9,12 +9,9 @@
 //! are not offered in that turn.
 //!
 //! Who is active is the live state of connections, not of the session's log: it is memory of
-//! this process, bounded (sessions and clients per session, oldest forgotten first), and its
+//! this process ([`Memo`], and clients per session bounded, oldest forgotten first), and its
 //! changes reach the session channel's subscribers on this host, each echoed with the origin of
 //! the client that dispatched it.
-
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 
 use ahp_types::actions::{ActionOrigin, StateAction};
 use ahp_types::state::SessionActiveClient;
@@ -22,8 +19,8 @@ use tokio::sync::broadcast;
 use turnstone_engine::ids::SessionId;
 use turnstone_engine::protocol::{AgentTool, ClientContext, ToolHandler};
 
-/// Sessions whose active clients are kept at most.
-const SESSIONS: usize = 4096;
+use crate::memo::Memo;
+
 /// Active clients kept per session at most.
 const CLIENTS_PER_SESSION: usize = 16;
 /// Session actions a slow subscriber may fall behind by before it misses some.
@@ -39,36 +36,26 @@ pub(crate) struct SessionNews {
 
 #[derive(Debug)]
 pub(crate) struct ActiveClients {
-    inner: Mutex<Inner>,
+    by_session: Memo<SessionId, Vec<SessionActiveClient>>,
     news: broadcast::Sender<SessionNews>,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    by_session: HashMap<SessionId, Vec<SessionActiveClient>>,
-    order: VecDeque<SessionId>,
 }
 
 impl Default for ActiveClients {
     fn default() -> Self {
-        ActiveClients { inner: Mutex::default(), news: broadcast::channel(NEWS).0 }
+        ActiveClients { by_session: Memo::new(), news: broadcast::channel(NEWS).0 }
     }
 }
 
 impl ActiveClients {
     /// Session `session`'s active clients, in the order they joined.
     pub fn of(&self, session: &SessionId) -> Vec<SessionActiveClient> {
-        self.lock().by_session.get(session).cloned().unwrap_or_default()
+        self.by_session.get(session).unwrap_or_default()
     }
 
     /// Adds or replaces `client`'s entry (by its client id), and tells the session channel.
     pub fn set(&self, session: &SessionId, client: SessionActiveClient, origin: Option<ActionOrigin>) {
-        {
-            let mut inner = self.lock();
-            if !inner.by_session.contains_key(session) {
-                inner.order.push_back(session.clone());
-            }
-            let clients = inner.by_session.entry(session.clone()).or_default();
+        self.by_session.update(session.clone(), |known| {
+            let mut clients = known.cloned().unwrap_or_default();
             match clients.iter_mut().find(|c| c.client_id == client.client_id) {
                 Some(known) => *known = client.clone(),
                 None => clients.push(client.clone()),
@@ -76,12 +63,8 @@ impl ActiveClients {
             if clients.len() > CLIENTS_PER_SESSION {
                 clients.remove(0);
             }
-            while inner.order.len() > SESSIONS {
-                if let Some(old) = inner.order.pop_front() {
-                    inner.by_session.remove(&old);
-                }
-            }
-        }
+            clients
+        });
         let action = StateAction::SessionActiveClientSet(ahp_types::actions::SessionActiveClientSetAction {
             active_client: client,
         });
@@ -91,9 +74,11 @@ impl ActiveClients {
     /// Removes client `client_id`'s entry (a no-op when it has none), and tells the session
     /// channel.
     pub fn remove(&self, session: &SessionId, client_id: &str, origin: Option<ActionOrigin>) {
-        if let Some(clients) = self.lock().by_session.get_mut(session) {
+        self.by_session.update(session.clone(), |known| {
+            let mut clients = known.cloned().unwrap_or_default();
             clients.retain(|c| c.client_id != client_id);
-        }
+            clients
+        });
         let action =
             StateAction::SessionActiveClientRemoved(ahp_types::actions::SessionActiveClientRemovedAction {
                 client_id: client_id.to_owned(),
@@ -104,8 +89,8 @@ impl ActiveClients {
     /// The client context of a turn client `client_id` starts in `session`: its tools, as
     /// client tools it runs; `None` when it is not active there or offers no tool.
     pub fn context(&self, session: &SessionId, client_id: &str) -> Option<ClientContext> {
-        let inner = self.lock();
-        let client = inner.by_session.get(session)?.iter().find(|c| c.client_id == client_id)?;
+        let clients = self.by_session.get(session)?;
+        let client = clients.iter().find(|c| c.client_id == client_id)?;
         let tools: Vec<AgentTool> = client
             .tools
             .iter()
@@ -133,11 +118,6 @@ impl ActiveClients {
     fn tell(&self, session: &SessionId, action: StateAction, origin: Option<ActionOrigin>) {
         // Nobody subscribed: nobody to tell.
         let _ = self.news.send(SessionNews { session_id: session.clone(), action, origin });
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // Live presence only: a poisoned map is still a usable one.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -6,67 +6,46 @@
 //! per caller and client id, and the root snapshots that client is sent show them as
 //! `config.values` (an empty schema: the host declares no setting). A client's values are its
 //! own (workspace trust names paths of its machine): no other client, and no other caller
-//! using the same client id, sees them. Memory of this process, bounded, oldest forgotten
-//! first; a client sends its configuration again after each reconnect.
+//! using the same client id, sees them. Memory of this process ([`Memo`]: bounded, the least
+//! recently used forgotten first); a client sends its configuration again after each
+//! reconnect.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::collections::HashMap;
 
 use ahp_types::actions::RootConfigChangedAction;
 use ahp_types::common::JsonObject;
 use ahp_types::state::{ConfigSchema, RootConfigState};
 
 use crate::auth::Caller;
-
-/// Clients whose values are kept at most.
-const KEEP: usize = 1024;
+use crate::memo::Memo;
 
 /// Whose values: the caller's key (none for the open host's anyone) and its client id.
 type Key = (Option<String>, String);
 
 #[derive(Debug, Default)]
 pub(crate) struct RootConfigs {
-    inner: Mutex<Inner>,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    values: HashMap<Key, JsonObject>,
-    order: VecDeque<Key>,
+    values: Memo<Key, JsonObject>,
 }
 
 impl RootConfigs {
     /// Applies `action` of client `client_id` of `caller`: its values merged into what the
     /// client set before, or replacing them (`replace`), as AHP's reducer does.
     pub fn apply(&self, caller: &Caller, client_id: &str, action: &RootConfigChangedAction) {
-        let key = (caller.key(), client_id.to_owned());
-        let mut inner = self.lock();
-        let known = inner.values.contains_key(&key);
-        let values = inner.values.entry(key.clone()).or_default();
-        if action.replace == Some(true) {
-            values.clear();
-        }
-        values.extend(action.config.iter().map(|(k, v)| (k.clone(), v.clone())));
-        if !known {
-            inner.order.push_back(key);
-        }
-        while inner.order.len() > KEEP {
-            if let Some(old) = inner.order.pop_front() {
-                inner.values.remove(&old);
-            }
-        }
+        self.values.update((caller.key(), client_id.to_owned()), |known| {
+            let mut values = match (known, action.replace) {
+                (Some(known), None | Some(false)) => known.clone(),
+                _ => JsonObject::new(),
+            };
+            values.extend(action.config.iter().map(|(k, v)| (k.clone(), v.clone())));
+            values
+        });
     }
 
     /// The root state's `config` for client `client_id` of `caller`: what it set, if anything.
     pub fn of(&self, caller: &Caller, client_id: &str) -> Option<RootConfigState> {
-        let values = self.lock().values.get(&(caller.key(), client_id.to_owned()))?.clone();
+        let values = self.values.get(&(caller.key(), client_id.to_owned()))?;
         let schema = ConfigSchema { r#type: "object".to_owned(), properties: HashMap::new(), required: None };
         Some(RootConfigState { schema, values })
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // Only a client's echo of its own settings lives here: a poisoned map is still usable.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

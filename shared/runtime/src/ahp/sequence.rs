@@ -24,12 +24,11 @@ use turnstone_engine::time::Timestamp;
 
 use super::sessions::UriStyle;
 use crate::auth::Caller;
+use crate::memo::Memo;
 
 /// Numbers sent per chat whose positions a ledger keeps (older ones: a reconnect from before
 /// them gets snapshots).
 const MARKS_PER_CHANNEL: usize = 4096;
-/// Clients whose last connection's ledger the host keeps.
-const CLIENTS: usize = 1024;
 
 /// The host's `serverSeq`.
 #[derive(Debug)]
@@ -167,36 +166,20 @@ impl Numbering<'_> {
 }
 
 /// The ledger of each client's last connection, by the caller and its client id (a client
-/// id is the client's to choose: another caller's is another client).
+/// id is the client's to choose: another caller's is another client); bounded ([`Memo`]).
 #[derive(Debug, Default)]
 pub(crate) struct Ledgers {
-    inner: Mutex<Clients>,
-}
-
-/// Whose ledger: the caller's key (none for the open host's anyone) and its client id.
-type Client = (Option<String>, String);
-
-#[derive(Debug, Default)]
-struct Clients {
-    ledgers: HashMap<Client, Arc<Ledger>>,
-    /// Oldest registered first.
-    order: VecDeque<Client>,
+    ledgers: Memo<(Option<String>, String), Arc<Ledger>>,
 }
 
 impl Ledgers {
     /// Makes `ledger` client `client_id`'s of `caller`, and gives back the one it had.
     pub fn register(&self, caller: &Caller, client_id: &str, ledger: Arc<Ledger>) -> Option<Arc<Ledger>> {
-        let key = (caller.key(), client_id.to_owned());
-        let mut clients = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let previous = clients.ledgers.insert(key.clone(), ledger);
-        if previous.is_none() {
-            clients.order.push_back(key);
-        }
-        while clients.order.len() > CLIENTS {
-            if let Some(old) = clients.order.pop_front() {
-                clients.ledgers.remove(&old);
-            }
-        }
+        let mut previous = None;
+        self.ledgers.update((caller.key(), client_id.to_owned()), |known| {
+            previous = known.cloned();
+            ledger
+        });
         previous
     }
 }
