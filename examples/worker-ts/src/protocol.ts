@@ -431,6 +431,12 @@ export type ClientInput =
        * The agent that runs the session.
        */
       agent_id: string;
+      /**
+       * Client tools and context for the turn, as `client.messages` carries them. An
+       * extension: the seed's `client.message` has none, and an AHP client's tools come this
+       * way (ARCHITECTURE.md, "Decisions where the design was silent").
+       */
+      client?: ClientContext | null;
       message: DraftMessage;
       /**
        * Whether the client wants token streaming.
@@ -902,6 +908,12 @@ export interface LlmTool {
  * What the client brought with a `client.messages` input.
  */
 export interface ClientContext {
+  /**
+   * The client that brought `tools` and runs their calls (an AHP client id). An extension:
+   * where several clients drive one session, a client tool's call goes to the one that
+   * offered it.
+   */
+  client_id?: string | null;
   /**
    * Extra context items.
    */
