@@ -757,3 +757,66 @@ async fn an_older_vs_code_builds_turn_actions_are_understood() {
     let refused: Vec<_> = vscode.envelopes.iter().filter(|e| e.rejection_reason.is_some()).collect();
     assert!(refused.is_empty(), "{refused:#?}");
 }
+
+/// §7.2: VS Code edits a request by truncating the chat to the turn before it (or to none),
+/// then starting the edited turn. The truncation is echoed with its origin, the conversation
+/// the agent goes on from is the truncated one, and a truncation the host cannot make is
+/// refused with its reason.
+#[tokio::test(flavor = "multi_thread")]
+async fn vs_code_edits_a_request_by_truncating_the_chat() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let session = "e-40b1";
+    let chat = vscode.create_session(&format!("demo:/{session}")).await;
+    for (turn, text) in [("e1", "First question"), ("e2", "Second question")] {
+        vscode.turn(&chat, turn, text).await;
+        completed_as(&host, None, session, turn).await;
+        vscode.settle(&host, None, &chat, session).await;
+    }
+    let user_texts = |messages: Vec<Value>| -> Vec<String> {
+        messages
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+
+    // Editing the second request: keep e1, then the edited turn.
+    let seq = vscode.dispatch(&chat, json!({"type": "chat/truncated", "turnId": "e1"})).await;
+    let echo = vscode.echoed("the truncation's echo", seq).await;
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    assert_eq!(
+        echo.action,
+        serde_json::from_value(json!({"type": "chat/truncated", "turnId": "e1"})).unwrap()
+    );
+    let turns: Vec<&str> = vscode.chats[&chat].turns.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(turns, ["e1"]);
+    vscode.settle(&host, None, &chat, session).await;
+    vscode.turn(&chat, "e3", "Second question, edited").await;
+    completed_as(&host, None, session, "e3").await;
+    vscode.settle(&host, None, &chat, session).await;
+    let turns: Vec<&str> = vscode.chats[&chat].turns.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(turns, ["e1", "e3"]);
+    assert_eq!(
+        user_texts(host.messages(session).await),
+        ["First question", "Second question, edited"],
+        "the agent goes on from the truncated conversation"
+    );
+
+    // A turn that is not in the chat any more cannot be kept.
+    let seq = vscode.dispatch(&chat, json!({"type": "chat/truncated", "turnId": "e2"})).await;
+    let refused = vscode.echoed("the refusal", seq).await;
+    let reason = refused.rejection_reason.unwrap_or_default();
+    assert!(reason.contains("turn e2 is not a completed turn of this chat"), "{reason}");
+
+    // Editing the first request: nothing is kept.
+    let seq = vscode.dispatch(&chat, json!({"type": "chat/truncated"})).await;
+    assert!(vscode.echoed("the truncation's echo", seq).await.rejection_reason.is_none());
+    assert!(vscode.chats[&chat].turns.is_empty());
+    vscode.turn(&chat, "e4", "A fresh start").await;
+    completed_as(&host, None, session, "e4").await;
+    vscode.settle(&host, None, &chat, session).await;
+    assert_eq!(user_texts(host.messages(session).await), ["A fresh start"]);
+}

@@ -4,7 +4,7 @@ use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
 use ahp_types::StateAction;
 use ahp_types::actions::{
     ChatErrorAction, ChatPendingMessageRemovedAction, ChatPendingMessageSetAction,
-    ChatQueuedMessagesReorderedAction, ChatResponsePartAction, ChatTurnCancelledAction,
+    ChatQueuedMessagesReorderedAction, ChatResponsePartAction, ChatTruncatedAction, ChatTurnCancelledAction,
     ChatTurnCompleteAction, ChatTurnStartedAction, ChatUsageAction,
 };
 use ahp_types::state::{
@@ -12,7 +12,7 @@ use ahp_types::state::{
     PendingMessageKind, ResponsePart, SessionStatus, ToolCallCancellationReason, ToolCallClientContributor,
     ToolCallConfirmationReason, ToolCallContributor,
 };
-use turnstone_engine::ids::{CallId, InterruptId, SessionId, TurnId};
+use turnstone_engine::ids::{CallId, InterruptId, MessageId, SessionId, TurnId};
 use turnstone_engine::protocol::{ErrorCode, Message, Role, ToolHandler};
 use turnstone_engine::session::{
     CallOutcome, CallRecord, CallSpec, CallValue, Event, Interrupt, PendingTrigger, Session, SessionInit,
@@ -21,7 +21,7 @@ use turnstone_engine::session::{
 use turnstone_engine::time::Timestamp;
 
 use crate::error::ProjectionError;
-use crate::turn::{OpenTurn, ToolPart};
+use crate::turn::{OpenTurn, ToolPart, TurnEnd};
 use crate::uri::chat_uri;
 use crate::{input, message, parts, tool_call, usage};
 
@@ -39,6 +39,8 @@ pub struct ChatProjection {
     pub(crate) session: Session,
     pub(crate) chat: ChatState,
     pub(crate) turn: Option<OpenTurn>,
+    /// The chat's completed turns, in order, each with where it left the conversation.
+    ends: Vec<(String, TurnEnd)>,
     /// Queued turns shown as pending messages.
     queued: Vec<TurnId>,
     /// Steering turns waiting for the active turn's safe point, oldest first; AHP shows one
@@ -95,6 +97,7 @@ impl ChatProjection {
             session: Session::new(session_id),
             chat,
             turn: None,
+            ends: Vec::new(),
             queued: Vec::new(),
             steering: Vec::new(),
             forks: Vec::new(),
@@ -112,6 +115,7 @@ impl ChatProjection {
     /// at (AHP copies a fork's history into the new chat), before the fork's own events.
     pub fn forked(session_id: impl Into<SessionId>, history: Vec<ahp_types::state::Turn>) -> Self {
         let mut projection = ChatProjection::new(session_id);
+        projection.ends = history.iter().map(|t| (t.id.clone(), TurnEnd::Copied)).collect();
         projection.chat.turns = history;
         projection
     }
@@ -120,6 +124,21 @@ impl ChatProjection {
     /// conversation through a turn.
     pub fn forks(&self) -> &[(SessionId, TurnId)] {
         &self.forks
+    }
+
+    /// Where the conversation is rewound to when a client truncates the chat through its
+    /// completed turn `turn_id` (`None`: through no turn): the head that turn ended at.
+    /// `Err` says why the chat cannot be truncated there.
+    pub fn truncation_head(&self, turn_id: Option<&str>) -> Result<Option<MessageId>, String> {
+        let Some(turn_id) = turn_id else { return Ok(None) };
+        match self.ends.iter().find(|(id, _)| id == turn_id).map(|(_, end)| end) {
+            Some(TurnEnd::At(head)) => Ok(head.clone()),
+            Some(TurnEnd::Copied) => Err(format!(
+                "turn {turn_id} was copied from the chat this one forked: truncate that chat, or \
+                 fork it at an earlier turn"
+            )),
+            None => Err(format!("turn {turn_id} is not a completed turn of this chat")),
+        }
     }
 
     /// The chat as the actions so far reduce it.
@@ -186,7 +205,14 @@ impl ChatProjection {
                 self.end(turn_id, *status, error.as_deref(), code.as_ref(), *at)
             }
             Event::TriggerQueued { trigger } => self.trigger(trigger),
-            Event::MessageRecorded { message, .. } => self.message(message),
+            Event::MessageRecorded { message, parent_id } => {
+                // News written off the head (an edit or a regeneration) branches first.
+                if parent_id.as_ref() != self.session.tree().head() {
+                    self.branched(parent_id.as_ref())?;
+                }
+                self.message(message)
+            }
+            Event::HeadMoved { head_id } => self.branched(head_id.as_ref()),
             Event::CallCreated { call } => self.call_created(call),
             Event::CallDispatched { .. } => Ok(()),
             Event::CallApproved { call_id } => self.call_approved(call_id),
@@ -214,7 +240,6 @@ impl ChatProjection {
             | Event::DecisionFailed { .. }
             | Event::DecisionVoided { .. }
             | Event::ActionIgnored { .. }
-            | Event::HeadMoved { .. }
             | Event::StateWritten { .. }
             | Event::AgentWritten { .. }
             | Event::StateRestored { .. }
@@ -321,6 +346,31 @@ impl ChatProjection {
         self.announce(Some(message))
     }
 
+    /// The conversation now reads through `at`: an edit or a regeneration wrote news off the
+    /// head, or a client truncated the chat. The chat keeps the turns that ended on the new
+    /// path (`chat/truncated`, through the last of them). A running turn that the truncation
+    /// drops is shown again, from its start, as it goes on; a move within the running turn
+    /// changes no turn (parts only grow).
+    fn branched(&mut self, at: Option<&MessageId>) -> Result<(), ProjectionError> {
+        let tree = self.session.tree();
+        let kept = self.ends.iter().rposition(|(_, end)| match end {
+            TurnEnd::At(head) => tree.is_ancestor_or_self(head.as_ref(), at),
+            // A fork's history ended in its source: its own path starts after it.
+            TurnEnd::Copied => true,
+        });
+        let keeps_all = kept.map_or(0, |i| i + 1) == self.ends.len();
+        if keeps_all && self.turn.is_some() {
+            return Ok(());
+        }
+        let turn_id = kept.map(|i| self.ends[i].0.clone());
+        self.ends.truncate(kept.map_or(0, |i| i + 1));
+        self.emit(StateAction::ChatTruncated(ChatTruncatedAction { turn_id }))?;
+        let Some(turn) = self.turn.as_mut().filter(|t| t.announced) else { return Ok(()) };
+        let message = turn.message.take();
+        turn.forget_parts();
+        self.announce(message)
+    }
+
     /// Sends `chat/turnStarted` for the open turn unless it went out; `message` is what started
     /// it, when the event knows.
     fn announce(&mut self, message: Option<AhpMessage>) -> Result<(), ProjectionError> {
@@ -330,6 +380,7 @@ impl ChatProjection {
         }
         turn.announced = true;
         let message = message.unwrap_or_else(|| message::text(String::new(), turn.origin));
+        turn.message = Some(message.clone());
         let action = StateAction::ChatTurnStarted(ChatTurnStartedAction {
             turn_id: turn.id.to_string(),
             started_at: turn.started_at.to_rfc3339(),
@@ -730,6 +781,7 @@ impl ChatProjection {
             self.cancel_call(&call_id, TURN_ENDED)?;
         }
         let Some(turn) = self.turn.take() else { return Ok(()) };
+        self.ends.push((id.clone(), TurnEnd::At(self.session.tree().head().cloned())));
         let duration = at.0.saturating_sub(turn.started_at.0).max(0);
         let action = match status {
             TurnStatus::Completed => {
@@ -773,7 +825,6 @@ pub fn shows_in_chat(event: &Event) -> bool {
             | Event::DecisionFailed { .. }
             | Event::DecisionVoided { .. }
             | Event::ActionIgnored { .. }
-            | Event::HeadMoved { .. }
             | Event::StateWritten { .. }
             | Event::AgentWritten { .. }
             | Event::StateRestored { .. }

@@ -2,7 +2,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use turnstone_engine::ids::{CallId, InterruptId, TurnId};
+use ahp_types::state::Message as AhpMessage;
+use turnstone_engine::ids::{CallId, InterruptId, MessageId, TurnId};
 use turnstone_engine::session::{TurnOrigin, Usage};
 use turnstone_engine::time::Timestamp;
 
@@ -31,6 +32,9 @@ pub(crate) struct OpenTurn {
     pub announced: bool,
     /// The pending message it was started from.
     pub queued_message_id: Option<String>,
+    /// The message `chat/turnStarted` showed, to show it again when a truncation drops the
+    /// turn from a chat while it runs.
+    pub message: Option<AhpMessage>,
     /// The engine's usage of the turn, summed the engine's way.
     pub usage: Usage,
     /// The model of the last model call.
@@ -56,6 +60,7 @@ impl OpenTurn {
             origin,
             announced: false,
             queued_message_id: None,
+            message: None,
             usage: Usage::default(),
             model: None,
             tools: BTreeMap::new(),
@@ -66,4 +71,24 @@ impl OpenTurn {
             inputs: BTreeSet::new(),
         }
     }
+
+    /// The turn as a chat knows it once a truncation dropped it: not announced, without parts
+    /// (its usage, model and pending reply stay the engine's).
+    pub fn forget_parts(&mut self) {
+        self.announced = false;
+        self.tools.clear();
+        self.tool_names.clear();
+        self.texts.clear();
+        self.reasonings.clear();
+        self.inputs.clear();
+    }
+}
+
+/// Where a completed turn of the chat left the conversation: what a truncation keeps it by.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum TurnEnd {
+    /// The head when it ended (`None`: the conversation was empty).
+    At(Option<MessageId>),
+    /// A turn a fork copied from its source's chat: it ended in the source.
+    Copied,
 }

@@ -586,3 +586,151 @@ fn withdrawn_and_reordered_queued_messages_follow_the_engine() {
     let p = project(&h);
     assert_eq!(p.chat().active_turn.as_ref().map(|t| t.id.as_str()), Some("q3"));
 }
+
+/// A session with turns `t1` ("one" / "first") and `t2` ("two" / "second").
+fn two_turns(id: &str) -> Driver {
+    let mut h = harness(id, init("demo", Some(AgentConfig::new("m")), false));
+    for (turn, user, reply_text) in [("t1", "one", "first"), ("t2", "two", "second")] {
+        h.exec(Command::Submit {
+            input: ClientInput::Message(ClientMessageInput {
+                agent_id: "demo".into(),
+                turn_id: Some(turn.into()),
+                message: DraftMessage::user(user),
+                stream: None,
+                client: None,
+            }),
+            queue: false,
+            origin: TurnOrigin::Client,
+        });
+        h.run_llm(reply(reply_text));
+    }
+    h
+}
+
+fn turn_texts(chat: &ahp_types::state::ChatState) -> Vec<(String, String)> {
+    chat.turns.iter().map(|t| (t.id.clone(), t.message.text.clone())).collect()
+}
+
+#[test]
+fn a_rewind_truncates_the_chat_through_the_turn_it_keeps_and_the_edit_continues_there() {
+    let mut h = two_turns("s-rewind");
+    let mut p = Projected::new("s-rewind");
+    p.catch_up(&h.log);
+    let end_of_t1 = h.session.tree().path_ids_to(h.session.tree().head())[1].clone();
+    h.exec(Command::Rewind { head: Some(end_of_t1) });
+    let truncated = p.catch_up(&h.log);
+    assert_eq!(
+        serde_json::to_value(&truncated).unwrap(),
+        json!([{"type": "chat/truncated", "turnId": "t1"}])
+    );
+    assert_eq!(turn_texts(p.chat()), [("t1".to_owned(), "one".to_owned())]);
+    h.exec(Command::Submit {
+        input: ClientInput::Message(ClientMessageInput {
+            agent_id: "demo".into(),
+            turn_id: Some("t3".into()),
+            message: DraftMessage::user("two, edited"),
+            stream: None,
+            client: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    h.run_llm(reply("edited"));
+    p.catch_up(&h.log);
+    p.check_actions();
+    let expected = [("t1".to_owned(), "one".to_owned()), ("t3".to_owned(), "two, edited".to_owned())];
+    assert_eq!(turn_texts(p.chat()), expected);
+    assert_eq!(turn_texts(project(&h).chat()), expected, "a replay reads the same chat");
+    h.exec(Command::Rewind { head: None });
+    p.catch_up(&h.log);
+    assert!(p.chat().turns.is_empty(), "rewound to the root, no turn stays");
+}
+
+#[test]
+fn an_edit_over_http_truncates_the_chat_to_the_turns_before_the_edited_one() {
+    let mut h = two_turns("s-edit");
+    let path: Vec<Message> = h.session.tree().path_to(h.session.tree().head()).into_iter().cloned().collect();
+    // The client's view: the first turn as recorded, then its second message edited.
+    let mut view: Vec<DraftMessage> = path[..2].iter().map(Message::to_draft).collect();
+    view.push(DraftMessage::user("two, edited"));
+    h.exec(Command::Submit {
+        input: ClientInput::Messages(ClientMessagesInput {
+            agent_id: "demo".into(),
+            turn_id: Some("t3".into()),
+            messages: view,
+            stream: None,
+            client: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    h.run_llm(reply("edited"));
+    let p = project(&h);
+    assert_eq!(
+        turn_texts(p.chat()),
+        [("t1".to_owned(), "one".to_owned()), ("t3".to_owned(), "two, edited".to_owned())]
+    );
+    assert_eq!(part_kinds(&last_turn(p.chat()).response_parts), ["markdown:edited"]);
+    let kinds = types(&p.actions);
+    let truncated = kinds.iter().position(|k| k == "chat/truncated").expect("a truncation");
+    assert_eq!(
+        kinds[truncated - 1..=truncated + 1],
+        ["chat/turnComplete", "chat/truncated", "chat/turnStarted"],
+        "the edit's turn shows once it recorded its message, after the truncation: {kinds:?}"
+    );
+
+    // A regeneration: the view ends with a new copy of t3's message (an edit is a new
+    // message; a view that only ends early writes nothing), which the new turn answers again.
+    let path: Vec<Message> = h.session.tree().path_to(h.session.tree().head()).into_iter().cloned().collect();
+    let mut view: Vec<DraftMessage> = path[..2].iter().map(Message::to_draft).collect();
+    view.push(DraftMessage::user("two, edited"));
+    h.exec(Command::Submit {
+        input: ClientInput::Messages(ClientMessagesInput {
+            agent_id: "demo".into(),
+            turn_id: Some("t4".into()),
+            messages: view,
+            stream: None,
+            client: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    h.run_llm(reply("regenerated"));
+    let p = project(&h);
+    assert_eq!(
+        turn_texts(p.chat()),
+        [("t1".to_owned(), "one".to_owned()), ("t4".to_owned(), "two, edited".to_owned())]
+    );
+    assert_eq!(part_kinds(&last_turn(p.chat()).response_parts), ["markdown:regenerated"]);
+}
+
+#[test]
+fn a_running_turn_a_worker_branches_off_an_earlier_turn_starts_again_after_the_truncation() {
+    let mut h = harness("s-rewrite", init("w", Some(AgentConfig::new("m")), true));
+    h.accept();
+    for (user, answer) in [("one", "first"), ("two", "second"), ("three", "third")] {
+        h.submit(user);
+        h.accept();
+        h.run_llm(reply(answer));
+        if user != "three" {
+            h.accept();
+        }
+    }
+    // The worker answers the third turn's model reply by rewriting the conversation: the first
+    // turn, then a message of its own in place of everything after it.
+    let path: Vec<Message> = h.session.tree().path_to(h.session.tree().head()).into_iter().cloned().collect();
+    let mut view: Vec<DraftMessage> = path[..2].iter().map(Message::to_draft).collect();
+    view.push(DraftMessage::user("two and three, summarized"));
+    h.answer(DecisionResponse {
+        messages: Some(view),
+        actions: Some(vec![Action::Done(DoneAction::default())]),
+        ..Default::default()
+    });
+    let p = project(&h);
+    let texts: Vec<String> = p.chat().turns.iter().map(|t| t.message.text.clone()).collect();
+    assert_eq!(texts, ["one", "three"], "the second turn is off the path; the third goes on");
+    let kinds = types(&p.actions);
+    let truncated = kinds.iter().position(|k| k == "chat/truncated").expect("a truncation");
+    assert_eq!(kinds[truncated + 1], "chat/turnStarted", "the running turn starts again: {kinds:?}");
+    assert_eq!(last_turn(p.chat()).state, TurnState::Complete);
+}

@@ -1915,6 +1915,38 @@ fn a_session_is_titled_by_its_first_turn_and_renamed_by_a_person() {
     assert_eq!(h.session.title(), Some("Red build"), "a refused rename changes nothing");
 }
 
+// ----- rewind (a client's truncation) ---------------------------------------------------
+
+#[test]
+fn a_rewind_moves_the_head_back_and_the_next_message_continues_from_there() {
+    let mut h = harness("s", init("demo", Some(agent("m")), false));
+    h.exec(msg_with_turn("demo", "one", "t1"));
+    h.run_llm(reply("first answer"));
+    let end_of_t1 = h.session.tree().head().cloned();
+    h.exec(msg_with_turn("demo", "two", "t2"));
+    let running = h.try_exec(Command::Rewind { head: end_of_t1.clone() }).unwrap_err();
+    assert_eq!(running.code(), "turn_already_active", "{running}");
+    h.run_llm(reply("second answer"));
+    let unknown = h.try_exec(Command::Rewind { head: Some("m-nope".into()) }).unwrap_err();
+    assert!(unknown.to_string().contains("no message m-nope"), "{unknown}");
+
+    assert_eq!(names(&h.exec(Command::Rewind { head: end_of_t1.clone() })), ["head.moved"]);
+    assert_eq!(h.session.tree().head(), end_of_t1.as_ref());
+    assert_eq!(
+        names(&h.exec(Command::Rewind { head: end_of_t1.clone() })),
+        ["head.moved"],
+        "a rewind to where the head is is still the client's truncation"
+    );
+    h.exec(msg_with_turn("demo", "two, edited", "t3"));
+    h.run_llm(reply("edited answer"));
+    assert_eq!(
+        h.path_texts(),
+        ["User:one", "Assistant:first answer", "User:two, edited", "Assistant:edited answer"]
+    );
+    h.exec(Command::Rewind { head: None });
+    assert!(h.path_texts().is_empty(), "rewound to the root, the conversation is empty");
+}
+
 #[test]
 fn a_long_first_message_is_cut_into_a_title() {
     let title = title_from(&"word ".repeat(40)).unwrap();

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::records::{CallError, SessionInit, TurnOrigin};
 use super::request::Transcript;
-use crate::ids::{CallId, DecisionId, InterruptId, SessionId, TurnId};
+use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
 use crate::protocol::{
     Action, CallStatus, ClientInput, ClientMessageInput, DecisionResponse, LlmResponse, Message,
     ProtocolError,
@@ -36,6 +36,10 @@ pub enum Command {
     /// A client reorders the queued turns: those of `order` first, in that order, the others
     /// after them as they were (steering turns keep their places).
     Reorder { order: Vec<TurnId> },
+    /// A client truncates the conversation: it now reads through recorded message `head`
+    /// (`None`: it is empty), and the next message continues from there (AHP's
+    /// `chat/truncated`, before the edited message's turn). Refused while a turn runs.
+    Rewind { head: Option<MessageId> },
     /// A new session's history, a fork's copy of its source's path: recorded, in order, as
     /// the active path of a session that has no messages yet. Starts no turn.
     Seed { messages: Vec<Message> },

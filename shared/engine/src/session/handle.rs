@@ -12,7 +12,7 @@ use super::outbox::OutboxItem;
 use super::records::*;
 use super::used::UsedIds;
 use super::{Ctx, Session};
-use crate::ids::{CallId, IdMinter, InterruptId, SessionId, TurnId};
+use crate::ids::{CallId, IdMinter, InterruptId, MessageId, SessionId, TurnId};
 use crate::protocol::*;
 use crate::time::Timestamp;
 
@@ -93,6 +93,7 @@ impl Tx {
             Command::Seed { messages } => self.seed(messages)?,
             Command::Withdraw { turn_id } => self.withdraw(&turn_id)?,
             Command::Rename { title } => self.rename(&title)?,
+            Command::Rewind { head } => self.rewind(head)?,
             Command::Reorder { order } => self.reorder(order)?,
             Command::Forked { into, turn_id } => {
                 self.emit(Event::Forked { session_id: into, turn_id });
@@ -341,6 +342,20 @@ impl Tx {
         if self.session.title.as_deref() != Some(title) {
             self.emit(Event::SessionTitled { title: title.to_owned() });
         }
+        Ok(())
+    }
+
+    /// `Command::Rewind`: the head moves back to a recorded message. The move is recorded even
+    /// where the head already is: it is the client's truncation, which its chat shows.
+    fn rewind(&mut self, head: Option<MessageId>) -> Result<(), Rejection> {
+        if let Some(turn_id) = self.session.active_turn.clone() {
+            return Err(Rejection::TurnAlreadyActive { turn_id });
+        }
+        if let Some(id) = head.as_ref().filter(|id| !self.session.tree.contains(id)) {
+            return Err(Rejection::invalid("head", format!("no message {id} in this session")));
+        }
+        self.emit(Event::HeadMoved { head_id: head });
+        self.void_off_path_calls();
         Ok(())
     }
 

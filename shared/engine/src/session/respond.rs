@@ -380,6 +380,12 @@ impl Tx {
         if !writes {
             self.emit(Event::HeadMoved { head_id: reconciled.head });
         }
+        self.void_off_path_calls();
+    }
+
+    /// Voids the open calls anchored off the active path (a fork voids the work below the
+    /// fork point).
+    pub(super) fn void_off_path_calls(&mut self) {
         let off_path: Vec<CallId> = self
             .session
             .calls

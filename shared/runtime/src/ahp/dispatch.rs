@@ -5,7 +5,7 @@
 
 use ahp_types::actions::{
     ActionOrigin, ChatInputCompletedAction, ChatPendingMessageSetAction, ChatToolCallCompleteAction,
-    ChatToolCallConfirmedAction, ChatTurnStartedAction, StateAction,
+    ChatToolCallConfirmedAction, ChatTruncatedAction, ChatTurnStartedAction, StateAction,
 };
 use ahp_types::commands::DispatchActionParams;
 use ahp_types::state::{PendingMessageKind, ToolResultContent};
@@ -15,6 +15,7 @@ use turnstone_engine::protocol::{ClientInput, ToolHandler, parse};
 use turnstone_engine::session::{CallSpec, Command, Session};
 
 use super::AhpHost;
+use super::channels::project_log;
 use super::rpc::RpcError;
 use super::sessions::{reachable, session_id, session_of};
 use crate::api::Placement;
@@ -62,6 +63,7 @@ pub(crate) async fn dispatch(
                 let withdraw = Command::Withdraw { turn_id: a.id.as_str().into() };
                 host.app.command_as(&id, caller, Access::Drive, withdraw).await.map(|_| ()).map_err(refusal)
             }
+            StateAction::ChatTruncated(a) => truncate(host, caller, &session, a).await,
             StateAction::ChatQueuedMessagesReordered(a) => {
                 let reorder = Command::Reorder { order: a.order.iter().map(|t| t.as_str().into()).collect() };
                 host.app.command_as(&id, caller, Access::Drive, reorder).await.map(|_| ()).map_err(refusal)
@@ -163,6 +165,24 @@ async fn start_turn(
 ) -> Result<(), Refusal> {
     let input = message(host, client_id, session, &action.turn_id, &action.message.text);
     submit(host, caller, session.id(), input, Placement::Start).await
+}
+
+/// `chat/truncated`: the conversation is rewound to where the kept turn ended
+/// (`Command::Rewind`), and the client's next `chat/turnStarted` continues from there: an edit
+/// of the turns it dropped. Refused while a turn runs (the client cancels it first).
+async fn truncate(
+    host: &AhpHost,
+    caller: &Caller,
+    session: &Session,
+    action: &ChatTruncatedAction,
+) -> Result<(), Refusal> {
+    if let Some(turn_id) = session.active_turn_id() {
+        return Err(format!("turn {turn_id} is running: cancel it before truncating the chat"));
+    }
+    let chat = project_log(&host.app, session.id()).await.map_err(|e| RpcError::internal(e).message)?;
+    let head = chat.truncation_head(action.turn_id.as_deref())?;
+    let rewind = Command::Rewind { head };
+    host.app.command_as(session.id(), caller, Access::Drive, rewind).await.map(drop).map_err(refusal)
 }
 
 /// `chat/pendingMessageSet`: of kind `queued`, a turn queued behind the active one (started

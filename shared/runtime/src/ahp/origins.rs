@@ -65,13 +65,14 @@ impl Origins {
 /// The kind and subject of an action a client may dispatch, e.g. `chat/turnStarted turn-1`.
 fn subject(action: &StateAction) -> Option<String> {
     let (kind, id) = match action {
-        StateAction::ChatTurnStarted(a) => ("chat/turnStarted", &a.turn_id),
-        StateAction::ChatTurnCancelled(a) => ("chat/turnCancelled", &a.turn_id),
-        StateAction::ChatInputCompleted(a) => ("chat/inputCompleted", &a.request_id),
-        StateAction::ChatToolCallComplete(a) => ("chat/toolCallComplete", &a.tool_call_id),
-        StateAction::ChatToolCallConfirmed(a) => ("chat/toolCallConfirmed", &a.tool_call_id),
-        StateAction::SessionTitleChanged(a) => ("session/titleChanged", &a.title),
-        StateAction::ChatPendingMessageSet(a) => ("chat/pendingMessageSet", &a.id),
+        StateAction::ChatTurnStarted(a) => ("chat/turnStarted", a.turn_id.as_str()),
+        StateAction::ChatTurnCancelled(a) => ("chat/turnCancelled", a.turn_id.as_str()),
+        StateAction::ChatInputCompleted(a) => ("chat/inputCompleted", a.request_id.as_str()),
+        StateAction::ChatToolCallComplete(a) => ("chat/toolCallComplete", a.tool_call_id.as_str()),
+        StateAction::ChatToolCallConfirmed(a) => ("chat/toolCallConfirmed", a.tool_call_id.as_str()),
+        StateAction::SessionTitleChanged(a) => ("session/titleChanged", a.title.as_str()),
+        StateAction::ChatPendingMessageSet(a) => ("chat/pendingMessageSet", a.id.as_str()),
+        StateAction::ChatTruncated(a) => ("chat/truncated", a.turn_id.as_deref().unwrap_or_default()),
         _ => return None,
     };
     Some(format!("{kind} {id}"))
