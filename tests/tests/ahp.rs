@@ -721,7 +721,11 @@ async fn approval_steering_and_forks_over_ahp() {
     wait_status(&host, "s-st", "st-1", TurnStatus::Completed).await;
     chat.settle(&host).await;
     assert!(chat.chat.steering_message.is_none());
-    assert_eq!(chat.chat.turns.len(), 1, "the steering message joined the turn");
+    // The steering message joined the engine's turn, and stays in the transcript as the chat
+    // turn it took on.
+    let turns: Vec<(&str, &str)> =
+        chat.chat.turns.iter().map(|t| (t.id.as_str(), t.message.text.as_str())).collect();
+    assert_eq!(turns, [("st-1", "Go"), ("st-2", "Also say hello")]);
     let asked = openai.requests()[3].body["messages"].as_array().unwrap().clone();
     assert_eq!(asked.last().unwrap()["content"], "Also say hello");
 
@@ -753,7 +757,8 @@ async fn approval_steering_and_forks_over_ahp() {
     let chats: Vec<&str> = session.chats.iter().map(|c| c.resource.as_str()).collect();
     assert_eq!(chats, ["ahp-chat:/s-st", "ahp-chat:/s-st-fork"]);
     let mut forked = Mirror::subscribe(&client, "s-st-fork").await;
-    assert_eq!(forked.chat.turns.len(), 1, "the fork starts with its source's turn");
+    let turns: Vec<&str> = forked.chat.turns.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(turns, ["st-1", "st-2"], "the fork starts with its source's turn, all of it");
     assert_eq!(
         serde_json::to_value(&forked.chat.origin).unwrap(),
         json!({"kind": "fork", "chat": "ahp-chat:/s-st", "turnId": "st-1"})
@@ -762,7 +767,7 @@ async fn approval_steering_and_forks_over_ahp() {
     client.dispatch(forked.channel(), turn_started("f-1", "Now something else")).await.unwrap();
     wait_status(&host, "s-st-fork", "f-1", TurnStatus::Completed).await;
     forked.settle(&host).await;
-    assert_eq!(forked.chat.turns.len(), 2);
+    assert_eq!(forked.chat.turns.len(), 3);
     let history = openai.requests()[4].body["messages"].as_array().unwrap().clone();
     assert!(history.iter().any(|m| m["content"] == "Also say hello"), "the fork continues the conversation");
     let bad = json!({

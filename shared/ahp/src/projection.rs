@@ -53,6 +53,8 @@ pub struct ChatProjection {
     emitted: Vec<StateAction>,
     /// What is being projected, for errors.
     pub(crate) projecting: &'static str,
+    /// When the latest event that says happened: when a steering message took the chat on.
+    last_at: Timestamp,
 }
 
 /// The chat that session `session_id`'s `events` (its log, in order) make.
@@ -103,6 +105,7 @@ impl ChatProjection {
             forks: Vec::new(),
             emitted: Vec::new(),
             projecting: "",
+            last_at: Timestamp(0),
         }
     }
 
@@ -132,13 +135,25 @@ impl ChatProjection {
     pub fn truncation_head(&self, turn_id: Option<&str>) -> Result<Option<MessageId>, String> {
         let Some(turn_id) = turn_id else { return Ok(None) };
         match self.ends.iter().find(|(id, _)| id == turn_id).map(|(_, end)| end) {
-            Some(TurnEnd::At(head)) => Ok(head.clone()),
+            Some(TurnEnd::At { head, .. }) => Ok(head.clone()),
             Some(TurnEnd::Copied) => Err(format!(
                 "turn {turn_id} was copied from the chat this one forked: truncate that chat, or \
                  fork it at an earlier turn"
             )),
             None => Err(format!("turn {turn_id} is not a completed turn of this chat")),
         }
+    }
+
+    /// How many of the chat's turns a fork at engine turn `turn_id` copies: those through the
+    /// last one that turn shows as (a steering message's turns included).
+    pub fn turns_through(&self, turn_id: &TurnId) -> usize {
+        self.ends
+            .iter()
+            .rposition(|(shown, end)| match end {
+                TurnEnd::At { turn, .. } => turn == turn_id,
+                TurnEnd::Copied => shown == turn_id.as_str(),
+            })
+            .map_or(0, |i| i + 1)
     }
 
     /// The chat as the actions so far reduce it.
@@ -152,6 +167,7 @@ impl ChatProjection {
         self.projecting = event.name();
         // The mapping reads the session as it was before the event (a call's record before it
         // settles, a queued turn's input before it starts).
+        self.last_at = event.at().unwrap_or(self.last_at);
         let projected = self.project(event);
         self.session.apply(event);
         self.finish(projected)
@@ -195,7 +211,10 @@ impl ChatProjection {
             }
             Event::TurnQueued { turn } => self.queue(turn),
             Event::TurnActivated { turn_id, at } => self.activate(turn_id, *at),
-            Event::TurnSteered { turn_id, .. } => self.steered(turn_id),
+            Event::TurnSteered { turn_id, into } => {
+                self.steered(turn_id)?;
+                self.promote(turn_id, into)
+            }
             Event::QueueReordered { order } => self.reorder(order),
             Event::Forked { session_id, turn_id } => {
                 self.forks.push((session_id.clone(), turn_id.clone()));
@@ -314,6 +333,36 @@ impl ChatProjection {
         }))
     }
 
+    /// A steering message that entered the running turn stays in the transcript as a turn of
+    /// its own: the chat's turn completes where the message came in, and the message starts
+    /// the next one, in which the engine's turn goes on (so its id names a chat turn, and
+    /// `chat/turnCancelled` of it cancels the engine's).
+    fn promote(&mut self, steering: &TurnId, into: &TurnId) -> Result<(), ProjectionError> {
+        let Some(turn) = self.turn.as_ref().filter(|t| t.announced && t.id == *into) else { return Ok(()) };
+        let origin = self.session.turn(steering).map(|t| t.origin).unwrap_or(turn.origin);
+        let message = message::from_input(self.session.turn(steering).and_then(|t| t.input.as_ref()), origin);
+        let (shown, started_at) = (turn.shown.clone(), turn.started_at);
+        // At a safe point every tool call has its result, so no part is open; the turn ends
+        // before the steering message, recorded just now.
+        let tree = self.session.tree();
+        let end = tree.head().and_then(|h| tree.get(h)).and_then(|node| node.parent_id.clone());
+        let duration = self.last_at.0.saturating_sub(started_at.0).max(0);
+        self.emit(StateAction::ChatTurnComplete(ChatTurnCompleteAction {
+            turn_id: shown.clone(),
+            duration,
+            meta: None,
+        }))?;
+        self.ends.push((shown, TurnEnd::At { turn: into.clone(), head: end }));
+        let mut next = OpenTurn::new(into.clone(), self.last_at, origin);
+        next.shown = steering.to_string();
+        if let Some(turn) = self.turn.as_ref() {
+            next.model = turn.model.clone();
+            next.reply = turn.reply.clone();
+        }
+        self.turn = Some(next);
+        self.announce(Some(message))
+    }
+
     /// A queued turn starts from its pending message, which the start consumes: the message
     /// leaves the pending list by `chat/pendingMessageRemoved`, then `chat/turnStarted` names it
     /// (`queuedMessageId`; a client whose reducer reads only one of them still drops it).
@@ -354,7 +403,7 @@ impl ChatProjection {
     fn branched(&mut self, at: Option<&MessageId>) -> Result<(), ProjectionError> {
         let tree = self.session.tree();
         let kept = self.ends.iter().rposition(|(_, end)| match end {
-            TurnEnd::At(head) => tree.is_ancestor_or_self(head.as_ref(), at),
+            TurnEnd::At { head, .. } => tree.is_ancestor_or_self(head.as_ref(), at),
             // A fork's history ended in its source: its own path starts after it.
             TurnEnd::Copied => true,
         });
@@ -382,7 +431,7 @@ impl ChatProjection {
         let message = message.unwrap_or_else(|| message::text(String::new(), turn.origin));
         turn.message = Some(message.clone());
         let action = StateAction::ChatTurnStarted(ChatTurnStartedAction {
-            turn_id: turn.id.to_string(),
+            turn_id: turn.shown.clone(),
             started_at: turn.started_at.to_rfc3339(),
             message,
             queued_message_id: turn.queued_message_id.clone(),
@@ -398,7 +447,7 @@ impl ChatProjection {
         if turn_id.is_some_and(|t| *t != turn.id) {
             return Ok(None);
         }
-        let id = turn.id.to_string();
+        let id = turn.shown.clone();
         self.announce(None)?;
         Ok(Some(id))
     }
@@ -781,7 +830,8 @@ impl ChatProjection {
             self.cancel_call(&call_id, TURN_ENDED)?;
         }
         let Some(turn) = self.turn.take() else { return Ok(()) };
-        self.ends.push((id.clone(), TurnEnd::At(self.session.tree().head().cloned())));
+        let head = self.session.tree().head().cloned();
+        self.ends.push((id.clone(), TurnEnd::At { turn: turn.id.clone(), head }));
         let duration = at.0.saturating_sub(turn.started_at.0).max(0);
         let action = match status {
             TurnStatus::Completed => {

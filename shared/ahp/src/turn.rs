@@ -23,7 +23,11 @@ pub(crate) enum ToolPart {
 /// The engine's active turn as an AHP active turn.
 #[derive(Debug, Clone)]
 pub(crate) struct OpenTurn {
+    /// The engine's turn.
     pub id: TurnId,
+    /// The chat's turn it shows as: the engine turn's id, or the steering message's that
+    /// took the chat on from the turn's safe point (`steered`).
+    pub shown: String,
     pub started_at: Timestamp,
     pub origin: TurnOrigin,
     /// Whether `chat/turnStarted` went out. An engine turn's message is not in `turn.started`
@@ -55,6 +59,7 @@ pub(crate) struct OpenTurn {
 impl OpenTurn {
     pub fn new(id: TurnId, started_at: Timestamp, origin: TurnOrigin) -> Self {
         OpenTurn {
+            shown: id.to_string(),
             id,
             started_at,
             origin,
@@ -87,8 +92,9 @@ impl OpenTurn {
 /// Where a completed turn of the chat left the conversation: what a truncation keeps it by.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum TurnEnd {
-    /// The head when it ended (`None`: the conversation was empty).
-    At(Option<MessageId>),
+    /// A turn of engine turn `turn` (its own, or a steering message's that took the chat on)
+    /// ended at `head` (`None`: the conversation was empty).
+    At { turn: TurnId, head: Option<MessageId> },
     /// A turn a fork copied from its source's chat: it ended in the source.
     Copied,
 }

@@ -524,7 +524,15 @@ fn a_steering_message_is_pending_until_the_turn_takes_it() {
     assert!(p.chat().steering_message.is_none());
     h.run_llm(reply("blue then"));
     let p = project(&h);
-    assert_eq!(p.chat().turns.len(), 1, "the steering message joined the turn");
+    // The steering message stays in the transcript: the turn it joined goes on as the chat's
+    // next turn, which it starts.
+    let turns: Vec<(&str, &str)> =
+        p.chat().turns.iter().map(|t| (t.id.as_str(), t.message.text.as_str())).collect();
+    let first = p.chat().turns[0].id.clone();
+    assert_eq!(turns, [(first.as_str(), "pick a color"), ("st1", "make it blue")]);
+    assert_eq!(p.chat().turns[0].state, TurnState::Complete);
+    assert_eq!(part_kinds(&p.chat().turns[1].response_parts), ["markdown:blue then"]);
+    assert_eq!(h.session.turn(&"st1".into()).map(|t| t.id.as_str()), Some(first.as_str()), "one engine turn");
 }
 
 #[test]

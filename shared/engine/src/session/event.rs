@@ -273,6 +273,25 @@ pub enum Event {
 
 impl Event {
     /// The event's name, e.g. `call.settled`, as golden traces and the log show it.
+    /// When it happened, for the events that say (logs written before some of them recorded
+    /// it leave it out).
+    pub fn at(&self) -> Option<Timestamp> {
+        match self {
+            Event::SessionCreated { at, .. }
+            | Event::TurnActivated { at, .. }
+            | Event::TurnEnded { at, .. } => Some(*at),
+            Event::TurnStarted { turn } => Some(turn.started_at.unwrap_or(turn.submitted_at)),
+            Event::DecisionDispatched { at, .. }
+            | Event::DecisionRetryScheduled { at, .. }
+            | Event::DecisionResolved { at, .. }
+            | Event::DecisionFailed { at, .. }
+            | Event::CallDispatched { at, .. }
+            | Event::CallRetryScheduled { at, .. }
+            | Event::CallSettled { at, .. } => *at,
+            _ => None,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Event::SessionCreated { .. } => "session.created",

@@ -65,9 +65,8 @@ fn fork_history<'a>(
         };
         let Some(origin) = session.init().and_then(|i| i.fork.clone()) else { return Ok(Vec::new()) };
         let source = project_log(app, &origin.session_id).await?;
-        let turns = &source.chat().turns;
-        let through = turns.iter().position(|t| t.id == origin.turn_id.as_str()).map_or(0, |i| i + 1);
-        Ok(turns[..through].to_vec())
+        let (turns, through) = (&source.chat().turns, source.turns_through(&origin.turn_id));
+        Ok(turns[..through.min(turns.len())].to_vec())
     })
 }
 

@@ -47,7 +47,10 @@ pub(crate) async fn dispatch(
         match action {
             StateAction::ChatTurnStarted(a) => start_turn(host, caller, client_id, &session, a).await,
             StateAction::ChatTurnCancelled(a) => {
-                if session.active_turn_id().map(|t| t.as_str()) != Some(a.turn_id.as_str()) {
+                // The chat's running turn may be a steering message's, which names the
+                // engine's turn it joined.
+                let named = session.turn(&a.turn_id.as_str().into()).map(|t| &t.id);
+                if named.is_none() || named != session.active_turn_id() {
                     return Err(format!("turn {} is not the active turn", a.turn_id));
                 }
                 let cancel = Command::Cancel { reason: "cancelled by the client".to_owned() };
