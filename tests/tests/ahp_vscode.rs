@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
-use ahp_types::actions::ActionEnvelope;
-use ahp_types::state::{ChatState, SnapshotState};
+use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::state::{ChatInteractivity, ChatState, SnapshotState};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
@@ -41,6 +41,14 @@ name = "deploy"
 handler = "client"
 approval = "always"
 input = { type = "object", properties = { target = { type = "string" } } }
+
+[[agent.demo.sub_agents]]
+id = "helper"
+description = "Helps."
+
+[agent.helper]
+model = "scripted"
+llm = "s"
 "#;
 
 /// How VS Code offers itself (§2): every version its registry supports but 0.8.0.
@@ -819,4 +827,76 @@ async fn vs_code_edits_a_request_by_truncating_the_chat() {
     completed_as(&host, None, session, "e4").await;
     vscode.settle(&host, None, &chat, session).await;
     assert_eq!(user_texts(host.messages(session).await), ["A fresh start"]);
+}
+
+/// A sub-agent's chat is a chat of its parent's session (§11): added to the session's catalog
+/// as it is spawned (`session/chatAdded`, spawned by the tool call, read-only), its status
+/// kept there (`session/chatUpdated`), never a session of the root's list, and a person's
+/// message to it refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sub_agents_chat_is_a_read_only_chat_of_its_parents_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let session = "d-77c0";
+    let session_uri = format!("demo:/{session}");
+    let chat = vscode.create_session(&session_uri).await;
+    vscode.turn(&chat, "d1", "/agent helper Say hi").await;
+    completed_as(&host, None, session, "d1").await;
+    vscode.settle(&host, None, &chat, session).await;
+
+    let added = |v: &VsCode| {
+        v.envelopes.iter().find_map(|e| match &e.action {
+            StateAction::SessionChatAdded(a) if e.channel == session_uri => Some(a.summary.clone()),
+            _ => None,
+        })
+    };
+    vscode.until("the sub-agent's chat in the catalog", |v| added(v).is_some()).await;
+    let child = added(&vscode).unwrap();
+    let child_id = child.resource.strip_prefix("ahp-chat:/").unwrap().to_owned();
+    assert_eq!(child.interactivity, Some(ChatInteractivity::ReadOnly));
+    let spawned_by = serde_json::to_value(&child.origin).unwrap();
+    assert_eq!(
+        (spawned_by["kind"].as_str(), spawned_by["chat"].as_str()),
+        (Some("tool"), Some(chat.as_str()))
+    );
+    let updated = |v: &VsCode, chat: &str| {
+        v.envelopes.iter().any(|e| {
+            matches!(&e.action, StateAction::SessionChatUpdated(a) if a.chat == chat && e.channel == session_uri)
+        })
+    };
+    vscode.until("the parent chat's status in the catalog", |v| updated(v, &chat)).await;
+    vscode.until("the sub-agent chat's status in the catalog", |v| updated(v, &child.resource)).await;
+
+    // The session's snapshot lists it; the root's list does not.
+    let snapshot = vscode.request("subscribe", json!({"channel": session_uri})).await.unwrap();
+    let chats: Vec<&str> = snapshot["snapshot"]["state"]["chats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["resource"].as_str().unwrap())
+        .collect();
+    assert_eq!(chats, [chat.as_str(), child.resource.as_str()]);
+    let listed = vscode.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
+    let listed: Vec<&str> =
+        listed["items"].as_array().unwrap().iter().map(|s| s["resource"].as_str().unwrap()).collect();
+    assert_eq!(listed, [session_uri.as_str()], "the sub-agent {child_id} is not a session of the list");
+
+    // Watched, not written to.
+    vscode.subscribe(&child.resource).await;
+    let seq = vscode
+        .dispatch(
+            &child.resource,
+            json!({"type": "chat/turnStarted", "turnId": "x1", "startedAt": "2026-12-04T10:00:00.000Z",
+                   "message": {"text": "Hi helper", "origin": {"kind": "user"}}}),
+        )
+        .await;
+    let refused = vscode.echoed("the refusal", seq).await;
+    let reason = refused.rejection_reason.unwrap_or_default();
+    assert!(reason.contains("is a sub-agent's chat, read-only"), "{reason}");
+    vscode.settle(&host, None, &child.resource, &child_id).await;
+    let turns = &vscode.chats[&child.resource].turns;
+    assert_eq!(turns.len(), 1, "the delegation's turn only: {turns:#?}");
+    assert_eq!(turns[0].message.text, "Say hi");
 }

@@ -8,9 +8,9 @@ use ahp_types::actions::{
     ChatTurnCompleteAction, ChatTurnStartedAction, ChatUsageAction,
 };
 use ahp_types::state::{
-    ChatOrigin, ChatState, ErrorInfo, ErrorResponsePart, MarkdownResponsePart, Message as AhpMessage,
-    PendingMessageKind, ResponsePart, SessionStatus, ToolCallCancellationReason, ToolCallClientContributor,
-    ToolCallConfirmationReason, ToolCallContributor,
+    ChatInteractivity, ChatOrigin, ChatState, ErrorInfo, ErrorResponsePart, MarkdownResponsePart,
+    Message as AhpMessage, PendingMessageKind, ResponsePart, SessionStatus, ToolCallCancellationReason,
+    ToolCallClientContributor, ToolCallConfirmationReason, ToolCallContributor,
 };
 use turnstone_engine::ids::{CallId, InterruptId, MessageId, SessionId, TurnId};
 use turnstone_engine::protocol::{ErrorCode, Message, Role, ToolHandler};
@@ -49,6 +49,9 @@ pub struct ChatProjection {
     /// The session's forks, in the order they were made: each a session continuing this one's
     /// conversation through a turn, a chat of this AHP session.
     forks: Vec<(SessionId, TurnId)>,
+    /// The sub-agents its tool calls delegated to, in the order they were called: each a
+    /// session of its own, a read-only chat of this AHP session.
+    children: Vec<SessionId>,
     /// The actions of the event (or delta) being projected.
     emitted: Vec<StateAction>,
     /// What is being projected, for errors.
@@ -103,6 +106,7 @@ impl ChatProjection {
             queued: Vec::new(),
             steering: Vec::new(),
             forks: Vec::new(),
+            children: Vec::new(),
             emitted: Vec::new(),
             projecting: "",
             last_at: Timestamp(0),
@@ -154,6 +158,11 @@ impl ChatProjection {
                 TurnEnd::Copied => shown == turn_id.as_str(),
             })
             .map_or(0, |i| i + 1)
+    }
+
+    /// The sub-agent sessions its calls delegated to so far, in order.
+    pub fn children(&self) -> &[SessionId] {
+        &self.children
     }
 
     /// The chat as the actions so far reduce it.
@@ -288,6 +297,10 @@ impl ChatProjection {
             chat: chat_uri(&fork.session_id),
             turn_id: fork.turn_id.to_string(),
         });
+        // A sub-agent's chat is its parent agent's to drive: people watch it.
+        if spawned.is_some() {
+            self.chat.interactivity = Some(ChatInteractivity::ReadOnly);
+        }
         self.chat.origin = spawned.or(forked);
     }
 
@@ -651,6 +664,11 @@ impl ChatProjection {
 
     /// A tool or sub-agent call of the open turn runs.
     fn call_created(&mut self, call: &CallRecord) -> Result<(), ProjectionError> {
+        if let CallSpec::SubAgent { session_id, .. } = &call.spec
+            && !self.children.contains(session_id)
+        {
+            self.children.push(session_id.clone());
+        }
         let Some(name) = tool_call::name(&call.spec).map(str::to_owned) else { return Ok(()) };
         let Some(turn_id) = self.open(call.turn_id.as_ref())? else { return Ok(()) };
         let arguments = match &call.spec {

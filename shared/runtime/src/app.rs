@@ -138,8 +138,20 @@ pub struct SessionChanged {
     pub title: Option<String>,
     /// The forks of it the commit made (new chats of its catalog).
     pub forks: Vec<SessionId>,
+    /// The session whose catalog lists this one as a chat: a sub-agent's parent, a fork's
+    /// source (AHP shows such a session there, not at the root).
+    pub chat_of: Option<SessionId>,
+    /// The commit created it: a sub-agent's chat is new in its parent's catalog.
+    pub created: bool,
     /// When the commit was made.
     pub at: Timestamp,
+}
+
+/// The session whose catalog lists `session` as a chat: a sub-agent's parent, a fork's source.
+pub fn chat_of(session: &Session) -> Option<SessionId> {
+    let init = session.init()?;
+    let parent = init.parent.as_ref().map(|p| p.session_id.clone());
+    parent.or_else(|| init.fork.as_ref().map(|f| f.session_id.clone()))
 }
 
 /// Session creations buffered per listener before a slow one skips some.
@@ -627,7 +639,11 @@ impl App {
                 _ => None,
             })
             .collect();
-        if (shows || titled || !forks.is_empty()) && !created && self.changed.receiver_count() > 0 {
+        // A sub-agent's creation is news in its parent's catalog; a fork's is told by its
+        // source's commit (`session.forked`).
+        let spawned = created && session.init().is_some_and(|i| i.parent.is_some());
+        let changed = (shows || titled || !forks.is_empty()) && !created;
+        if (changed || spawned) && self.changed.receiver_count() > 0 {
             let _ = self.changed.send(SessionChanged {
                 session_id: session.id().clone(),
                 agent_id: session.agent_id().to_owned(),
@@ -635,6 +651,8 @@ impl App {
                 status: crate::api::SessionStatus::of(session),
                 title: session.title().map(str::to_owned),
                 forks,
+                chat_of: chat_of(session),
+                created,
                 at: self.clock.now(),
             });
         }

@@ -11,12 +11,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ahp_types::actions::{
-    ActionEnvelope, ActionOrigin, SessionChatAddedAction, SessionTitleChangedAction, StateAction,
-};
+use ahp_types::actions::ActionEnvelope;
 use ahp_types::common::Uri;
 use ahp_types::errors::ahp_error_codes;
-use ahp_types::state::ChatSummary;
 use async_trait::async_trait;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
@@ -24,7 +21,6 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use turnstone_engine::ids::SessionId;
 
-use super::active_clients::SessionNews;
 use super::channels::{Control, Live, follow};
 use super::methods::{self, Refused, Subscribed, Transport};
 use super::rpc::{self, RpcError};
@@ -32,7 +28,7 @@ use super::sequence::{Ledger, Sequence};
 use super::sessions::{self, UriStyle, not_found};
 use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, expired, time_left};
 use crate::app::{Removed, SessionChanged};
-use crate::auth::{Access, Authenticator, Caller};
+use crate::auth::{Authenticator, Caller};
 
 /// Frames queued for the client before the channels wait for it (back-pressure, not loss).
 const OUT_BUFFER: usize = 1024;
@@ -297,7 +293,7 @@ impl Transport for Connection {
                 Subscribed::Session(id) => {
                     // Listening before the task runs: nothing dispatched next is missed.
                     let news = (self.host.active_clients.news(), self.host.app.sessions_changed());
-                    let task = session_news(
+                    let task = super::session_news::follow(
                         Arc::clone(&self.host),
                         self.caller.clone(),
                         news,
@@ -427,68 +423,3 @@ async fn root_news(
 
 /// Sessions whose last told status and title a root subscription remembers.
 const SHOWN_SESSIONS: usize = 4096;
-
-/// A session channel's actions: its active clients' comings and goings
-/// ([`super::active_clients`]), its title as commits set it (`session/titleChanged`), and the
-/// forks of its chat that `caller` may read (`session/chatAdded`), those of session `id`, sent
-/// on `channel` as the client spelled it, each with the origin of whoever dispatched it.
-async fn session_news(
-    host: Arc<AhpHost>,
-    caller: Caller,
-    (mut news, mut changed): (broadcast::Receiver<SessionNews>, broadcast::Receiver<SessionChanged>),
-    id: SessionId,
-    channel: Uri,
-    out: mpsc::Sender<Outgoing>,
-) {
-    let mut title: Option<String> = None;
-    loop {
-        let actions: Vec<(StateAction, Option<ActionOrigin>)> = tokio::select! {
-            news = news.recv() => match news {
-                Ok(news) if news.session_id == id => vec![(news.action, news.origin)],
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(broadcast::error::RecvError::Closed) => return,
-            },
-            change = changed.recv() => match change {
-                Ok(change) if change.session_id == id => {
-                    let mut actions = Vec::new();
-                    if change.title.is_some() && change.title != title {
-                        title.clone_from(&change.title);
-                        let action = StateAction::SessionTitleChanged(SessionTitleChangedAction {
-                            title: change.title.unwrap_or_default(),
-                        });
-                        let origin = host.origins.of(&id, &action);
-                        actions.push((action, origin));
-                    }
-                    for fork in &change.forks {
-                        if let Some(summary) = fork_summary(&host, &caller, fork).await {
-                            actions.push((StateAction::SessionChatAdded(SessionChatAddedAction { summary }), None));
-                        }
-                    }
-                    actions
-                }
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(broadcast::error::RecvError::Closed) => return,
-            },
-        };
-        for (action, origin) in actions {
-            // Numbered as it goes out; a session channel has no position in a log (0).
-            let envelope = ActionEnvelope {
-                channel: channel.clone(),
-                action,
-                server_seq: 0,
-                origin,
-                rejection_reason: None,
-            };
-            if out.send(Outgoing::Action(Box::new(envelope))).await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
-/// The catalog entry of fork `fork`, if `caller` may read it.
-async fn fork_summary(host: &AhpHost, caller: &Caller, fork: &SessionId) -> Option<ChatSummary> {
-    let session = host.app.session(fork).await.ok().filter(|s| caller.may(Access::Read, s))?;
-    let projection = super::channels::project_log(&host.app, session.id()).await.ok()?;
-    Some(sessions::chat_summary(projection.chat()))
-}

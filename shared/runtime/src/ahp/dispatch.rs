@@ -43,6 +43,17 @@ pub(crate) async fn dispatch(
         .await
         .map_err(|_| format!("no chat {channel}"))?;
     let action = &params.action;
+    let writes_message = matches!(
+        action,
+        StateAction::ChatTurnStarted(_)
+            | StateAction::ChatPendingMessageSet(_)
+            | StateAction::ChatTruncated(_)
+    );
+    if writes_message && session.init().is_some_and(|i| i.parent.is_some()) {
+        return Err(format!(
+            "{channel} is a sub-agent's chat, read-only: the agent that delegated to it writes its messages"
+        ));
+    }
     let run = async {
         match action {
             StateAction::ChatTurnStarted(a) => start_turn(host, caller, client_id, &session, a).await,

@@ -89,6 +89,7 @@ pub mod registry;
 mod root_config;
 mod rpc;
 mod sequence;
+mod session_news;
 mod sessions;
 mod stored;
 pub(crate) mod turns;

@@ -28,7 +28,7 @@ use super::AhpHost;
 use super::channels::project_log;
 use super::rpc::{self, RpcError};
 use crate::api::Placement;
-use crate::app::{Removed, SessionChanged};
+use crate::app::{Removed, SessionChanged, chat_of};
 use crate::auth::{Access, Caller, Listing};
 use crate::error::Error;
 use crate::store::SessionFilter;
@@ -171,29 +171,43 @@ pub(crate) async fn list(
         },
     )?;
     // The listing has neither status nor title: each session's come from its head, read
-    // concurrently (a host's cache usually has it).
+    // concurrently (a host's cache usually has it). A sub-agent's or a fork's session is a
+    // chat of another's catalog, not a session of the root's (a page may come out short).
     let heads = futures_util::future::join_all(page.items.iter().map(|l| head(host, &l.session_id))).await;
     let items = page
         .items
         .iter()
         .zip(heads)
-        .map(|(listing, (status, title))| {
+        .filter(|(_, head)| !head.chat_of_another)
+        .map(|(listing, head)| {
             let id = SessionId::from(listing.session_id.as_str());
             let times = (listing.created_at.to_rfc3339(), listing.updated_at.to_rfc3339());
-            summary(&id, &listing.agent_id, style, status, title, times)
+            summary(&id, &listing.agent_id, style, head.status, head.title, times)
         })
         .collect();
     Ok(ListSessionsResult { next_cursor: page.next_cursor, items })
 }
 
-/// Session `id`'s AHP status and its title, from its head; idle and untitled when it cannot
-/// be read.
-async fn head(host: &AhpHost, id: &str) -> (u32, Option<String>) {
+/// What a listed session's head says of it.
+struct Head {
+    status: u32,
+    title: Option<String>,
+    /// A chat of another session's catalog (a sub-agent's, a fork's).
+    chat_of_another: bool,
+}
+
+/// Session `id`'s AHP status and title, from its head; idle and untitled when it cannot be
+/// read.
+async fn head(host: &AhpHost, id: &str) -> Head {
     match host.app.session(id).await {
-        Ok(session) => (status(crate::api::SessionStatus::of(&session)), session.title().map(str::to_owned)),
+        Ok(session) => Head {
+            status: status(crate::api::SessionStatus::of(&session)),
+            title: session.title().map(str::to_owned),
+            chat_of_another: chat_of(&session).is_some(),
+        },
         Err(e) => {
             tracing::warn!(session_id = id, error = %e, "a listed session could not be read; shown idle");
-            (SessionStatus::Idle.bits(), None)
+            Head { status: SessionStatus::Idle.bits(), title: None, chat_of_another: false }
         }
     }
 }
@@ -406,7 +420,7 @@ pub(crate) fn summary_changed(
     changed: &SessionChanged,
     shown: &mut Option<(u32, Option<String>)>,
 ) -> Option<String> {
-    if !caller.listing().shows(changed.owner.as_deref()) {
+    if !caller.listing().shows(changed.owner.as_deref()) || changed.chat_of.is_some() {
         return None;
     }
     let now = (status(changed.status), changed.title.clone());
@@ -438,12 +452,14 @@ pub(crate) async fn snapshot(
     let id = session.id().clone();
     let projection = project_log(&host.app, &id).await.map_err(internal)?;
     let chat = projection.chat();
-    // The default chat, then the forks, oldest first (those the caller may still read).
+    // The default chat, then the forks, then the sub-agents' chats, oldest first (those the
+    // caller may read; a sub-agent's session exists once its delegation was sent).
     let mut chats = vec![chat_summary(chat)];
-    for (fork, _) in projection.forks() {
-        if reachable(host, caller, fork, Access::Read, "").await.is_ok() {
-            let forked = project_log(&host.app, fork).await.map_err(internal)?;
-            chats.push(chat_summary(forked.chat()));
+    let forks = projection.forks().iter().map(|(fork, _)| fork);
+    for other in forks.chain(projection.children()) {
+        if reachable(host, caller, other, Access::Read, "").await.is_ok() {
+            let projected = project_log(&host.app, other).await.map_err(internal)?;
+            chats.push(chat_summary(projected.chat()));
         }
     }
     let state = SessionState {
@@ -480,7 +496,7 @@ pub(crate) fn chat_summary(chat: &ChatState) -> ChatSummary {
         changes: None,
         origin: chat.origin.clone(),
         movable: None,
-        interactivity: None,
+        interactivity: chat.interactivity,
         working_directories: None,
     }
 }
@@ -493,6 +509,9 @@ pub(crate) async fn added(
     id: &SessionId,
 ) -> Option<String> {
     let session = host.app.session(id).await.ok().filter(|s| caller.may(Access::Read, s))?;
+    if chat_of(&session).is_some() {
+        return None;
+    }
     Some(added_frame(&session, style))
 }
 

@@ -1,0 +1,125 @@
+//! A session channel's news, as its subscribers hear it: its active clients' comings and
+//! goings ([`super::active_clients`]), its title as commits set it (`session/titleChanged`),
+//! and its catalog of chats: a fork or a sub-agent's chat added (`session/chatAdded`), and a
+//! chat's status changed (`session/chatUpdated`, the default chat's included, so the catalog
+//! says what each chat says).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ahp_types::actions::{
+    ActionEnvelope, ActionOrigin, PartialChatSummary, SessionChatAddedAction, SessionChatUpdatedAction,
+    SessionTitleChangedAction, StateAction,
+};
+use ahp_types::common::Uri;
+use ahp_types::state::ChatSummary;
+use tokio::sync::{broadcast, mpsc};
+use turnstone_ahp::chat_uri;
+use turnstone_engine::ids::SessionId;
+
+use super::AhpHost;
+use super::active_clients::SessionNews;
+use super::connection::Outgoing;
+use super::sessions;
+use crate::app::SessionChanged;
+use crate::auth::{Access, Caller};
+
+/// Chats whose last told status a subscription remembers (bounded: one told nothing of a
+/// chat it forgot is told its status again).
+const SHOWN_CHATS: usize = 1024;
+
+/// Sends session `id`'s news to `caller` on `channel` (spelled as the client subscribed), each
+/// action with the origin of whoever dispatched it, until the connection goes.
+pub(crate) async fn follow(
+    host: Arc<AhpHost>,
+    caller: Caller,
+    (mut news, mut changed): (broadcast::Receiver<SessionNews>, broadcast::Receiver<SessionChanged>),
+    id: SessionId,
+    channel: Uri,
+    out: mpsc::Sender<Outgoing>,
+) {
+    let mut title: Option<String> = None;
+    let mut statuses: HashMap<SessionId, u32> = HashMap::new();
+    loop {
+        let actions: Vec<(StateAction, Option<ActionOrigin>)> = tokio::select! {
+            news = news.recv() => match news {
+                Ok(news) if news.session_id == id => vec![(news.action, news.origin)],
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+            change = changed.recv() => match change {
+                Ok(change) if change.session_id == id || change.chat_of.as_ref() == Some(&id) => {
+                    if statuses.len() >= SHOWN_CHATS && !statuses.contains_key(&change.session_id) {
+                        statuses.clear();
+                    }
+                    catalog_news(&host, &caller, &id, &change, &mut title, &mut statuses).await
+                }
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return,
+            },
+        };
+        for (action, origin) in actions {
+            // Numbered as it goes out; a session channel has no position in a log (0).
+            let envelope = ActionEnvelope {
+                channel: channel.clone(),
+                action,
+                server_seq: 0,
+                origin,
+                rejection_reason: None,
+            };
+            if out.send(Outgoing::Action(Box::new(envelope))).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// What a commit of session `id`, or of a chat of its catalog, changed on its channel:
+/// `title` and `statuses` are what the subscriber was last told (then updated).
+async fn catalog_news(
+    host: &AhpHost,
+    caller: &Caller,
+    id: &SessionId,
+    change: &SessionChanged,
+    title: &mut Option<String>,
+    statuses: &mut HashMap<SessionId, u32>,
+) -> Vec<(StateAction, Option<ActionOrigin>)> {
+    let mut actions = Vec::new();
+    if change.session_id == *id && change.title.is_some() && change.title != *title {
+        title.clone_from(&change.title);
+        let action = StateAction::SessionTitleChanged(SessionTitleChangedAction {
+            title: change.title.clone().unwrap_or_default(),
+        });
+        let origin = host.origins.of(id, &action);
+        actions.push((action, origin));
+    }
+    // A new chat: a fork the commit recorded, or the sub-agent the commit created.
+    let added = if change.created { vec![change.session_id.clone()] } else { change.forks.clone() };
+    for chat in &added {
+        if let Some(summary) = chat_summary(host, caller, chat).await {
+            statuses.insert(chat.clone(), summary.status);
+            actions.push((StateAction::SessionChatAdded(SessionChatAddedAction { summary }), None));
+        }
+    }
+    if change.created {
+        return actions;
+    }
+    let status = sessions::status(change.status);
+    if statuses.insert(change.session_id.clone(), status) != Some(status) {
+        let changes = PartialChatSummary {
+            status: Some(status),
+            modified_at: Some(change.at.to_rfc3339()),
+            ..PartialChatSummary::default()
+        };
+        let chat = chat_uri(&change.session_id);
+        actions.push((StateAction::SessionChatUpdated(SessionChatUpdatedAction { chat, changes }), None));
+    }
+    actions
+}
+
+/// The catalog entry of session `chat`'s chat, if `caller` may read it.
+pub(crate) async fn chat_summary(host: &AhpHost, caller: &Caller, chat: &SessionId) -> Option<ChatSummary> {
+    let session = host.app.session(chat).await.ok().filter(|s| caller.may(Access::Read, s))?;
+    let projection = super::channels::project_log(&host.app, session.id()).await.ok()?;
+    Some(sessions::chat_summary(projection.chat()))
+}
