@@ -1,5 +1,7 @@
 //! [`ChatProjection`]: one session's events as the actions of its AHP chat.
 
+use std::collections::BTreeSet;
+
 use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
 use ahp_types::StateAction;
 use ahp_types::actions::{
@@ -10,7 +12,7 @@ use ahp_types::actions::{
 use ahp_types::state::{
     ChatInteractivity, ChatOrigin, ChatState, ErrorInfo, ErrorResponsePart, MarkdownResponsePart,
     Message as AhpMessage, PendingMessageKind, ResponsePart, SessionStatus, ToolCallCancellationReason,
-    ToolCallClientContributor, ToolCallConfirmationReason, ToolCallContributor,
+    ToolCallClientContributor, ToolCallConfirmationReason, ToolCallContributor, ToolCallState,
 };
 use turnstone_engine::ids::{CallId, InterruptId, MessageId, SessionId, TurnId};
 use turnstone_engine::protocol::{ErrorCode, Message, Role, ToolHandler};
@@ -248,6 +250,7 @@ impl ChatProjection {
                 self.call_settled(call_id, *attempt, outcome)
             }
             Event::CallVoided { call_id, reason } => self.cancel_call(call_id, reason),
+            Event::CallRetryScheduled { call_id, attempt, .. } => self.withdraw(call_id, *attempt),
             Event::InterruptOpened { interrupt } => self.interrupt_opened(interrupt),
             Event::InterruptResumed { interrupt_id, payload } => {
                 self.interrupt_resumed(interrupt_id, payload.as_ref())
@@ -272,7 +275,6 @@ impl ChatProjection {
             | Event::AgentWritten { .. }
             | Event::StateRestored { .. }
             | Event::AgentRestored { .. }
-            | Event::CallRetryScheduled { .. }
             | Event::CallRequeued { .. }
             | Event::CallReported { .. }
             | Event::InterruptClosed { .. }
@@ -427,10 +429,79 @@ impl ChatProjection {
         let turn_id = kept.map(|i| self.ends[i].0.clone());
         self.ends.truncate(kept.map_or(0, |i| i + 1));
         self.emit(StateAction::ChatTruncated(ChatTruncatedAction { turn_id }))?;
-        let Some(turn) = self.turn.as_mut().filter(|t| t.announced) else { return Ok(()) };
+        if self.turn.as_ref().is_some_and(|t| t.announced) {
+            self.reopen()?;
+        }
+        Ok(())
+    }
+
+    /// Shows the open turn again, without parts, after a truncation dropped it from the chat.
+    fn reopen(&mut self) -> Result<(), ProjectionError> {
+        let Some(turn) = self.turn.as_mut() else { return Ok(()) };
         let message = turn.message.take();
+        // Its pending message left the chat when it first started.
+        turn.queued_message_id = None;
         turn.forget_parts();
         self.announce(message)
+    }
+
+    /// A model call's attempt failed after it streamed: what it showed live is in no log, so
+    /// a replayed chat never had it. The open turn is shown again without it (`chat/truncated`
+    /// back to the completed turns, `chat/turnStarted`), then with its other parts and usage
+    /// as they stand.
+    fn withdraw(&mut self, call_id: &CallId, attempt: u32) -> Result<(), ProjectionError> {
+        let (text, reasoning) = (parts::text_id(call_id, attempt), parts::reasoning_id(call_id, attempt));
+        let Some(turn) = self.turn.as_ref().filter(|t| t.announced) else { return Ok(()) };
+        let from = (call_id.clone(), attempt);
+        let tools: BTreeSet<String> = turn
+            .streamed_tools
+            .iter()
+            .filter(|(id, by)| {
+                **by == from && matches!(turn.tools.get(*id), Some(ToolPart::Streaming { .. }))
+            })
+            .map(|(id, _)| id.to_string())
+            .collect();
+        if !turn.texts.contains_key(&text) && !turn.reasonings.contains_key(&reasoning) && tools.is_empty() {
+            return Ok(());
+        }
+        let Some(active) = self.chat.active_turn.clone() else { return Ok(()) };
+        let withdrawn = |part: &ResponsePart| match part {
+            ResponsePart::Markdown(m) => m.id == text,
+            ResponsePart::Reasoning(r) => r.id == reasoning,
+            ResponsePart::ToolCall(call) => {
+                matches!(&call.tool_call, ToolCallState::Streaming(s) if tools.contains(&s.tool_call_id))
+            }
+            _ => false,
+        };
+        let kept: Vec<ResponsePart> =
+            active.response_parts.iter().filter(|p| !withdrawn(p)).cloned().collect();
+        // What the open turn tracks of its parts stays, but for the withdrawn ones.
+        let mut tracked = self.turn.take();
+        if let Some(turn) = tracked.as_mut() {
+            turn.texts.remove(&text);
+            turn.reasonings.remove(&reasoning);
+            turn.tools.retain(|id, _| !tools.contains(id.as_str()));
+            turn.streamed_tools.retain(|id, _| !tools.contains(id.as_str()));
+        }
+        let completed = self.chat.turns.last().map(|t| t.id.clone());
+        self.emit(StateAction::ChatTruncated(ChatTruncatedAction { turn_id: completed }))?;
+        let Some(mut turn) = tracked else { return Ok(()) };
+        turn.announced = false;
+        turn.queued_message_id = None;
+        let (shown, message) = (turn.shown.clone(), turn.message.take());
+        self.turn = Some(turn);
+        self.announce(message)?;
+        for part in kept {
+            self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
+                turn_id: shown.clone(),
+                part,
+                meta: None,
+            }))?;
+        }
+        if let Some(usage) = active.usage {
+            self.emit(StateAction::ChatUsage(ChatUsageAction { turn_id: shown, usage, meta: None }))?;
+        }
+        Ok(())
     }
 
     /// Sends `chat/turnStarted` for the open turn unless it went out; `message` is what started
@@ -749,7 +820,11 @@ impl ChatProjection {
         attempt: u32,
         outcome: &CallOutcome,
     ) -> Result<(), ProjectionError> {
-        let Ok(CallValue::Llm(response)) = outcome else { return Ok(()) };
+        let response = match outcome {
+            Ok(CallValue::Llm(response)) => response,
+            Err(_) => return self.withdraw(&call.id, attempt),
+            Ok(_) => return Ok(()),
+        };
         let Some(turn_id) = self.open(call.turn_id.as_ref())? else { return Ok(()) };
         let Some(turn) = self.open_turn() else { return Ok(()) };
         turn.usage.add(response.usage.as_ref(), response.cost.as_deref());
@@ -897,7 +972,6 @@ pub fn shows_in_chat(event: &Event) -> bool {
             | Event::AgentWritten { .. }
             | Event::StateRestored { .. }
             | Event::AgentRestored { .. }
-            | Event::CallRetryScheduled { .. }
             | Event::CallRequeued { .. }
             | Event::CallReported { .. }
             | Event::InterruptClosed { .. }

@@ -49,7 +49,10 @@ impl ChatProjection {
             let part = self.open_turn().and_then(|t| t.tools.get(&fragment.id).cloned());
             match part {
                 None => {
-                    self.start_tool(&turn_id, &fragment.id, fragment.name.as_deref().unwrap_or_default())?
+                    self.start_tool(&turn_id, &fragment.id, fragment.name.as_deref().unwrap_or_default())?;
+                    if let Some(turn) = self.open_turn() {
+                        turn.streamed_tools.insert(fragment.id.clone(), (call_id.clone(), attempt));
+                    }
                 }
                 Some(ToolPart::Streaming { .. }) => {}
                 // The call already runs (its durable events overtook the stream).

@@ -54,6 +54,9 @@ pub(crate) struct OpenTurn {
     pub reply: Option<(CallId, u32)>,
     /// Interrupts shown as open input requests.
     pub inputs: BTreeSet<InterruptId>,
+    /// Tool call parts a model call's stream started, with that call and attempt: withdrawn
+    /// if the attempt fails.
+    pub streamed_tools: BTreeMap<CallId, (CallId, u32)>,
 }
 
 impl OpenTurn {
@@ -74,6 +77,7 @@ impl OpenTurn {
             reasonings: BTreeMap::new(),
             reply: None,
             inputs: BTreeSet::new(),
+            streamed_tools: BTreeMap::new(),
         }
     }
 
@@ -86,6 +90,7 @@ impl OpenTurn {
         self.texts.clear();
         self.reasonings.clear();
         self.inputs.clear();
+        self.streamed_tools.clear();
     }
 }
 

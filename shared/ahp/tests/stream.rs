@@ -154,3 +154,44 @@ fn a_delta_of_a_call_that_is_not_running_shows_nothing() {
     let active = live.chat().active_turn.as_ref().unwrap();
     assert_eq!(part_kinds(&active.response_parts)[0], "markdown:Done");
 }
+
+#[test]
+fn a_failed_attempts_streamed_parts_are_withdrawn_live_as_a_replay_never_had_them() {
+    let (mut h, mut live, call_id, attempt) = streaming("d7");
+    live.delta(call_id.as_str(), &text("It is gre"));
+    live.delta(call_id.as_str(), &arguments("c1", Some("pick"), r#"{"co"#));
+    // The attempt fails and another follows: its parts leave the live chat.
+    let timeout = CallError::deadline_exceeded(attempt);
+    h.exec(Command::LlmCallFinished { call_id: call_id.clone(), attempt, outcome: Err(timeout) });
+    let withdrawn = live.catch_up(&h.log);
+    assert_eq!(
+        types(&withdrawn)[..2],
+        ["chat/truncated", "chat/turnStarted"],
+        "the open turn is shown again without them: {:?}",
+        types(&withdrawn)
+    );
+    live.check_actions();
+    assert_eq!(live.chat(), project(&h).chat(), "live equals replayed after the failure");
+    assert!(live.chat().active_turn.as_ref().unwrap().response_parts.is_empty());
+
+    // The next attempt streams and finishes: the chat is what a replay makes.
+    h.advance(60_000);
+    h.exec(Command::Tick);
+    let (call_id, attempt) = h.claim_llm();
+    live.catch_up(&h.log);
+    live.delta(call_id.as_str(), &text("It is blue"));
+    h.exec(Command::LlmCallFinished { call_id, attempt, outcome: Ok(final_reply("It is blue", "{}")) });
+    live.catch_up(&h.log);
+    live.check_actions();
+    assert_eq!(live.chat(), project(&h).chat());
+
+    // A terminal failure after streaming: withdrawn, then the turn's error.
+    let (mut h, mut live, call_id, attempt) = streaming("d8");
+    live.delta(call_id.as_str(), &text("Half an ans"));
+    let failed = CallError::terminal("the provider refused the request");
+    h.exec(Command::LlmCallFinished { call_id, attempt, outcome: Err(failed) });
+    live.catch_up(&h.log);
+    live.check_actions();
+    assert_eq!(live.chat(), project(&h).chat());
+    assert_eq!(last_turn(live.chat()).state, TurnState::Error);
+}
