@@ -858,3 +858,50 @@ async fn queued_messages_are_reordered_and_withdrawn_over_ahp() {
     client.shutdown().await;
     host.stop().await;
 }
+
+/// A turn that failed on the model's error says it is resumable, and `chat/turnResume` takes
+/// it up again: the same chat turn, active again, goes on from the conversation as it stood
+/// (the user's message sent to the model once) and completes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_turn_is_resumed_over_ahp() {
+    let openai = FakeOpenAi::start().await;
+    let (host, _dir) = host(&config(&openai, "")).await;
+    let client = initialized(&host, None, "client-r").await;
+    let _: Value = client
+        .request("createSession", json!({"channel": "ahp-session:/s-r", "provider": "chat"}))
+        .await
+        .unwrap();
+    let mut chat = Mirror::subscribe(&client, "s-r").await;
+    openai.push(Reply::error(400, "the request could not be served"));
+    client.dispatch(chat.channel(), turn_started("r-1", "Hello")).await.unwrap();
+    wait_status(&host, "s-r", "r-1", TurnStatus::Failed).await;
+    chat.settle(&host).await;
+    let failed = chat.chat.turns.last().unwrap();
+    let Some(ahp_types::state::ResponsePart::Error(error)) = failed.response_parts.last() else {
+        panic!("{failed:?}")
+    };
+    assert_eq!(error.resumable, Some(true), "{error:?}");
+
+    openai.push(Reply::text("Hello again."));
+    let resume =
+        StateAction::ChatTurnResume(ahp_types::actions::ChatTurnResumeAction { turn_id: "r-1".into() });
+    client.dispatch(chat.channel(), resume).await.unwrap();
+    let echo = chat.until(|e| kind(e) == "chat/turnResume").await;
+    assert_eq!(echo.origin.map(|o| o.client_id), Some("client-r".to_owned()));
+    wait_status(&host, "s-r", "r-1.resume1", TurnStatus::Completed).await;
+    chat.settle(&host).await;
+    let turns: Vec<(&str, _)> = chat.chat.turns.iter().map(|t| (t.id.as_str(), t.state)).collect();
+    assert_eq!(turns, [("r-1", ahp_types::state::TurnState::Complete)]);
+    let asked = openai.requests()[1].body["messages"].clone();
+    let hellos = asked.as_array().unwrap().iter().filter(|m| m["content"] == "Hello").count();
+    assert_eq!(hellos, 1, "{asked}");
+
+    // Only the latest failed turn resumes.
+    let again =
+        StateAction::ChatTurnResume(ahp_types::actions::ChatTurnResumeAction { turn_id: "r-1".into() });
+    client.dispatch(chat.channel(), again).await.unwrap();
+    let refused = chat.until(|e| e.rejection_reason.is_some()).await;
+    assert!(refused.rejection_reason.unwrap().contains("is not the chat's latest turn failed resumably"));
+    client.shutdown().await;
+    host.stop().await;
+}

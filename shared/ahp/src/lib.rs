@@ -25,4 +25,5 @@ pub use ahp_types::StateAction;
 pub use ahp_types::state::ChatState;
 pub use error::ProjectionError;
 pub use projection::{ChatProjection, chat_from_log, shows_in_chat};
+pub use turn::Resumption;
 pub use uri::{chat_uri, session_uri};

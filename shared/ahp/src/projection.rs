@@ -7,7 +7,7 @@ use ahp_types::StateAction;
 use ahp_types::actions::{
     ChatErrorAction, ChatPendingMessageRemovedAction, ChatPendingMessageSetAction,
     ChatQueuedMessagesReorderedAction, ChatResponsePartAction, ChatTruncatedAction, ChatTurnCancelledAction,
-    ChatTurnCompleteAction, ChatTurnStartedAction, ChatUsageAction,
+    ChatTurnCompleteAction, ChatTurnResumeAction, ChatTurnStartedAction, ChatUsageAction,
 };
 use ahp_types::state::{
     ChatInteractivity, ChatOrigin, ChatState, ErrorInfo, ErrorResponsePart, MarkdownResponsePart,
@@ -23,7 +23,7 @@ use turnstone_engine::session::{
 use turnstone_engine::time::Timestamp;
 
 use crate::error::ProjectionError;
-use crate::turn::{OpenTurn, ToolPart, TurnEnd};
+use crate::turn::{OpenTurn, Resumable, Resumption, ToolPart, TurnEnd};
 use crate::uri::chat_uri;
 use crate::{input, message, parts, tool_call, usage};
 
@@ -60,6 +60,8 @@ pub struct ChatProjection {
     pub(crate) projecting: &'static str,
     /// When the latest event that says happened: when a steering message took the chat on.
     last_at: Timestamp,
+    /// The chat's latest turn, when it failed resumably.
+    resumable: Option<Resumable>,
 }
 
 /// The chat that session `session_id`'s `events` (its log, in order) make.
@@ -112,6 +114,7 @@ impl ChatProjection {
             emitted: Vec::new(),
             projecting: "",
             last_at: Timestamp(0),
+            resumable: None,
         }
     }
 
@@ -215,11 +218,7 @@ impl ChatProjection {
                 self.created(init, *at);
                 Ok(())
             }
-            Event::TurnStarted { turn } => {
-                let started_at = turn.started_at.unwrap_or(turn.submitted_at);
-                self.turn = Some(OpenTurn::new(turn.id.clone(), started_at, turn.origin));
-                Ok(())
-            }
+            Event::TurnStarted { turn } => self.started(turn),
             Event::TurnQueued { turn } => self.queue(turn),
             Event::TurnActivated { turn_id, at } => self.activate(turn_id, *at),
             Event::TurnSteered { turn_id, into } => {
@@ -306,6 +305,42 @@ impl ChatProjection {
         self.chat.origin = spawned.or(forked);
     }
 
+    /// A turn starts; its message shows with its trigger or its recorded message. A turn
+    /// that resumes the chat's failed latest turn (`<turn>.resume<n>`) takes it up again
+    /// (`chat/turnResume`): that turn is active again, its parts kept, and shows what follows.
+    fn started(&mut self, turn: &TurnRecord) -> Result<(), ProjectionError> {
+        let started_at = turn.started_at.unwrap_or(turn.submitted_at);
+        let mut open = OpenTurn::new(turn.id.clone(), started_at, turn.origin);
+        let resumed =
+            self.resumable.take().filter(|r| resume_turn_id(&r.shown, r.resumes) == turn.id.as_str());
+        if let Some(resumed) = resumed {
+            self.emit(StateAction::ChatTurnResume(ChatTurnResumeAction { turn_id: resumed.shown.clone() }))?;
+            self.ends.pop();
+            let reopened = self.chat.active_turn.as_ref();
+            open.started_at =
+                reopened.and_then(|t| Timestamp::parse_rfc3339(&t.started_at)).unwrap_or(started_at);
+            open.shown = resumed.shown;
+            open.message = Some(resumed.message);
+            open.recorded = resumed.recorded;
+            open.announced = true;
+            open.resumes = resumed.resumes + 1;
+        }
+        self.turn = Some(open);
+        Ok(())
+    }
+
+    /// How the chat's turn `turn_id` is resumed, if it can be: it must be the latest, failed
+    /// where a new turn can take it up again.
+    pub fn resumption(&self, turn_id: &str) -> Result<Resumption, String> {
+        match &self.resumable {
+            Some(r) if r.shown == turn_id => Ok(Resumption {
+                turn_id: resume_turn_id(&r.shown, r.resumes),
+                message: (!r.recorded).then(|| r.message.text.clone()),
+            }),
+            _ => Err(format!("turn {turn_id} is not the chat's latest turn failed resumably")),
+        }
+    }
+
     fn queue(&mut self, turn: &TurnRecord) -> Result<(), ProjectionError> {
         let message = message::from_input(turn.input.as_ref(), turn.origin);
         let kind = if turn.steering { PendingMessageKind::Steering } else { PendingMessageKind::Queued };
@@ -382,6 +417,7 @@ impl ChatProjection {
     /// leaves the pending list by `chat/pendingMessageRemoved`, then `chat/turnStarted` names it
     /// (`queuedMessageId`; a client whose reducer reads only one of them still drops it).
     fn activate(&mut self, turn_id: &TurnId, at: Timestamp) -> Result<(), ProjectionError> {
+        self.resumable = None;
         let record = self.session.turn(turn_id);
         let origin = record.map(|t| t.origin).unwrap_or_default();
         let message = message::from_input(record.and_then(|t| t.input.as_ref()), origin);
@@ -427,6 +463,9 @@ impl ChatProjection {
             return Ok(());
         }
         let turn_id = kept.map(|i| self.ends[i].0.clone());
+        if !keeps_all {
+            self.resumable = None;
+        }
         self.ends.truncate(kept.map_or(0, |i| i + 1));
         self.emit(StateAction::ChatTruncated(ChatTruncatedAction { turn_id }))?;
         if self.turn.as_ref().is_some_and(|t| t.announced) {
@@ -557,7 +596,8 @@ impl ChatProjection {
             // The user's message starts the turn (an engine-hosted step records it without
             // queueing its trigger). Later user messages of the same turn are not shown.
             Role::User => {
-                let Some(turn) = &self.turn else { return Ok(()) };
+                let Some(turn) = self.turn.as_mut() else { return Ok(()) };
+                turn.recorded = true;
                 let text = message::text(message.content_text(), turn.origin);
                 self.announce(Some(text))
             }
@@ -936,10 +976,28 @@ impl ChatProjection {
             // `turn.ended` only ever ends a turn; a queued or active status here would be a
             // broken log, shown as the failure it is.
             TurnStatus::Failed | TurnStatus::Queued | TurnStatus::Active => {
+                // What failed may go better another time (a provider's error, a worker that was
+                // down); a spent budget or the model's refusal would only fail again.
+                let resumable = status == TurnStatus::Failed
+                    && !matches!(code, Some(ErrorCode::BudgetExceeded | ErrorCode::Refused));
+                if resumable {
+                    self.resumable = Some(Resumable {
+                        shown: id.clone(),
+                        message: turn
+                            .message
+                            .clone()
+                            .unwrap_or_else(|| message::text(String::new(), turn.origin)),
+                        recorded: turn.recorded,
+                        resumes: turn.resumes,
+                    });
+                }
                 StateAction::ChatError(ChatErrorAction {
                     turn_id: id,
                     duration,
-                    part: ErrorResponsePart { error: error_info(error, code), resumable: None },
+                    part: ErrorResponsePart {
+                        error: error_info(error, code),
+                        resumable: resumable.then_some(true),
+                    },
                     meta: None,
                 })
             }
@@ -979,6 +1037,11 @@ pub fn shows_in_chat(event: &Event) -> bool {
             | Event::OutboxDelivered { .. }
             | Event::OutboxWithdrawn { .. }
     )
+}
+
+/// The engine turn that resumes chat turn `shown` after `resumes` earlier resumes of it.
+fn resume_turn_id(shown: &str, resumes: u32) -> String {
+    format!("{shown}.resume{}", resumes + 1)
 }
 
 /// A failed turn's error: its code (`budget_exceeded`, ...) is the type.

@@ -54,6 +54,10 @@ pub(crate) struct OpenTurn {
     pub reply: Option<(CallId, u32)>,
     /// Interrupts shown as open input requests.
     pub inputs: BTreeSet<InterruptId>,
+    /// Its user message is in the conversation (a resume need not send it again).
+    pub recorded: bool,
+    /// How many times the chat's turn it shows was resumed before.
+    pub resumes: u32,
     /// Tool call parts a model call's stream started, with that call and attempt: withdrawn
     /// if the attempt fails.
     pub streamed_tools: BTreeMap<CallId, (CallId, u32)>,
@@ -78,6 +82,8 @@ impl OpenTurn {
             reply: None,
             inputs: BTreeSet::new(),
             streamed_tools: BTreeMap::new(),
+            recorded: false,
+            resumes: 0,
         }
     }
 
@@ -102,4 +108,26 @@ pub(crate) enum TurnEnd {
     At { turn: TurnId, head: Option<MessageId> },
     /// A turn a fork copied from its source's chat: it ended in the source.
     Copied,
+}
+
+/// The chat's latest turn, failed where a new engine turn can take it up again
+/// (`chat/turnResume`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Resumable {
+    /// The chat's turn.
+    pub shown: String,
+    /// Its message, and whether the conversation holds it.
+    pub message: AhpMessage,
+    pub recorded: bool,
+    /// How many times it was resumed: the next resume's engine turn is `<shown>.resume<n+1>`.
+    pub resumes: u32,
+}
+
+/// How a client's `chat/turnResume` is carried out: a new engine turn `turn_id`, shown as the
+/// resumed chat turn, that continues the conversation (`message` is `None`) or sends the
+/// turn's message again (it never reached the conversation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumption {
+    pub turn_id: String,
+    pub message: Option<String>,
 }

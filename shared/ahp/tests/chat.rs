@@ -742,3 +742,73 @@ fn a_running_turn_a_worker_branches_off_an_earlier_turn_starts_again_after_the_t
     assert_eq!(kinds[truncated + 1], "chat/turnStarted", "the running turn starts again: {kinds:?}");
     assert_eq!(last_turn(p.chat()).state, TurnState::Complete);
 }
+
+#[test]
+fn a_failed_turn_is_resumable_and_a_resume_turn_takes_it_up_again() {
+    let mut h = harness("s-resume", init("demo", Some(AgentConfig::new("m")), false));
+    h.exec(Command::Submit {
+        input: ClientInput::Message(ClientMessageInput {
+            agent_id: "demo".into(),
+            turn_id: Some("r1".into()),
+            message: DraftMessage::user("hi"),
+            stream: None,
+            client: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    let provider_down = CallError {
+        error: "upstream exploded".into(),
+        code: Some(ErrorCode::ProviderError),
+        detail: None,
+        retryable: false,
+    };
+    h.fail_llm(provider_down.clone());
+    let p = project(&h);
+    let Some(ResponsePart::Error(error)) = last_turn(p.chat()).response_parts.last() else { panic!() };
+    assert_eq!(error.resumable, Some(true), "a provider's failure may go better another time");
+    assert!(p.projection.resumption("nope").is_err());
+    let resumption = p.projection.resumption("r1").unwrap();
+    assert_eq!(resumption.turn_id, "r1.resume1");
+    assert_eq!(resumption.message, None, "the message is in the conversation: nothing is sent again");
+
+    // The resume: a turn that continues the conversation, shown as r1 taken up again.
+    let resume = |turn_id: &str| Command::Submit {
+        input: ClientInput::Messages(ClientMessagesInput {
+            agent_id: "demo".into(),
+            turn_id: Some(turn_id.into()),
+            messages: Vec::new(),
+            stream: None,
+            client: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    };
+    h.exec(resume("r1.resume1"));
+    h.fail_llm(provider_down);
+    let p = project(&h);
+    assert_eq!(p.chat().turns.len(), 1, "still one turn, failed again");
+    assert_eq!(p.projection.resumption("r1").unwrap().turn_id, "r1.resume2");
+    h.exec(resume("r1.resume2"));
+    h.run_llm(reply("hello after all"));
+    let p = project(&h);
+    let kinds = types(&p.actions);
+    assert_eq!(kinds.iter().filter(|k| *k == "chat/turnResume").count(), 2, "{kinds:?}");
+    let turn = last_turn(p.chat());
+    assert_eq!((p.chat().turns.len(), turn.id.as_str(), turn.state), (1, "r1", TurnState::Complete));
+    assert_eq!(part_kinds(&turn.response_parts).last().map(String::as_str), Some("markdown:hello after all"));
+    assert_eq!(h.path_texts(), ["User:hi", "Assistant:hello after all"], "the message was sent once");
+
+    // A spent budget would only fail again.
+    let mut budgeted = init("demo", Some(AgentConfig::new("m")), false);
+    budgeted.budget = Budget { max_cost_picodollars: parse_picodollars("0.001"), max_llm_calls: None };
+    let mut h = harness("s-budget", budgeted);
+    h.submit("hi");
+    let mut costly = reply("expensive");
+    costly.cost = Some("0.002".into());
+    h.run_llm(costly);
+    assert_eq!(h.last_turn().code, Some(ErrorCode::BudgetExceeded));
+    let p = project(&h);
+    let Some(ResponsePart::Error(error)) = last_turn(p.chat()).response_parts.last() else { panic!() };
+    assert_eq!(error.resumable, None);
+}

@@ -78,6 +78,9 @@ pub(crate) async fn dispatch(
                 host.app.command_as(&id, caller, Access::Drive, withdraw).await.map(|_| ()).map_err(refusal)
             }
             StateAction::ChatTruncated(a) => truncate(host, caller, &session, a).await,
+            StateAction::ChatTurnResume(a) => {
+                resume_turn(host, caller, client_id, &session, &a.turn_id).await
+            }
             StateAction::ChatQueuedMessagesReordered(a) => {
                 let reorder = Command::Reorder { order: a.order.iter().map(|t| t.as_str().into()).collect() };
                 host.app.command_as(&id, caller, Access::Drive, reorder).await.map(|_| ()).map_err(refusal)
@@ -199,6 +202,38 @@ async fn truncate(
     host.app.command_as(session.id(), caller, Access::Drive, rewind).await.map(drop).map_err(refusal)
 }
 
+/// `chat/turnResume` of the chat's latest turn, failed resumably: a new engine turn
+/// (`<turn>.resume<n>`, shown as the resumed turn) that goes on from the conversation as it
+/// stands (`client.messages` with no message: nothing new, the agent continues), or sends
+/// the turn's message again when it never reached the conversation.
+async fn resume_turn(
+    host: &AhpHost,
+    caller: &Caller,
+    client_id: &str,
+    session: &Session,
+    turn_id: &str,
+) -> Result<(), Refusal> {
+    if let Some(active) = session.active_turn_id() {
+        return Err(format!("turn {active} is running: a failed turn resumes once it ended"));
+    }
+    let chat = project_log(&host.app, session.id()).await.map_err(|e| RpcError::internal(e).message)?;
+    let resumption = chat.resumption(turn_id)?;
+    let input = match &resumption.message {
+        Some(text) => message(host, client_id, session, &resumption.turn_id, text),
+        None => {
+            let input = json!({
+                "type": "client.messages",
+                "agent_id": session.agent_id(),
+                "turn_id": resumption.turn_id,
+                "messages": [],
+                "stream": true,
+            });
+            with_client(host, client_id, session, input)
+        }
+    };
+    submit(host, caller, session.id(), input, Placement::Start).await
+}
+
 /// `chat/pendingMessageSet`: of kind `queued`, a turn queued behind the active one (started
 /// at once when none is); of kind `steering`, a message for the running turn's next safe
 /// point. Either way its id is the pending message's.
@@ -220,13 +255,19 @@ async fn pend(
 /// The `client.message` of a turn client `client_id` starts, with its tools when it is an
 /// active client of the session.
 fn message(host: &AhpHost, client_id: &str, session: &Session, turn_id: &str, text: &str) -> Value {
-    let mut input = json!({
+    let input = json!({
         "type": "client.message",
         "agent_id": session.agent_id(),
         "turn_id": turn_id,
         "message": {"role": "user", "content": text},
         "stream": true,
     });
+    with_client(host, client_id, session, input)
+}
+
+/// A turn's `input` with the tools of client `client_id`, when it is an active client of the
+/// session.
+fn with_client(host: &AhpHost, client_id: &str, session: &Session, mut input: Value) -> Value {
     if let Some(client) = host.active_clients.context(session.id(), client_id) {
         input["client"] = json!(client);
     }

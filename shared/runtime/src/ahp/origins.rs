@@ -73,6 +73,7 @@ fn subject(action: &StateAction) -> Option<String> {
         StateAction::SessionTitleChanged(a) => ("session/titleChanged", a.title.as_str()),
         StateAction::ChatPendingMessageSet(a) => ("chat/pendingMessageSet", a.id.as_str()),
         StateAction::ChatTruncated(a) => ("chat/truncated", a.turn_id.as_deref().unwrap_or_default()),
+        StateAction::ChatTurnResume(a) => ("chat/turnResume", a.turn_id.as_str()),
         _ => return None,
     };
     Some(format!("{kind} {id}"))
