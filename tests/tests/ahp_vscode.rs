@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
 use ahp_types::actions::{ActionEnvelope, StateAction};
-use ahp_types::state::{ChatInteractivity, ChatState, SnapshotState};
+use ahp_types::state::{ChatInteractivity, ChatState, SessionInputRequest, SnapshotState};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
@@ -490,6 +490,16 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
         )
         .await;
     vscode.until_confirmation(&chat).await;
+    // §11: what the chat waits for is the session's too.
+    vscode
+        .until("the confirmation in the session's inputNeeded", |v| {
+            v.envelopes.iter().any(|e| {
+                e.channel == session_uri
+                    && matches!(&e.action, StateAction::SessionInputNeededSet(set)
+                        if matches!(set.request, SessionInputRequest::ToolConfirmation(_)))
+            })
+        })
+        .await;
     let call_id = {
         let parts =
             serde_json::to_value(&vscode.chats[&chat].active_turn.as_ref().unwrap().response_parts).unwrap();
@@ -703,6 +713,23 @@ async fn vs_code_runs_its_own_tools() {
     // HND `_setupToolCallPart`: VS Code runs a call only if it is the contributor.
     assert_eq!(call["contributor"], json!({"kind": "client", "clientId": vscode.client_id}), "{call}");
     let call_id = call["toolCallId"].as_str().unwrap().to_owned();
+    // §11: the session mirrors the call as input it waits for, for VS Code's client to run.
+    let waiting = |v: &VsCode| {
+        v.envelopes.iter().find_map(|e| match &e.action {
+            StateAction::SessionInputNeededSet(set) if e.channel == session_uri => match &set.request {
+                SessionInputRequest::ToolClientExecution(run) => {
+                    Some((run.id.clone(), run.client_id.clone(), run.tool_call.tool_call_id.clone()))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+    };
+    vscode.until("the call in the session's inputNeeded", |v| waiting(v).is_some()).await;
+    let (entry, client, waited) = waiting(&vscode).unwrap();
+    assert_eq!((client.as_str(), waited.as_str()), (vscode.client_id.as_str(), call_id.as_str()));
+    let snapshot = vscode.request("subscribe", json!({"channel": session_uri})).await.unwrap();
+    assert_eq!(snapshot["snapshot"]["state"]["inputNeeded"][0]["id"], json!(entry), "{snapshot}");
     let seq = vscode
         .dispatch(
             &chat,
@@ -723,6 +750,13 @@ async fn vs_code_runs_its_own_tools() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     vscode.settle(&host, None, &chat, session_id).await;
+    vscode
+        .until("the entry resolved", |v| {
+            v.envelopes
+                .iter()
+                .any(|e| matches!(&e.action, StateAction::SessionInputNeededRemoved(r) if r.id == entry))
+        })
+        .await;
     let last = vscode.chats[&chat].turns.last().unwrap();
     assert!(
         serde_json::to_string(&last.response_parts).unwrap().contains("readFile returned: # Turnstone"),

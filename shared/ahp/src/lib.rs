@@ -12,6 +12,7 @@
 
 mod error;
 mod input;
+mod input_needed;
 mod message;
 mod parts;
 mod projection;
@@ -24,6 +25,7 @@ mod usage;
 pub use ahp_types::StateAction;
 pub use ahp_types::state::ChatState;
 pub use error::ProjectionError;
+pub use input_needed::{entry_key, input_needed};
 pub use projection::{ChatProjection, chat_from_log, shows_in_chat};
 pub use turn::Resumption;
 pub use uri::{chat_uri, session_uri};

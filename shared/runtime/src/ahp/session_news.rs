@@ -1,24 +1,26 @@
 //! A session channel's news, as its subscribers hear it: its active clients' comings and
 //! goings ([`super::active_clients`]), its title as commits set it (`session/titleChanged`),
-//! and its catalog of chats: a fork or a sub-agent's chat added (`session/chatAdded`), and a
+//! its catalog of chats: a fork or a sub-agent's chat added (`session/chatAdded`), and a
 //! chat's status changed (`session/chatUpdated`, the default chat's included, so the catalog
-//! says what each chat says).
+//! says what each chat says), and what its chats wait for (`session/inputNeededSet` and
+//! `session/inputNeededRemoved`, each chat followed through its log as a chat channel is).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use ahp_types::actions::{
     ActionEnvelope, ActionOrigin, PartialChatSummary, SessionChatAddedAction, SessionChatUpdatedAction,
-    SessionTitleChangedAction, StateAction,
+    SessionInputNeededRemovedAction, SessionInputNeededSetAction, SessionTitleChangedAction, StateAction,
 };
 use ahp_types::common::Uri;
-use ahp_types::state::ChatSummary;
+use ahp_types::state::{ChatSummary, SessionInputRequest};
 use tokio::sync::{broadcast, mpsc};
 use turnstone_ahp::chat_uri;
 use turnstone_engine::ids::SessionId;
 
 use super::AhpHost;
 use super::active_clients::SessionNews;
+use super::channels::ChatFeed;
 use super::connection::Outgoing;
 use super::sessions;
 use crate::app::SessionChanged;
@@ -40,6 +42,7 @@ pub(crate) async fn follow(
 ) {
     let mut title: Option<String> = None;
     let mut statuses: HashMap<SessionId, u32> = HashMap::new();
+    let mut waits = Waits::follow(&host, &caller, &id).await;
     loop {
         let actions: Vec<(StateAction, Option<ActionOrigin>)> = tokio::select! {
             news = news.recv() => match news {
@@ -52,7 +55,9 @@ pub(crate) async fn follow(
                     if statuses.len() >= SHOWN_CHATS && !statuses.contains_key(&change.session_id) {
                         statuses.clear();
                     }
-                    catalog_news(&host, &caller, &id, &change, &mut title, &mut statuses).await
+                    let mut actions = catalog_news(&host, &caller, &id, &change, &mut title, &mut statuses).await;
+                    actions.extend(waits.changed(&host, &caller, &change.session_id).await);
+                    actions
                 }
                 Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
@@ -122,4 +127,107 @@ pub(crate) async fn chat_summary(host: &AhpHost, caller: &Caller, chat: &Session
     let session = host.app.session(chat).await.ok().filter(|s| caller.may(Access::Read, s))?;
     let projection = super::channels::project_log(&host.app, session.id()).await.ok()?;
     Some(sessions::chat_summary(projection.chat()))
+}
+
+/// What the chats of one session's catalog wait for: each chat followed through its log (a
+/// feed, as a chat channel's), and the `inputNeeded` entries the subscriber was told.
+struct Waits {
+    feeds: HashMap<SessionId, ChatFeed>,
+    told: HashMap<String, SessionInputRequest>,
+}
+
+impl Waits {
+    /// Follows session `id`'s chat and those of its catalog that `caller` may read, from what
+    /// they wait for now (the session's snapshot told it).
+    async fn follow(host: &AhpHost, caller: &Caller, id: &SessionId) -> Waits {
+        let mut waits = Waits { feeds: HashMap::new(), told: HashMap::new() };
+        let Some(own) = waits.feed(host, caller, id).await else { return waits };
+        let catalog: Vec<SessionId> = own
+            .projection
+            .forks()
+            .iter()
+            .map(|(fork, _)| fork.clone())
+            .chain(own.projection.children().iter().cloned())
+            .collect();
+        for chat in catalog {
+            waits.feed(host, caller, &chat).await;
+        }
+        for feed in waits.feeds.values() {
+            for entry in turnstone_ahp::input_needed(feed.projection.chat()) {
+                if let Some(key) = turnstone_ahp::entry_key(&entry) {
+                    waits.told.insert(key.to_owned(), entry);
+                }
+            }
+        }
+        waits
+    }
+
+    /// The feed of chat `chat` caught up with its log, opened if new (if `caller` may read it).
+    async fn feed(&mut self, host: &AhpHost, caller: &Caller, chat: &SessionId) -> Option<&ChatFeed> {
+        if !self.feeds.contains_key(chat) {
+            sessions::reachable(host, caller, chat, Access::Read, "").await.ok()?;
+            let feed = ChatFeed::open(&host.app, chat.clone()).await;
+            match feed {
+                Ok(feed) => self.feeds.insert(chat.clone(), feed),
+                Err(e) => {
+                    tracing::warn!(session_id = %chat, error = %e, "a chat's open requests could not be followed");
+                    return None;
+                }
+            };
+        }
+        let feed = self.feeds.get_mut(chat)?;
+        if let Err(e) = feed.catch_up(&host.app, drop).await {
+            tracing::warn!(session_id = %chat, error = %e, "a chat's open requests could not be followed");
+            self.feeds.remove(chat);
+            return None;
+        }
+        self.feeds.get(chat)
+    }
+
+    /// What chat `chat`'s commit changed in what it waits for: the entries it added or changed,
+    /// then those it resolved.
+    async fn changed(
+        &mut self,
+        host: &AhpHost,
+        caller: &Caller,
+        chat: &SessionId,
+    ) -> Vec<(StateAction, Option<ActionOrigin>)> {
+        let Some(feed) = self.feed(host, caller, chat).await else { return Vec::new() };
+        let now = turnstone_ahp::input_needed(feed.projection.chat());
+        let uri = chat_uri(chat);
+        let mut actions = Vec::new();
+        let mut current = Vec::new();
+        for entry in now {
+            let Some(key) = turnstone_ahp::entry_key(&entry).map(str::to_owned) else { continue };
+            if self.told.get(&key) != Some(&entry) {
+                self.told.insert(key.clone(), entry.clone());
+                let set = SessionInputNeededSetAction { request: entry };
+                actions.push((StateAction::SessionInputNeededSet(Box::new(set)), None));
+            }
+            current.push(key);
+        }
+        let resolved: Vec<String> = self
+            .told
+            .iter()
+            .filter(|(key, entry)| chat_of_entry(entry) == Some(uri.as_str()) && !current.contains(key))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in resolved {
+            self.told.remove(&key);
+            let removed = SessionInputNeededRemovedAction { id: key };
+            actions.push((StateAction::SessionInputNeededRemoved(removed), None));
+        }
+        actions
+    }
+}
+
+/// The chat an `inputNeeded` entry lives in.
+fn chat_of_entry(entry: &SessionInputRequest) -> Option<&str> {
+    match entry {
+        SessionInputRequest::ChatInput(e) => Some(&e.chat),
+        SessionInputRequest::ToolConfirmation(e) => Some(&e.chat),
+        SessionInputRequest::ToolClientExecution(e) => Some(&e.chat),
+        SessionInputRequest::ToolAuthentication(e) => Some(&e.chat),
+        SessionInputRequest::Unknown(_) => None,
+    }
 }

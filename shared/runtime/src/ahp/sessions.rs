@@ -454,12 +454,15 @@ pub(crate) async fn snapshot(
     let chat = projection.chat();
     // The default chat, then the forks, then the sub-agents' chats, oldest first (those the
     // caller may read; a sub-agent's session exists once its delegation was sent).
+    // What any of them waits for is the session's `inputNeeded`.
     let mut chats = vec![chat_summary(chat)];
+    let mut input_needed = turnstone_ahp::input_needed(chat);
     let forks = projection.forks().iter().map(|(fork, _)| fork);
     for other in forks.chain(projection.children()) {
         if reachable(host, caller, other, Access::Read, "").await.is_ok() {
             let projected = project_log(&host.app, other).await.map_err(internal)?;
             chats.push(chat_summary(projected.chat()));
+            input_needed.extend(turnstone_ahp::input_needed(projected.chat()));
         }
     }
     let state = SessionState {
@@ -480,7 +483,7 @@ pub(crate) async fn snapshot(
         config: None,
         customizations: None,
         changesets: None,
-        input_needed: None,
+        input_needed: (!input_needed.is_empty()).then_some(input_needed),
         meta: None,
     };
     Ok(Snapshot { resource: uri.to_owned(), state: SnapshotState::Session(Box::new(state)), from_seq: 0 })
