@@ -12,6 +12,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
@@ -23,7 +25,8 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use turnstone_tests::{ApiClient, TestHost};
+use turnstone_engine::protocol::{Action, DecisionResponse, InterruptAction, Trigger};
+use turnstone_tests::{ApiClient, FakeAnswer, FakeWorker, TestHost};
 
 const PATIENCE: Duration = Duration::from_secs(15);
 
@@ -133,11 +136,13 @@ impl VsCode {
 
     /// [`VsCode::create_session`] with VS Code's `tools` in its active client.
     async fn create_session_with_tools(&mut self, session_uri: &str, tools: Value) -> String {
+        // The provider is the URI's scheme (§6).
+        let provider = session_uri.split_once(":/").map_or("demo", |(scheme, _)| scheme);
         self.request(
             "createSession",
             json!({
                 "channel": session_uri,
-                "provider": "demo",
+                "provider": provider,
                 "workingDirectories": ["file:///home/ana/project"],
                 "activeClient": {"clientId": self.client_id, "tools": tools, "customizations": []},
                 "progressToken": "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9",
@@ -933,4 +938,71 @@ async fn a_sub_agents_chat_is_a_read_only_chat_of_its_parents_session() {
     let turns = &vscode.chats[&child.resource].turns;
     assert_eq!(turns.len(), 1, "the delegation's turn only: {turns:#?}");
     assert_eq!(turns[0].message.text, "Say hi");
+}
+
+/// §8: an input request (a worker's interrupt asking a question) is answered as VS Code
+/// answers one: `chat/inputCompleted` with its answers, echoed with its origin; the worker
+/// is resumed with them, and the session stops waiting.
+#[tokio::test(flavor = "multi_thread")]
+async fn vs_code_answers_an_input_request() {
+    let asked = Arc::new(AtomicBool::new(false));
+    let worker = FakeWorker::start(None, move |request, _| match &request.trigger {
+        Trigger::LlmFinished(_) if !asked.swap(true, Ordering::SeqCst) => FakeAnswer::Respond(DecisionResponse {
+            messages: request.proposed.messages.clone(),
+            actions: Some(vec![Action::Interrupt(InterruptAction {
+                interrupt_id: Some("why".into()),
+                reason: "Before I go on".into(),
+                payload: Some(json!({"questions": [{"kind": "text", "id": "reason", "message": "Why deploy now?"}]})),
+            })]),
+            ..DecisionResponse::default()
+        }),
+        _ => FakeAnswer::Accept,
+    })
+    .await;
+    let config =
+        format!("{CONFIG}\n[agent.ops]\nmodel = \"scripted\"\nllm = \"s\"\nworker = \"{}\"\n", worker.url());
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(&config, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let session = "i-3a1f";
+    let session_uri = format!("ops:/{session}");
+    let chat = vscode.create_session(&session_uri).await;
+    vscode.turn(&chat, "i1", "Deploy").await;
+    vscode
+        .until("the input request", |v| {
+            v.chats[&chat].active_turn.as_ref().is_some_and(|t| {
+                t.response_parts.iter().any(|p| matches!(p, ahp_types::state::ResponsePart::InputRequest(_)))
+            })
+        })
+        .await;
+    vscode
+        .until("the request in the session's inputNeeded", |v| {
+            v.envelopes.iter().any(|e| {
+                matches!(&e.action, StateAction::SessionInputNeededSet(set)
+                    if matches!(set.request, SessionInputRequest::ChatInput(_)))
+            })
+        })
+        .await;
+    let seq = vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/inputCompleted", "requestId": "why", "response": "accept",
+                   "answers": {"reason": {"state": "submitted", "value": {"kind": "text", "value": "The fix is urgent"}}}}),
+        )
+        .await;
+    let echo = vscode.echoed("the answer's echo", seq).await;
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    completed_as(&host, None, session, "i1").await;
+    vscode.settle(&host, None, &chat, session).await;
+    vscode
+        .until("the request resolved in the session", |v| {
+            v.envelopes.iter().any(|e| matches!(&e.action, StateAction::SessionInputNeededRemoved(_)))
+        })
+        .await;
+    let resumed =
+        worker.records().into_iter().find(|r| r.trigger_name() == "interrupt.resumed").expect("a resume");
+    let Trigger::InterruptResumed(t) = &resumed.request.trigger else { unreachable!() };
+    let payload = t.payload.clone().unwrap_or_default();
+    assert_eq!(payload["answers"]["reason"]["value"]["value"], "The fix is urgent", "{payload}");
 }
