@@ -1006,3 +1006,46 @@ async fn vs_code_answers_an_input_request() {
     let payload = t.payload.clone().unwrap_or_default();
     assert_eq!(payload["answers"]["reason"]["value"]["value"], "The fix is urgent", "{payload}");
 }
+
+/// VS Code never removes its own active-client entry (§7): a window gone for
+/// `active_client_grace_secs` leaves the session's active clients (told to its subscribers as
+/// `session/activeClientRemoved`), and one that reconnects within it keeps its place.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_window_gone_for_good_leaves_the_active_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{CONFIG}\n[limits]\nactive_client_grace_secs = 1\n");
+    let host = TestHost::start(&config, dir.path()).await;
+    let mut window = VsCode::connect(&host, None).await.unwrap();
+    window.initialize().await;
+    let (gone, back) = ("demo:/g-1c0d", "demo:/g-2e4f");
+    window.create_session(gone).await;
+    window.create_session(back).await;
+    // Another window: its own client id.
+    let mut observer = VsCode::connect(&host, None).await.unwrap();
+    observer.client_id = "7d2e9c41-3b6a-4f0e-8c15-2a9d4e6f1b33".to_owned();
+    observer.initialize().await;
+    for session in [gone, back] {
+        let snapshot = observer.subscribe(session).await;
+        assert_eq!(snapshot["snapshot"]["state"]["activeClients"][0]["clientId"], json!(window.client_id));
+    }
+
+    // The window drops and comes back at once: it keeps its place.
+    window.hang_up().await;
+    let (mut window, _) = window.reconnect(&host, None).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let snapshot = observer.request("subscribe", json!({"channel": back})).await.unwrap();
+    assert_eq!(snapshot["snapshot"]["state"]["activeClients"][0]["clientId"], json!(window.client_id));
+
+    // Gone for good: it leaves both sessions.
+    let client_id = window.client_id.clone();
+    window.hang_up().await;
+    let removed = |v: &VsCode, session: &str| {
+        v.envelopes.iter().any(|e| {
+            e.channel == session
+                && matches!(&e.action, StateAction::SessionActiveClientRemoved(r) if r.client_id == client_id)
+        })
+    };
+    observer.until("the window's leaving", |v| removed(v, gone) && removed(v, back)).await;
+    let snapshot = observer.request("subscribe", json!({"channel": gone})).await.unwrap();
+    assert_eq!(snapshot["snapshot"]["state"]["activeClients"], json!([]), "{snapshot}");
+}

@@ -11,7 +11,13 @@
 //! Who is active is the live state of connections, not of the session's log: it is memory of
 //! this process ([`Memo`], and clients per session bounded, oldest forgotten first), and its
 //! changes reach the session channel's subscribers on this host, each echoed with the origin of
-//! the client that dispatched it.
+//! the client that dispatched it. VS Code never removes its own entry: a client that has had
+//! no connection for `[limits] active_client_grace_secs` (a reconnect within it keeps its
+//! place) leaves every session it joined, told as `session/activeClientRemoved`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ahp_types::actions::{ActionOrigin, StateAction};
 use ahp_types::state::SessionActiveClient;
@@ -37,16 +43,71 @@ pub(crate) struct SessionNews {
 #[derive(Debug)]
 pub(crate) struct ActiveClients {
     by_session: Memo<SessionId, Vec<SessionActiveClient>>,
+    /// The sessions each client joined, to leave them all once it is gone.
+    joined: Memo<String, Vec<SessionId>>,
+    /// Per client id: its connections open now, and how many it ever opened (a leave planned
+    /// before the latest opened is called off).
+    present: Mutex<HashMap<String, (usize, u64)>>,
     news: broadcast::Sender<SessionNews>,
 }
 
 impl Default for ActiveClients {
     fn default() -> Self {
-        ActiveClients { by_session: Memo::new(), news: broadcast::channel(NEWS).0 }
+        ActiveClients {
+            by_session: Memo::new(),
+            joined: Memo::new(),
+            present: Mutex::new(HashMap::new()),
+            news: broadcast::channel(NEWS).0,
+        }
     }
 }
 
 impl ActiveClients {
+    /// A connection of client `client_id` opened (it introduced itself).
+    pub fn connected(&self, client_id: &str) {
+        let mut present = self.present();
+        let entry = present.entry(client_id.to_owned()).or_default();
+        entry.0 += 1;
+        entry.1 += 1;
+    }
+
+    /// A connection of client `client_id` ended: with none left, the client leaves the
+    /// sessions it joined after `grace`, unless a connection of it opens meanwhile.
+    pub fn disconnected(self: &Arc<Self>, client_id: &str, grace: Duration) {
+        let planned = {
+            let mut present = self.present();
+            let Some(entry) = present.get_mut(client_id) else { return };
+            entry.0 = entry.0.saturating_sub(1);
+            (entry.0 == 0).then_some(entry.1)
+        };
+        let Some(opened) = planned else { return };
+        let (this, client_id) = (Arc::clone(self), client_id.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            this.leave_if_gone(&client_id, opened);
+        });
+    }
+
+    /// Client `client_id` leaves every session it joined, if it has had no connection since
+    /// its `opened`-th.
+    fn leave_if_gone(&self, client_id: &str, opened: u64) {
+        {
+            let mut present = self.present();
+            if present.get(client_id) != Some(&(0, opened)) {
+                return;
+            }
+            present.remove(client_id);
+        }
+        for session in self.joined.remove(client_id).unwrap_or_default() {
+            self.remove(&session, client_id, None);
+        }
+    }
+
+    fn present(&self) -> std::sync::MutexGuard<'_, HashMap<String, (usize, u64)>> {
+        // Counts only: a poisoned map is still a usable one.
+        self.present.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Session `session`'s active clients, in the order they joined.
     pub fn of(&self, session: &SessionId) -> Vec<SessionActiveClient> {
         self.by_session.get(session).unwrap_or_default()
@@ -65,6 +126,13 @@ impl ActiveClients {
             }
             clients
         });
+        self.joined.update(client.client_id.clone(), |known| {
+            let mut sessions = known.cloned().unwrap_or_default();
+            if !sessions.contains(session) {
+                sessions.push(session.clone());
+            }
+            sessions
+        });
         let action = StateAction::SessionActiveClientSet(ahp_types::actions::SessionActiveClientSetAction {
             active_client: client,
         });
@@ -79,6 +147,10 @@ impl ActiveClients {
             clients.retain(|c| c.client_id != client_id);
             clients
         });
+        if let Some(mut sessions) = self.joined.get(client_id) {
+            sessions.retain(|s| s != session);
+            self.joined.insert(client_id.to_owned(), sessions);
+        }
         let action =
             StateAction::SessionActiveClientRemoved(ahp_types::actions::SessionActiveClientRemovedAction {
                 client_id: client_id.to_owned(),

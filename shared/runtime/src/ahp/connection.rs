@@ -206,11 +206,23 @@ struct Connection {
     auth: Option<Arc<Authenticator>>,
 }
 
+impl Connection {
+    /// The connection's client, if it introduced itself, is no longer here through it.
+    fn leave(&self) {
+        if !self.client_id.is_empty() {
+            let grace = self.host.app.limits().active_client_grace_secs;
+            let grace = Duration::from_secs(u64::try_from(grace).unwrap_or(u64::MAX));
+            self.host.active_clients.disconnected(&self.client_id, grace);
+        }
+    }
+}
+
 impl Drop for Connection {
     fn drop(&mut self) {
         for held in self.subscriptions.values() {
             held.stop();
         }
+        self.leave();
     }
 }
 
@@ -233,6 +245,8 @@ impl Transport for Connection {
     }
 
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
+        self.host.active_clients.connected(&client_id);
+        self.leave();
         self.previous = self.host.ledgers.register(&self.caller, &client_id, Arc::clone(&self.ledger));
         // Spelled as the client's connection before this one was (an `initialize` then says).
         if let Some(previous) = &self.previous {

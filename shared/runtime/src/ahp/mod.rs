@@ -144,7 +144,7 @@ pub struct AhpHost {
     /// What each client set with `root/configChanged`.
     root_configs: root_config::RootConfigs,
     /// The clients active in each session, and the session channels' news of them.
-    active_clients: active_clients::ActiveClients,
+    active_clients: Arc<active_clients::ActiveClients>,
     /// The host's `serverSeq`, and what each client's last connection was sent.
     sequence: Arc<sequence::Sequence>,
     ledgers: sequence::Ledgers,
@@ -162,7 +162,7 @@ impl AhpHost {
             sequence,
             origins: origins::Origins::default(),
             root_configs: root_config::RootConfigs::default(),
-            active_clients: active_clients::ActiveClients::default(),
+            active_clients: Arc::default(),
             ledgers: sequence::Ledgers::default(),
             sockets,
         })

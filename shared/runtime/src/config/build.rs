@@ -130,6 +130,7 @@ fn check_limits(limits: &LimitsConfig, problems: &mut Problems<'_>) {
         streams_per_caller,
         sockets_per_caller,
         subscriptions_per_socket,
+        active_client_grace_secs,
     } = *limits;
     for (name, value) in [
         ("messages_per_input", Some(messages_per_input)),
@@ -143,6 +144,7 @@ fn check_limits(limits: &LimitsConfig, problems: &mut Problems<'_>) {
         ("streams_per_caller", Some(streams_per_caller)),
         ("sockets_per_caller", Some(sockets_per_caller)),
         ("subscriptions_per_socket", Some(subscriptions_per_socket)),
+        ("active_client_grace_secs", Some(active_client_grace_secs)),
     ] {
         if value == Some(0) {
             problems.add(path(&["limits", name]), "must be at least 1");

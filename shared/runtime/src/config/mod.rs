@@ -41,6 +41,7 @@
 //! streams_per_caller = 64       # event streams one authenticated caller holds open
 //! sockets_per_caller = 16       # AHP WebSockets one authenticated caller holds open
 //! subscriptions_per_socket = 256  # sessions one AHP WebSocket follows
+//! active_client_grace_secs = 60 # an AHP client gone this long leaves its sessions' active clients
 //!
 //! [auth]                        # optional; absent: no auth (loopback development)
 //! api_keys_env = "TURNSTONE_API_KEYS"           # clients: `name:key,name:key`
@@ -131,6 +132,9 @@ pub struct LimitsConfig {
     pub sockets_per_caller: usize,
     /// Sessions one AHP WebSocket may subscribe to at once.
     pub subscriptions_per_socket: usize,
+    /// Seconds an AHP client may be gone (no connection with its client id) before it leaves
+    /// the active clients of the sessions it joined: long enough for a reconnect.
+    pub active_client_grace_secs: usize,
 }
 
 /// The per-caller caps' defaults: a busy client's browser tabs and editor windows, well
@@ -138,6 +142,9 @@ pub struct LimitsConfig {
 pub const STREAMS_PER_CALLER: usize = 64;
 pub const SOCKETS_PER_CALLER: usize = 16;
 pub const SUBSCRIPTIONS_PER_SOCKET: usize = 256;
+/// VS Code's client retries a lost connection after 1, 2, 4, ... seconds (30 at most): a
+/// minute covers its first six attempts.
+pub const ACTIVE_CLIENT_GRACE_SECS: usize = 60;
 
 impl Default for LimitsConfig {
     fn default() -> Self {
@@ -161,6 +168,7 @@ impl Default for LimitsConfig {
             streams_per_caller: STREAMS_PER_CALLER,
             sockets_per_caller: SOCKETS_PER_CALLER,
             subscriptions_per_socket: SUBSCRIPTIONS_PER_SOCKET,
+            active_client_grace_secs: ACTIVE_CLIENT_GRACE_SECS,
         }
     }
 }
