@@ -628,10 +628,29 @@ async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
     vscode.hang_up().await;
     turn_over_http(&host, a, "a2", "While away, in A").await;
     turn_over_http(&host, b, "b4", "While away, in B").await;
+    // Meanwhile A gets a sub-agent's chat, and another window renames it.
+    turn_over_http(&host, a, "a-sub", "/agent helper Say hi").await;
+    let mut other = VsCode::connect(&host, None).await.unwrap();
+    other.client_id = "3c9b7e10-2f4d-4a8e-9b61-5d0e7f2a4c88".to_owned();
+    other.initialize().await;
+    let session_a = format!("demo:/{a}");
+    other.subscribe(&session_a).await;
+    let seq = other
+        .dispatch(&session_a, json!({"type": "session/titleChanged", "title": "Renamed while away"}))
+        .await;
+    assert!(other.echoed("the rename", seq).await.rejection_reason.is_none());
+    other.hang_up().await;
 
     let (mut vscode, result) = vscode.reconnect(&host, None).await;
     assert_eq!(result["type"], "replay", "{result}");
     assert_eq!(result["missing"], json!([]));
+    // The session channel's news it missed comes with the replay (no log holds it).
+    let on_a: Vec<&Value> =
+        result["actions"].as_array().unwrap().iter().filter(|e| e["channel"] == json!(session_a)).collect();
+    let kinds: Vec<&str> = on_a.iter().map(|e| e["action"]["type"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"session/chatAdded"), "{kinds:?}");
+    let title = on_a.iter().find(|e| e["action"]["type"] == "session/titleChanged").expect("the title");
+    assert_eq!(title["action"]["title"], "Renamed while away");
     for (chat, session, turn) in [(&chat_a, a, "a2"), (&chat_b, b, "b4")] {
         vscode.settle(&host, None, chat, session).await;
         let turns = &vscode.chats[chat.as_str()].turns;

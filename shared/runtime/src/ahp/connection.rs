@@ -186,6 +186,7 @@ impl Outgoing {
             Outgoing::Action(mut envelope) => {
                 let server_seq = sequence.next();
                 ledger.mark(&envelope.channel, server_seq, envelope.server_seq);
+                ledger.sent(&envelope.channel, &envelope.action);
                 envelope.server_seq = server_seq;
                 rpc::notification("action", &*envelope)
             }

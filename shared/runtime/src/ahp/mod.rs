@@ -90,6 +90,7 @@ mod root_config;
 mod rpc;
 mod sequence;
 mod session_news;
+mod session_replay;
 mod sessions;
 mod stored;
 pub(crate) mod turns;

@@ -1,6 +1,8 @@
 //! `reconnect`: a client back on a new connection gets the chat actions it missed, replayed
 //! from the durable log when its `lastSeenServerSeq` names, in every chat it subscribes to, a
-//! point the log alone explains, or fresh snapshots of every subscription otherwise. On the
+//! point the log alone explains (and on each session channel, what turns the session as it
+//! held it into the session now, [`super::session_replay`]), or fresh snapshots of every
+//! subscription otherwise. On the
 //! local host the number is the host's ([`super::sequence`]): the ledger of the client's last
 //! connection turns it into a position per chat. Behind API Gateway it is one chat's position
 //! (the scheme is in [`super`]'s doc), so a replay needs exactly one subscribed chat.
@@ -10,6 +12,7 @@ use std::collections::HashMap;
 use ahp_types::actions::{ActionEnvelope, StateAction};
 use ahp_types::commands::{ReconnectParams, ReconnectReplayResult, ReconnectResult, ReconnectSnapshotResult};
 use ahp_types::common::Uri;
+use ahp_types::state::SnapshotState;
 use turnstone_ahp::chat_uri;
 use turnstone_engine::ids::SessionId;
 use turnstone_engine::session::{CallSpec, Session};
@@ -20,7 +23,8 @@ use super::methods::{Channel, Subscribed, open, resolve};
 use super::position::Position;
 use super::rpc::RpcError;
 use super::sequence::Numbering;
-use super::sessions::internal;
+use super::session_replay;
+use super::sessions::{self, internal};
 use crate::auth::Caller;
 
 /// Events read from the store at a time.
@@ -86,8 +90,10 @@ pub(crate) async fn reconnect(
                 }
             }
         }
-        if !replays.is_empty() || chats(&channels).next().is_none() {
-            return Ok(replayed(host, channels, replays, missing));
+        if (!replays.is_empty() || chats(&channels).next().is_none())
+            && let Some(sessions) = sessions_missed(host, caller, &channels, numbering).await?
+        {
+            return Ok(replayed(host, channels, replays, sessions, missing));
         }
     }
     let mut snapshots = Vec::new();
@@ -108,6 +114,36 @@ fn chats(channels: &[(Uri, Channel)]) -> impl Iterator<Item = (&Uri, &SessionId)
     })
 }
 
+/// What each subscribed session channel missed, as envelopes on it: `None` when the client's
+/// copy of one is not known (a snapshot then starts it afresh). Behind API Gateway, where
+/// nothing is pushed on session channels, none is replayed.
+async fn sessions_missed(
+    host: &AhpHost,
+    caller: &Caller,
+    channels: &[(Uri, Channel)],
+    numbering: &Numbering<'_>,
+) -> Result<Option<Vec<ActionEnvelope>>, RpcError> {
+    let Numbering::Host { ledger, previous, .. } = numbering else { return Ok(Some(Vec::new())) };
+    let mut envelopes = Vec::new();
+    for (uri, channel) in channels {
+        let Channel::Session { session, .. } = channel else { continue };
+        let Some(held) = previous.as_ref().and_then(|previous| previous.held_session(uri)) else {
+            return Ok(None);
+        };
+        let now = sessions::snapshot(host, caller, session, uri).await?;
+        let SnapshotState::Session(now) = now.state else { return Ok(None) };
+        envelopes.extend(session_replay::missed(&held, &now).into_iter().map(|action| ActionEnvelope {
+            channel: uri.clone(),
+            action,
+            server_seq: 0,
+            origin: None,
+            rejection_reason: None,
+        }));
+        ledger.hold_session(uri, *now);
+    }
+    Ok(Some(envelopes))
+}
+
 /// What a chat's replay brings: the feed that goes on from it, and the actions it replays.
 type Replayed = (ChatFeed, Option<Live>, Vec<(u64, StateAction)>);
 
@@ -117,6 +153,7 @@ fn replayed(
     host: &AhpHost,
     channels: Vec<(Uri, Channel)>,
     replays: Vec<(SessionId, Replayed)>,
+    sessions: Vec<ActionEnvelope>,
     missing: Vec<Uri>,
 ) -> (ReconnectResult, Vec<(Uri, Subscribed)>) {
     let mut feeds: HashMap<SessionId, (ChatFeed, Option<Live>)> = HashMap::new();
@@ -132,6 +169,7 @@ fn replayed(
         }));
         feeds.insert(id, (feed, live));
     }
+    actions.extend(sessions);
     let mut subscribed = Vec::new();
     for (uri, channel) in channels {
         let held = match channel {

@@ -20,6 +20,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ahp::reducers::apply_action_to_session;
+use ahp_types::actions::StateAction;
+use ahp_types::state::SessionState;
 use turnstone_engine::time::Timestamp;
 
 use super::sessions::UriStyle;
@@ -69,9 +72,34 @@ impl Sequence {
 pub(crate) struct Ledger {
     channels: Mutex<HashMap<String, VecDeque<(u64, u64)>>>,
     uri_style: Mutex<UriStyle>,
+    /// Each session channel as the client holds it: its snapshot, then every session action
+    /// it was sent ([`super::session_replay`]).
+    sessions: Mutex<HashMap<String, SessionState>>,
 }
 
 impl Ledger {
+    /// Session channel `channel` is held as `state` (a snapshot the client was given).
+    pub fn hold_session(&self, channel: &str, state: SessionState) {
+        self.held().insert(channel.to_owned(), state);
+    }
+
+    /// `action` went out on `channel`: a session channel's held state takes it.
+    pub fn sent(&self, channel: &str, action: &StateAction) {
+        if let Some(state) = self.held().get_mut(channel) {
+            apply_action_to_session(state, action);
+        }
+    }
+
+    /// Session channel `channel` as the client holds it, if this ledger knows.
+    pub fn held_session(&self, channel: &str) -> Option<SessionState> {
+        self.held().get(channel).cloned()
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<String, SessionState>> {
+        // What a client holds is a hint for a replay; a poisoned map still holds usable ones.
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn uri_style(&self) -> UriStyle {
         *self.uri_style.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -138,10 +166,16 @@ impl Numbering<'_> {
     pub fn snapshots(&self, snapshots: &mut [ahp_types::state::Snapshot]) {
         let Numbering::Host { sequence, ledger, .. } = self else { return };
         for snapshot in snapshots {
-            if matches!(snapshot.state, ahp_types::state::SnapshotState::Chat(_)) {
-                let seq = sequence.next();
-                ledger.mark(&snapshot.resource, seq, u64::try_from(snapshot.from_seq).unwrap_or(0));
-                snapshot.from_seq = i64::try_from(seq).unwrap_or(i64::MAX);
+            match &snapshot.state {
+                ahp_types::state::SnapshotState::Chat(_) => {
+                    let seq = sequence.next();
+                    ledger.mark(&snapshot.resource, seq, u64::try_from(snapshot.from_seq).unwrap_or(0));
+                    snapshot.from_seq = i64::try_from(seq).unwrap_or(i64::MAX);
+                }
+                ahp_types::state::SnapshotState::Session(state) => {
+                    ledger.hold_session(&snapshot.resource, (**state).clone());
+                }
+                _ => {}
             }
         }
     }
