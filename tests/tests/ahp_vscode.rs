@@ -673,6 +673,22 @@ async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
         })
         .await;
 
+    // An action still pending when the socket drops (§9): echoed in the replay, or sent again
+    // with its clientSeq after it; either way the turn runs once and nothing stays pending.
+    vscode
+        .dispatch(
+            &chat_a,
+            json!({"type": "chat/turnStarted", "turnId": "a4", "startedAt": "2026-12-04T10:05:00.000Z",
+                   "message": {"text": "Sent as the line dropped", "origin": {"kind": "user"}}}),
+        )
+        .await;
+    vscode.hang_up().await;
+    let (mut vscode, _) = vscode.reconnect(&host, None).await;
+    completed_as(&host, None, a, "a4").await;
+    vscode.settle(&host, None, &chat_a, a).await;
+    vscode.until("the pending turn's echo", |v| v.pending.is_empty()).await;
+    assert_eq!(vscode.chats[&chat_a].turns.iter().filter(|t| t.id == "a4").count(), 1);
+
     // A restarted host does not know what the window saw: snapshots, and numbers that go on
     // past every one it saw before.
     let before = vscode.last_seen_server_seq;
