@@ -193,6 +193,15 @@ fn user(text: &str) -> Message {
     }
 }
 
+/// Session `session` of agent `provider`, created by `client`, and its chat subscribed.
+async fn created(client: &Client, session: &str, provider: &str) -> Mirror {
+    let _: Value = client
+        .request("createSession", json!({"channel": format!("ahp-session:/{session}"), "provider": provider}))
+        .await
+        .unwrap();
+    Mirror::subscribe(client, session).await
+}
+
 fn turn_started(turn_id: &str, text: &str) -> StateAction {
     StateAction::ChatTurnStarted(ChatTurnStartedAction {
         turn_id: turn_id.into(),
@@ -447,11 +456,7 @@ async fn reconnect_replays_the_missed_actions_from_the_log() {
     let openai = FakeOpenAi::start().await;
     let (host, _dir) = host(&config(&openai, "")).await;
     let client = initialized(&host, None, "client-r").await;
-    let _: Value = client
-        .request("createSession", json!({"channel": "ahp-session:/s-r", "provider": "chat"}))
-        .await
-        .unwrap();
-    let mut chat = Mirror::subscribe(&client, "s-r").await;
+    let mut chat = created(&client, "s-r", "chat").await;
     openai.push(Reply::text("First."));
     client.dispatch(chat.channel(), turn_started("r-1", "One")).await.unwrap();
     wait_status(&host, "s-r", "r-1", TurnStatus::Completed).await;
@@ -867,11 +872,7 @@ async fn a_failed_turn_is_resumed_over_ahp() {
     let openai = FakeOpenAi::start().await;
     let (host, _dir) = host(&config(&openai, "")).await;
     let client = initialized(&host, None, "client-r").await;
-    let _: Value = client
-        .request("createSession", json!({"channel": "ahp-session:/s-r", "provider": "chat"}))
-        .await
-        .unwrap();
-    let mut chat = Mirror::subscribe(&client, "s-r").await;
+    let mut chat = created(&client, "s-r", "chat").await;
     openai.push(Reply::error(400, "the request could not be served"));
     client.dispatch(chat.channel(), turn_started("r-1", "Hello")).await.unwrap();
     wait_status(&host, "s-r", "r-1", TurnStatus::Failed).await;

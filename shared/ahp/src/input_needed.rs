@@ -65,13 +65,13 @@ fn entry(chat: &str, turn_id: &str, part: &ResponsePart) -> Option<SessionInputR
     }
 }
 
-/// The id of `entry`.
-pub fn entry_key(entry: &SessionInputRequest) -> Option<&str> {
+/// The id of `entry` and the chat it lives in.
+pub fn entry_key(entry: &SessionInputRequest) -> Option<(&str, &str)> {
     match entry {
-        SessionInputRequest::ChatInput(e) => Some(&e.id),
-        SessionInputRequest::ToolConfirmation(e) => Some(&e.id),
-        SessionInputRequest::ToolClientExecution(e) => Some(&e.id),
-        SessionInputRequest::ToolAuthentication(e) => Some(&e.id),
+        SessionInputRequest::ChatInput(e) => Some((&e.id, &e.chat)),
+        SessionInputRequest::ToolConfirmation(e) => Some((&e.id, &e.chat)),
+        SessionInputRequest::ToolClientExecution(e) => Some((&e.id, &e.chat)),
+        SessionInputRequest::ToolAuthentication(e) => Some((&e.id, &e.chat)),
         SessionInputRequest::Unknown(_) => None,
     }
 }

@@ -595,21 +595,41 @@ fn withdrawn_and_reordered_queued_messages_follow_the_engine() {
     assert_eq!(p.chat().active_turn.as_ref().map(|t| t.id.as_str()), Some("q3"));
 }
 
+/// `client.message` of agent `demo`: `text` as turn `turn_id`.
+fn demo_turn(turn_id: &str, text: &str) -> Command {
+    Command::Submit {
+        input: ClientInput::Message(ClientMessageInput {
+            agent_id: "demo".into(),
+            turn_id: Some(turn_id.into()),
+            message: DraftMessage::user(text),
+            stream: None,
+            client: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    }
+}
+
+/// `client.messages` of agent `demo`: the client's `view` as turn `turn_id`.
+fn demo_view(turn_id: &str, view: Vec<DraftMessage>) -> Command {
+    Command::Submit {
+        input: ClientInput::Messages(ClientMessagesInput {
+            agent_id: "demo".into(),
+            turn_id: Some(turn_id.into()),
+            messages: view,
+            stream: None,
+            client: None,
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    }
+}
+
 /// A session with turns `t1` ("one" / "first") and `t2` ("two" / "second").
 fn two_turns(id: &str) -> Driver {
     let mut h = harness(id, init("demo", Some(AgentConfig::new("m")), false));
     for (turn, user, reply_text) in [("t1", "one", "first"), ("t2", "two", "second")] {
-        h.exec(Command::Submit {
-            input: ClientInput::Message(ClientMessageInput {
-                agent_id: "demo".into(),
-                turn_id: Some(turn.into()),
-                message: DraftMessage::user(user),
-                stream: None,
-                client: None,
-            }),
-            queue: false,
-            origin: TurnOrigin::Client,
-        });
+        h.exec(demo_turn(turn, user));
         h.run_llm(reply(reply_text));
     }
     h
@@ -632,17 +652,7 @@ fn a_rewind_truncates_the_chat_through_the_turn_it_keeps_and_the_edit_continues_
         json!([{"type": "chat/truncated", "turnId": "t1"}])
     );
     assert_eq!(turn_texts(p.chat()), [("t1".to_owned(), "one".to_owned())]);
-    h.exec(Command::Submit {
-        input: ClientInput::Message(ClientMessageInput {
-            agent_id: "demo".into(),
-            turn_id: Some("t3".into()),
-            message: DraftMessage::user("two, edited"),
-            stream: None,
-            client: None,
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    });
+    h.exec(demo_turn("t3", "two, edited"));
     h.run_llm(reply("edited"));
     p.catch_up(&h.log);
     p.check_actions();
@@ -661,17 +671,7 @@ fn an_edit_over_http_truncates_the_chat_to_the_turns_before_the_edited_one() {
     // The client's view: the first turn as recorded, then its second message edited.
     let mut view: Vec<DraftMessage> = path[..2].iter().map(Message::to_draft).collect();
     view.push(DraftMessage::user("two, edited"));
-    h.exec(Command::Submit {
-        input: ClientInput::Messages(ClientMessagesInput {
-            agent_id: "demo".into(),
-            turn_id: Some("t3".into()),
-            messages: view,
-            stream: None,
-            client: None,
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    });
+    h.exec(demo_view("t3", view));
     h.run_llm(reply("edited"));
     let p = project(&h);
     assert_eq!(
@@ -692,17 +692,7 @@ fn an_edit_over_http_truncates_the_chat_to_the_turns_before_the_edited_one() {
     let path: Vec<Message> = h.session.tree().path_to(h.session.tree().head()).into_iter().cloned().collect();
     let mut view: Vec<DraftMessage> = path[..2].iter().map(Message::to_draft).collect();
     view.push(DraftMessage::user("two, edited"));
-    h.exec(Command::Submit {
-        input: ClientInput::Messages(ClientMessagesInput {
-            agent_id: "demo".into(),
-            turn_id: Some("t4".into()),
-            messages: view,
-            stream: None,
-            client: None,
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    });
+    h.exec(demo_view("t4", view));
     h.run_llm(reply("regenerated"));
     let p = project(&h);
     assert_eq!(
@@ -746,17 +736,7 @@ fn a_running_turn_a_worker_branches_off_an_earlier_turn_starts_again_after_the_t
 #[test]
 fn a_failed_turn_is_resumable_and_a_resume_turn_takes_it_up_again() {
     let mut h = harness("s-resume", init("demo", Some(AgentConfig::new("m")), false));
-    h.exec(Command::Submit {
-        input: ClientInput::Message(ClientMessageInput {
-            agent_id: "demo".into(),
-            turn_id: Some("r1".into()),
-            message: DraftMessage::user("hi"),
-            stream: None,
-            client: None,
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    });
+    h.exec(demo_turn("r1", "hi"));
     let provider_down = CallError {
         error: "upstream exploded".into(),
         code: Some(ErrorCode::ProviderError),
@@ -773,17 +753,7 @@ fn a_failed_turn_is_resumable_and_a_resume_turn_takes_it_up_again() {
     assert_eq!(resumption.message, None, "the message is in the conversation: nothing is sent again");
 
     // The resume: a turn that continues the conversation, shown as r1 taken up again.
-    let resume = |turn_id: &str| Command::Submit {
-        input: ClientInput::Messages(ClientMessagesInput {
-            agent_id: "demo".into(),
-            turn_id: Some(turn_id.into()),
-            messages: Vec::new(),
-            stream: None,
-            client: None,
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    };
+    let resume = |turn_id: &str| demo_view(turn_id, Vec::new());
     h.exec(resume("r1.resume1"));
     h.fail_llm(provider_down);
     let p = project(&h);

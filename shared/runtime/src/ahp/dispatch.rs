@@ -10,6 +10,7 @@ use ahp_types::actions::{
 use ahp_types::commands::DispatchActionParams;
 use ahp_types::state::{PendingMessageKind, ToolResultContent};
 use serde_json::{Value, json};
+use turnstone_ahp::ChatProjection;
 use turnstone_engine::ids::{CallId, SessionId};
 use turnstone_engine::protocol::{ClientInput, ToolHandler, parse};
 use turnstone_engine::session::{CallSpec, Command, Session};
@@ -193,13 +194,18 @@ async fn truncate(
     session: &Session,
     action: &ChatTruncatedAction,
 ) -> Result<(), Refusal> {
-    if let Some(turn_id) = session.active_turn_id() {
-        return Err(format!("turn {turn_id} is running: cancel it before truncating the chat"));
-    }
-    let chat = project_log(&host.app, session.id()).await.map_err(|e| RpcError::internal(e).message)?;
+    let chat = idle_chat(host, session, "cancel it before truncating the chat").await?;
     let head = chat.truncation_head(action.turn_id.as_deref())?;
     let rewind = Command::Rewind { head };
     host.app.command_as(session.id(), caller, Access::Drive, rewind).await.map(drop).map_err(refusal)
+}
+
+/// `session`'s chat as its log makes it, when no turn runs (`otherwise` says what to do then).
+async fn idle_chat(host: &AhpHost, session: &Session, otherwise: &str) -> Result<ChatProjection, Refusal> {
+    if let Some(turn_id) = session.active_turn_id() {
+        return Err(format!("turn {turn_id} is running: {otherwise}"));
+    }
+    project_log(&host.app, session.id()).await.map_err(|e| RpcError::internal(e).message)
 }
 
 /// `chat/turnResume` of the chat's latest turn, failed resumably: a new engine turn
@@ -213,10 +219,7 @@ async fn resume_turn(
     session: &Session,
     turn_id: &str,
 ) -> Result<(), Refusal> {
-    if let Some(active) = session.active_turn_id() {
-        return Err(format!("turn {active} is running: a failed turn resumes once it ended"));
-    }
-    let chat = project_log(&host.app, session.id()).await.map_err(|e| RpcError::internal(e).message)?;
+    let chat = idle_chat(host, session, "a failed turn resumes once it ended").await?;
     let resumption = chat.resumption(turn_id)?;
     let input = match &resumption.message {
         Some(text) => message(host, client_id, session, &resumption.turn_id, text),

@@ -154,7 +154,7 @@ impl Waits {
         }
         for feed in waits.feeds.values() {
             for entry in turnstone_ahp::input_needed(feed.projection.chat()) {
-                if let Some(key) = turnstone_ahp::entry_key(&entry) {
+                if let Some((key, _)) = turnstone_ahp::entry_key(&entry) {
                     waits.told.insert(key.to_owned(), entry);
                 }
             }
@@ -198,7 +198,7 @@ impl Waits {
         let mut actions = Vec::new();
         let mut current = Vec::new();
         for entry in now {
-            let Some(key) = turnstone_ahp::entry_key(&entry).map(str::to_owned) else { continue };
+            let Some(key) = turnstone_ahp::entry_key(&entry).map(|(key, _)| key.to_owned()) else { continue };
             if self.told.get(&key) != Some(&entry) {
                 self.told.insert(key.clone(), entry.clone());
                 let set = SessionInputNeededSetAction { request: entry };
@@ -209,7 +209,9 @@ impl Waits {
         let resolved: Vec<String> = self
             .told
             .iter()
-            .filter(|(key, entry)| chat_of_entry(entry) == Some(uri.as_str()) && !current.contains(key))
+            .filter(|(key, entry)| {
+                turnstone_ahp::entry_key(entry).is_some_and(|(_, chat)| chat == uri) && !current.contains(key)
+            })
             .map(|(key, _)| key.clone())
             .collect();
         for key in resolved {
@@ -218,16 +220,5 @@ impl Waits {
             actions.push((StateAction::SessionInputNeededRemoved(removed), None));
         }
         actions
-    }
-}
-
-/// The chat an `inputNeeded` entry lives in.
-fn chat_of_entry(entry: &SessionInputRequest) -> Option<&str> {
-    match entry {
-        SessionInputRequest::ChatInput(e) => Some(&e.chat),
-        SessionInputRequest::ToolConfirmation(e) => Some(&e.chat),
-        SessionInputRequest::ToolClientExecution(e) => Some(&e.chat),
-        SessionInputRequest::ToolAuthentication(e) => Some(&e.chat),
-        SessionInputRequest::Unknown(_) => None,
     }
 }

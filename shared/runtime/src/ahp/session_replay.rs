@@ -59,8 +59,8 @@ pub(crate) fn missed(held: &SessionState, now: &SessionState) -> Vec<StateAction
         }
     }
     for entry in held_waits {
-        let Some(id) = turnstone_ahp::entry_key(entry) else { continue };
-        if !now_waits.iter().any(|e| turnstone_ahp::entry_key(e) == Some(id)) {
+        let Some((id, _)) = turnstone_ahp::entry_key(entry) else { continue };
+        if !now_waits.iter().any(|e| turnstone_ahp::entry_key(e).is_some_and(|(other, _)| other == id)) {
             let removed = SessionInputNeededRemovedAction { id: id.to_owned() };
             actions.push(StateAction::SessionInputNeededRemoved(removed));
         }
