@@ -597,17 +597,7 @@ fn withdrawn_and_reordered_queued_messages_follow_the_engine() {
 
 /// `client.message` of agent `demo`: `text` as turn `turn_id`.
 fn demo_turn(turn_id: &str, text: &str) -> Command {
-    Command::Submit {
-        input: ClientInput::Message(ClientMessageInput {
-            agent_id: "demo".into(),
-            turn_id: Some(turn_id.into()),
-            message: DraftMessage::user(text),
-            stream: None,
-            client: None,
-        }),
-        queue: false,
-        origin: TurnOrigin::Client,
-    }
+    turnstone_engine::testing::turn_message("demo", Some(turn_id), text)
 }
 
 /// `client.messages` of agent `demo`: the client's `view` as turn `turn_id`.

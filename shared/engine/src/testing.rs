@@ -355,10 +355,15 @@ pub fn tool_calls(calls: &[(&str, &str, &str)]) -> LlmResponse {
 
 /// A client's `client.message` for `agent_id`, starting a turn (not queued).
 pub fn message(agent_id: &str, text: &str) -> Command {
+    turn_message(agent_id, None, text)
+}
+
+/// A client's `client.message` for `agent_id`, starting turn `turn_id` (minted when `None`).
+pub fn turn_message(agent_id: &str, turn_id: Option<&str>, text: &str) -> Command {
     Command::Submit {
         input: ClientInput::Message(ClientMessageInput {
             agent_id: agent_id.into(),
-            turn_id: None,
+            turn_id: turn_id.map(Into::into),
             message: DraftMessage::user(text),
             stream: None,
             client: None,

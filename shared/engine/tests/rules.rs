@@ -14,16 +14,7 @@ fn submit(input: ClientInput, queue: bool) -> Command {
 }
 
 fn msg_with_turn(agent_id: &str, text: &str, turn_id: &str) -> Command {
-    submit(
-        ClientInput::Message(ClientMessageInput {
-            agent_id: agent_id.into(),
-            turn_id: Some(turn_id.into()),
-            message: DraftMessage::user(text),
-            stream: None,
-            client: None,
-        }),
-        false,
-    )
+    turn_message(agent_id, Some(turn_id), text)
 }
 
 fn respond(actions: Vec<Action>) -> DecisionResponse {

@@ -11,7 +11,7 @@ use turnstone_engine::protocol::*;
 use turnstone_engine::session::*;
 #[allow(unused_imports)]
 pub use turnstone_engine::testing::{
-    Driver, approval, client_result, init, message, names, reply, steer, tool_calls,
+    Driver, approval, client_result, init, message, names, reply, steer, tool_calls, turn_message,
 };
 use turnstone_engine::time::Timestamp;
 
