@@ -272,6 +272,9 @@ pub(crate) struct Wire {
     pub stream_error: fn(&str, &str) -> String,
     /// The JSON error body of an error status.
     pub error_body: fn(u16, Option<&str>, &str) -> Value,
+    /// Why the real API refuses this request body (answered 400, the reply queue untouched),
+    /// or `None`.
+    pub refuse: fn(&Value) -> Option<String>,
 }
 
 struct Inner {
@@ -401,6 +404,10 @@ async fn handle(
     if method != Method::POST || uri.path() != wire.path {
         let message = format!("{} fake: no route for {method} {}", wire.name, uri.path());
         return json_response(404, &(wire.error_body)(404, None, &message), &[]);
+    }
+    if let Some(reason) = (wire.refuse)(&body) {
+        let request_id = (wire.request_id_header.to_owned(), format!("req_fake_{serial}"));
+        return json_response(400, &(wire.error_body)(400, None, &reason), &[request_id]);
     }
     let reply = {
         let queued = inner.replies.lock().unwrap().pop_front();

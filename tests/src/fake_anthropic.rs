@@ -7,6 +7,11 @@
 //! `content_block_stop`, a `ping` after the first block starts, `message_delta` with the stop
 //! reason and output tokens, and `message_stop`. Error statuses (and the `error` event of
 //! [`Reply::error_after`]) carry `{"type": "error", "error": {type, message}}`.
+//!
+//! With thinking on (`thinking.type` `enabled` or `adaptive`) a reply starts with a `thinking`
+//! block signed by the fake (streamed as `thinking_delta`s, then one `signature_delta`), and
+//! the fake refuses, as Anthropic does, a request that does not send those blocks back: see
+//! [`refuse`] for each rule and where Anthropic states it.
 
 use std::ops::Deref;
 
@@ -29,6 +34,7 @@ impl FakeAnthropic {
             render,
             stream_error,
             error_body,
+            refuse,
         };
         FakeAnthropic { server: FakeServer::start(wire).await }
     }
@@ -61,9 +67,13 @@ fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
     let stop =
         reply.finish.clone().unwrap_or_else(|| if calls.is_empty() { "end_turn" } else { "tool_use" }.into());
     let (prompt, completion) = reply.tokens();
+    let thinking = thinking_on(request).then(|| thought(request));
 
     if request.get("stream") != Some(&Value::Bool(true)) {
         let mut content = Vec::new();
+        if let Some(thinking) = &thinking {
+            content.push(json!({"type": "thinking", "thinking": thinking, "signature": sign(thinking)}));
+        }
         if let Some(text) = text {
             content.push(json!({"type": "text", "text": text}));
         }
@@ -101,6 +111,28 @@ fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
     )];
     let ping = || event("ping", json!({"type": "ping"}));
     let mut index = 0_u64;
+    if let Some(thinking) = &thinking {
+        events.push(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        ));
+        events.push(ping());
+        for word in words(thinking) {
+            events.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index,
+                       "delta": {"type": "thinking_delta", "thinking": word}}),
+            ));
+        }
+        events.push(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index,
+                   "delta": {"type": "signature_delta", "signature": sign(thinking)}}),
+        ));
+        events.push(event("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+        index += 1;
+    }
     if let Some(text) = text {
         events.push(event(
             "content_block_start",
@@ -176,4 +208,72 @@ fn error_body(status: u16, kind: Option<&str>, message: &str) -> Value {
 
 fn stream_error(kind: &str, message: &str) -> String {
     sse(Some("error"), &json!({"type": "error", "error": {"type": kind, "message": message}}).to_string())
+}
+
+/// Whether the request turns thinking on (`thinking: {type: "enabled" | "adaptive"}`).
+fn thinking_on(request: &Value) -> bool {
+    matches!(request.pointer("/thinking/type").and_then(Value::as_str), Some("enabled" | "adaptive"))
+}
+
+/// The fake's thinking about a request: a line naming how many messages it read.
+fn thought(request: &Value) -> String {
+    let read = request.get("messages").and_then(Value::as_array).map_or(0, Vec::len);
+    format!("Reading the {read} messages so far before answering.")
+}
+
+/// The fake's signature of a thinking text (Anthropic's is opaque and verified server-side;
+/// this one only has to change with the text).
+fn sign(thinking: &str) -> String {
+    let hash = thinking
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    format!("fake-sig-{hash:016x}")
+}
+
+/// What Anthropic refuses of a request while thinking is on (the rules of "Thinking with tool
+/// use" and "Preserving thinking blocks",
+/// https://platform.claude.com/docs/build-with-claude/thinking-tool-workflows and
+/// https://docs.claude.com/en/docs/build-with-claude/extended-thinking):
+/// - the final assistant message, the one whose `tool_use` blocks the trailing `tool_result`s
+///   answer, must start with a `thinking` or `redacted_thinking` block ("a final `assistant`
+///   message must start with a thinking block"; the message of the 400 below is Anthropic's);
+/// - a thinking block sent back must be the one the API sent, unmodified: its `signature`
+///   must verify ("pass thinking blocks back complete and unmodified").
+fn refuse(request: &Value) -> Option<String> {
+    if !thinking_on(request) {
+        return None;
+    }
+    let messages = request.get("messages")?.as_array()?;
+    for (i, message) in messages.iter().enumerate() {
+        for (j, block) in message.get("content").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            if block.get("type") == Some(&json!("thinking")) {
+                let text = block.get("thinking").and_then(Value::as_str).unwrap_or_default();
+                if block.get("signature").and_then(Value::as_str) != Some(sign(text).as_str()) {
+                    return Some(format!(
+                        "messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+                    ));
+                }
+            }
+        }
+    }
+    // The tool-use cycle in progress: the last assistant message, answered by tool results.
+    let last = messages.iter().rposition(|m| m.get("role") == Some(&json!("assistant")))?;
+    let content = messages[last].get("content")?.as_array()?;
+    let calls_tools = content.iter().any(|b| b.get("type") == Some(&json!("tool_use")));
+    let answered = messages.get(last + 1).is_some_and(|next| {
+        next.get("content")
+            .and_then(Value::as_array)
+            .is_some_and(|blocks| blocks.iter().any(|b| b.get("type") == Some(&json!("tool_result"))))
+    });
+    let first = content.first().and_then(|b| b.get("type")).and_then(Value::as_str).unwrap_or("text");
+    if calls_tools && answered && !matches!(first, "thinking" | "redacted_thinking") {
+        return Some(format!(
+            "messages.{last}.content.0.type: Expected `thinking` or `redacted_thinking`, but found `{first}`. \
+             When `thinking` is enabled, a final `assistant` message must start with a thinking block (preceeding \
+             the lastmost set of `tool_use` and `tool_result` blocks). We recommend you include thinking blocks \
+             from previous turns. To avoid this requirement, disable `thinking`. Please consult our documentation \
+             at https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+        ));
+    }
+    None
 }

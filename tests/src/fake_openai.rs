@@ -32,6 +32,7 @@ impl FakeOpenAi {
             render,
             stream_error,
             error_body,
+            refuse: |_| None,
         };
         FakeOpenAi { server: FakeServer::start(wire).await }
     }

@@ -13,12 +13,14 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use turnstone_engine::protocol::{
-    Action, DecisionResponse, ErrorCode, InterruptAction, LlmResultAction, ToolInput, Trigger,
+    Action, DecisionResponse, ErrorCode, InterruptAction, LlmResultAction, ReasoningConfig, ToolInput,
+    Trigger,
 };
 use turnstone_engine::session::TurnStatus;
 use turnstone_runtime::api::{LoggedEvent, SessionStatus, Turn};
 use turnstone_tests::{
-    FakeAnswer, FakeOpenAi, FakeToolCall, FakeWorker, FrameExt, Gate, Reply, SseFrame, TestHost, tools_script,
+    FakeAnswer, FakeAnthropic, FakeOpenAi, FakeToolCall, FakeWorker, FrameExt, Gate, Reply, SseFrame,
+    TestHost, tools_script,
 };
 
 /// Long enough for anything a test waits on; tests finish in well under a second each when
@@ -1654,4 +1656,97 @@ async fn an_edit_brings_back_the_state_of_its_branch_from_the_log() {
         events.iter().map(|e| &e.event).filter(|e| e["type"] == "state_restored").collect();
     assert_eq!(restored.len(), 1, "{:?}", event_types(&events));
     host.stop().await;
+}
+
+/// Claude with thinking and tools (issue 27): each reply's signed thinking block is kept with
+/// its message and sent back, unchanged, with the tool results of the turn that called the
+/// tool; the strict fake refuses the request otherwise, as Anthropic does. Three tool steps,
+/// then the answer; streamed and not.
+#[tokio::test(flavor = "multi_thread")]
+async fn claude_with_thinking_runs_a_tool_loop() {
+    for stream in [false, true] {
+        let claude = FakeAnthropic::start().await;
+        for step in 1..=3 {
+            let call = FakeToolCall::new(format!("call_{step}"), "confirm", r#"{"question":"Go on?"}"#);
+            claude.push(Reply::tool_calls([call]));
+        }
+        claude.push(Reply::text("All three confirmed."));
+        // A worker that takes every proposal, its model calls with thinking on.
+        let worker = FakeWorker::start(None, move |request, _| {
+            let mut response = request.proposed.clone();
+            for action in response.actions.iter_mut().flatten() {
+                if let Action::LlmCall(call) = action {
+                    call.reasoning = Some(ReasoningConfig {
+                        effort: None,
+                        max_tokens: Some(1024),
+                        exclude: None,
+                        enabled: Some(true),
+                    });
+                    call.stream = Some(stream);
+                }
+            }
+            FakeAnswer::Respond(response)
+        })
+        .await;
+        let config = format!(
+            r#"{FAST_DEFAULTS}
+[llm.claude]
+type = "anthropic"
+base_url = "{}"
+
+[agent.thinker]
+model = "claude-fake"
+llm = "claude"
+worker = "{}"
+
+[[agent.thinker.tools]]
+name = "confirm"
+description = "Asks the user."
+handler = "client"
+input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} }}
+"#,
+            claude.base_url(),
+            worker.url()
+        );
+        let (host, _dir) = host(&config).await;
+        let session = format!("s-think-{stream}");
+        let turn_id = host.submit_ok(&session, &message("thinker", "Deploy, step by step.")).await;
+        for step in 1..=3 {
+            let call = format!("call_{step}");
+            host.wait_summary(&session, PATIENCE, |s| {
+                s.pending_client_calls.iter().any(|c| c.id.as_str() == call)
+            })
+            .await;
+            let (status, body) =
+                host.submit(&session, &json!({"type": "tool.result", "id": call, "result": "yes"})).await;
+            assert_eq!(status, 202, "{body}");
+        }
+        let turn = host.wait_turn(&session, &turn_id).await;
+        assert_eq!(turn.status, TurnStatus::Completed, "stream {stream}: {turn:?}");
+        // Every request after the first sent each tool-calling reply back led by its signed thinking block.
+        let requests = claude.requests();
+        assert_eq!(requests.len(), 4);
+        for request in &requests[1..] {
+            let replies: Vec<&Value> = request.body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "assistant")
+                .collect();
+            assert!(!replies.is_empty());
+            for reply in replies {
+                assert_eq!(reply["content"][0]["type"], "thinking", "stream {stream}: {reply}");
+                assert!(
+                    reply["content"][0]["signature"].as_str().is_some_and(|s| s.starts_with("fake-sig-"))
+                );
+            }
+        }
+        // Clients see the thinking as the reply's reasoning, not as provider blocks.
+        let chat: Value = host.get_ok(&format!("/v1/sessions/{session}/chat")).await;
+        assert!(chat.to_string().contains("Reading the"), "the reasoning shows");
+        assert!(!chat.to_string().contains("fake-sig-"), "the signature does not");
+        let messages = json!(host.messages(&session).await).to_string();
+        assert!(!messages.contains("fake-sig-") && messages.contains("Deploy, step by step."), "{messages}");
+        host.stop().await;
+    }
 }

@@ -49,6 +49,7 @@ fn request(model: &str) -> LlmRequest {
         tool_calls: Some(vec![ToolCall::function("call_prev", "get_weather", r#"{"city":"Paris"}"#)]),
         tool_call_id: None,
         name: None,
+        provider_blocks: None,
     };
     LlmRequest {
         model: model.into(),

@@ -764,6 +764,10 @@ export interface Message {
    * For a tool message: the tool's name.
    */
   name?: string | null;
+  /**
+   * For an assistant message: what its model's provider needs back with it.
+   */
+  provider_blocks?: ProviderBlocks | null;
   role: Role;
   /**
    * For a tool message: the call it answers.
@@ -805,6 +809,23 @@ export interface AudioData {
    * The audio format, e.g. `wav`.
    */
   format: string;
+}
+/**
+ * Blocks of a model's reply that its provider requires back, unchanged, whenever the reply
+ * is sent to it again (an extension of the protocol): Anthropic's signed `thinking` and
+ * `redacted_thinking` blocks, which must lead the assistant turn that called a tool while
+ * thinking is on. Sent back only to the provider that wrote them (an agent may change
+ * models mid-session); clients see their text only as the reply's reasoning.
+ */
+export interface ProviderBlocks {
+  /**
+   * The blocks, in the order the provider sent them.
+   */
+  blocks: unknown[];
+  /**
+   * The wire format that wrote them: `anthropic`.
+   */
+  provider: string;
 }
 /**
  * A tool call requested by the model, in the OpenAI shape the protocol uses.
@@ -861,6 +882,11 @@ export interface DraftMessage {
    * For a tool message: the tool's name.
    */
   name?: string | null;
+  /**
+   * For an assistant message: what its model's provider needs back with it (an extension
+   * of the protocol, `ProviderBlocks`).
+   */
+  provider_blocks?: ProviderBlocks | null;
   role: Role;
   /**
    * For a tool message: the call it answers.
@@ -972,6 +998,11 @@ export interface LlmResponse {
    */
   images?: UrlRef[] | null;
   model: string;
+  /**
+   * What the provider needs back with this reply when it is sent to it again (an extension
+   * of the protocol): recorded with the assistant message.
+   */
+  provider_blocks?: ProviderBlocks | null;
   /**
    * The model's reasoning, where it shows it (an extension of the protocol): recorded so
    * that a client sees the same reasoning live, as it streams, and afterwards.

@@ -221,6 +221,7 @@ fn message(id: &str, role: Role, content: &str) -> Message {
         tool_calls: None,
         tool_call_id: None,
         name: None,
+        provider_blocks: None,
     }
 }
 

@@ -334,6 +334,7 @@ pub fn reply(text: &str) -> LlmResponse {
         cost: Some("0.001".into()),
         images: None,
         reasoning: None,
+        provider_blocks: None,
     }
 }
 
@@ -350,6 +351,7 @@ pub fn tool_calls(calls: &[(&str, &str, &str)]) -> LlmResponse {
         cost: None,
         images: None,
         reasoning: None,
+        provider_blocks: None,
     }
 }
 

@@ -210,6 +210,7 @@ fn openai_response_text() {
             cost: None,
             images: None,
             reasoning: None,
+            provider_blocks: None,
         }
     );
     assert!(!response.is_truncated() && !response.is_refused());
@@ -430,6 +431,7 @@ fn openai_stream_text_with_usage() {
             cost: None,
             images: None,
             reasoning: None,
+            provider_blocks: None,
         }
     );
 }
@@ -977,6 +979,7 @@ fn anthropic_response_text_and_parallel_tool_use() {
             cost: None,
             images: None,
             reasoning: None,
+            provider_blocks: None,
         }
     );
 }
@@ -1145,6 +1148,7 @@ fn anthropic_stream_text() {
             cost: None,
             images: None,
             reasoning: None,
+            provider_blocks: None,
         }
     );
 }
@@ -1427,4 +1431,76 @@ fn reasoning_of_whole_responses_is_recorded() {
         (response.reasoning.as_deref(), response.content.as_deref()),
         (Some("Six times seven."), Some("42"))
     );
+}
+
+/// Thinking blocks survive the transcript: kept whole (signature and redacted blocks
+/// included) from a `message` and from a stream, and sent back first in the assistant turn to
+/// Anthropic, never to another provider's format.
+#[test]
+fn anthropic_thinking_blocks_are_kept_and_sent_back_unchanged() {
+    let thinking = json!({ "type": "thinking", "thinking": "Check the weather.", "signature": "sig-1" });
+    let redacted = json!({ "type": "redacted_thinking", "data": "opaque" });
+    let body = json!({
+        "model": "claude-sonnet-4-5", "stop_reason": "tool_use",
+        "content": [thinking, redacted, { "type": "tool_use", "id": "toolu_1", "name": "weather", "input": {} }],
+    });
+    let response = anthropic::response(&body).expect("parses");
+    let kept = *response.provider_blocks.clone().expect("the blocks are kept");
+    assert_eq!(
+        (kept.provider.as_str(), kept.blocks.clone()),
+        ("anthropic", vec![thinking.clone(), redacted.clone()])
+    );
+    assert_eq!(response.reasoning.as_deref(), Some("Check the weather."));
+
+    // Streamed: the thinking and its signature delta make the same block.
+    let (_, acc) = feed_anthropic(&[
+        ("message_start", json!({ "message": { "model": "claude-sonnet-4-5", "usage": {} } })),
+        (
+            "content_block_start",
+            json!({ "index": 0, "content_block": { "type": "thinking", "thinking": "", "signature": "" } }),
+        ),
+        (
+            "content_block_delta",
+            json!({ "index": 0, "delta": { "type": "thinking_delta", "thinking": "Check the " } }),
+        ),
+        (
+            "content_block_delta",
+            json!({ "index": 0, "delta": { "type": "thinking_delta", "thinking": "weather." } }),
+        ),
+        (
+            "content_block_delta",
+            json!({ "index": 0, "delta": { "type": "signature_delta", "signature": "sig-1" } }),
+        ),
+        ("content_block_start", json!({ "index": 1, "content_block": redacted.clone() })),
+        (
+            "content_block_start",
+            json!({ "index": 2, "content_block": { "type": "tool_use", "id": "toolu_1", "name": "weather", "input": {} } }),
+        ),
+        ("message_delta", json!({ "delta": { "stop_reason": "tool_use" } })),
+        ("message_stop", json!({})),
+    ]);
+    assert_eq!(acc.finish().expect("complete").provider_blocks.as_deref(), Some(&kept));
+
+    // Sent back first, unchanged, to Anthropic.
+    let mut reply = json!({ "role": "assistant", "tool_calls": [
+        { "id": "toolu_1", "type": "function", "function": { "name": "weather", "arguments": "{}" } }
+    ] });
+    reply["provider_blocks"] = serde_json::to_value(&kept).unwrap();
+    let conversation = json!({ "model": "claude-sonnet-4-5", "messages": [
+        { "role": "user", "content": "Weather?" },
+        reply,
+        { "role": "tool", "tool_call_id": "toolu_1", "content": "sunny" },
+    ] });
+    let sent = anthropic::request(&req(conversation.clone()), false).expect("converts");
+    let content = &sent["messages"][1]["content"];
+    assert_eq!(content[0], thinking);
+    assert_eq!(content[1], redacted);
+    assert_eq!(content[2]["type"], "tool_use");
+    // Another format leaves them out; so does Anthropic for another provider's blocks.
+    let to_openai = openai::request(&req(conversation.clone()), false);
+    assert!(!to_openai.to_string().contains("sig-1"), "{to_openai}");
+    let mut foreign = conversation;
+    foreign["messages"][1]["provider_blocks"]["provider"] = json!("openai-responses");
+    let sent = anthropic::request(&req(foreign), false).expect("converts");
+    assert_eq!(sent["messages"][1]["content"][0]["type"], "tool_use");
 }

@@ -761,7 +761,8 @@ fn actions_minimal_variants() {
                 content: None,
                 tool_calls: None,
                 tool_call_id: None,
-                name: None
+                name: None,
+                provider_blocks: None,
             },
         })
     );
@@ -1110,7 +1111,8 @@ fn messages() {
             content: None,
             tool_calls: None,
             tool_call_id: None,
-            name: None
+            name: None,
+            provider_blocks: None,
         }
     );
 }
@@ -1243,6 +1245,7 @@ fn llm_responses() {
             cost: None,
             images: None,
             reasoning: None,
+            provider_blocks: None,
         }
     );
     let full: LlmResponse = load("llm.json", "LlmResponse", "full");

@@ -297,6 +297,7 @@ mod tests {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            provider_blocks: None,
         }
     }
 

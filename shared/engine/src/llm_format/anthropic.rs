@@ -26,9 +26,13 @@
 //!   of the effort, else [`DEFAULT_THINKING_BUDGET`]. Conflicts with other settings (a
 //!   temperature other than 1, a budget not below `max_tokens`) are left for Anthropic to
 //!   reject. `exclude` has no Anthropic equivalent: callers drop streamed reasoning themselves.
-//!   Thinking blocks are not kept in the neutral transcript, so they cannot be sent back.
+//! - Thinking blocks survive the transcript: a reply's `thinking` blocks (with their
+//!   `signature`) and `redacted_thinking` blocks are kept, as sent, in its
+//!   [`ProviderBlocks`] (provider [`PROVIDER`]), and lead the assistant message's content when
+//!   it is sent back, unchanged (Anthropic requires the signed thinking block of the turn that
+//!   called a tool, while thinking is on). Another format's blocks are left out.
 //! - Responses: `text` blocks are concatenated, `tool_use` blocks become tool calls with
-//!   `input` serialized as the argument string, `thinking` (streamed as reasoning) and other
+//!   `input` serialized as the argument string, `thinking` text is the reasoning, and other
 //!   block kinds are skipped. `stop_reason` maps to the neutral finish reason (see
 //!   [`finish_reason`]); usage passes through, in streams `message_start`'s usage updated by
 //!   `message_delta`'s.
@@ -43,9 +47,12 @@ use super::json::{
     req_u64,
 };
 use crate::protocol::{
-    Content, ContentPart, DraftMessage, Effort, FileData, LlmRequest, LlmResponse, LlmTool, ReasoningConfig,
-    Role, StreamDelta, ToolCall, ToolCallDelta,
+    Content, ContentPart, DraftMessage, Effort, FileData, LlmRequest, LlmResponse, LlmTool, ProviderBlocks,
+    ReasoningConfig, Role, StreamDelta, ToolCall, ToolCallDelta,
 };
+
+/// The [`ProviderBlocks::provider`] of blocks this format wrote.
+pub const PROVIDER: &str = "anthropic";
 
 /// `max_tokens` when the request sets no `max_completion_tokens` (the thinking budget is added on top).
 pub const DEFAULT_MAX_TOKENS: u64 = 4096;
@@ -198,7 +205,11 @@ fn tool_result(m: &DraftMessage, path: &str) -> Result<Value, FormatError> {
 
 fn assistant(m: &DraftMessage, path: &str) -> Result<Value, FormatError> {
     let calls = m.tool_calls.as_deref().unwrap_or_default();
-    if calls.is_empty() {
+    let kept: &[Value] = match &m.provider_blocks {
+        Some(kept) if kept.provider == PROVIDER => &kept.blocks,
+        _ => &[],
+    };
+    if calls.is_empty() && kept.is_empty() {
         match &m.content {
             None => return Ok(json!({ "role": "assistant", "content": "" })),
             Some(Content::Text(text)) => return Ok(json!({ "role": "assistant", "content": text })),
@@ -226,11 +237,10 @@ fn assistant(m: &DraftMessage, path: &str) -> Result<Value, FormatError> {
             }
         }
     }
-    let mut out: Vec<Value> = texts
-        .into_iter()
-        .filter(|t| !t.is_empty())
-        .map(|text| json!({ "type": "text", "text": text }))
-        .collect();
+    let mut out: Vec<Value> = kept.to_vec();
+    out.extend(
+        texts.into_iter().filter(|t| !t.is_empty()).map(|text| json!({ "type": "text", "text": text })),
+    );
     for call in calls {
         out.push(json!({
             "type": "tool_use",
@@ -379,12 +389,18 @@ pub fn response(body: &Value) -> Result<LlmResponse, FormatError> {
     let mut text = String::new();
     let mut reasoning = String::new();
     let mut tool_calls = Vec::new();
+    let mut kept = Vec::new();
     for (i, block) in req_array(obj, "content", "")?.iter().enumerate() {
         let path = index("content", i);
+        let raw = block;
         let block = object(block, &path)?;
         match req_str(block, "type", &path)? {
             "text" => text.push_str(req_str(block, "text", &path)?),
-            "thinking" => reasoning.push_str(opt_str(block, "thinking", &path)?.unwrap_or_default()),
+            "thinking" => {
+                reasoning.push_str(opt_str(block, "thinking", &path)?.unwrap_or_default());
+                kept.push(raw.clone());
+            }
+            "redacted_thinking" => kept.push(raw.clone()),
             "tool_use" => {
                 let id = req_str(block, "id", &path)?;
                 let name = req_str(block, "name", &path)?;
@@ -403,7 +419,13 @@ pub fn response(body: &Value) -> Result<LlmResponse, FormatError> {
         cost: None,
         images: None,
         reasoning: Some(reasoning).filter(|r| !r.is_empty()),
+        provider_blocks: kept_blocks(kept),
     })
+}
+
+/// The blocks a reply must send back, as this format's [`ProviderBlocks`] (none: `None`).
+fn kept_blocks(blocks: Vec<Value>) -> Option<Box<ProviderBlocks>> {
+    (!blocks.is_empty()).then(|| Box::new(ProviderBlocks { provider: PROVIDER.to_owned(), blocks }))
 }
 
 /// Assembles a streamed answer from the message stream's SSE events.
@@ -419,8 +441,18 @@ pub struct StreamAccumulator {
 #[derive(Debug, Clone)]
 enum Block {
     Text(String),
-    ToolUse { id: String, name: String, json: String, initial: Value },
-    Thinking(String),
+    ToolUse {
+        id: String,
+        name: String,
+        json: String,
+        initial: Value,
+    },
+    Thinking {
+        thinking: String,
+        signature: String,
+    },
+    /// A block kept whole as it started (`redacted_thinking`).
+    Kept(Value),
     Other,
 }
 
@@ -503,8 +535,10 @@ impl StreamAccumulator {
                 if !thinking.is_empty() {
                     out.reasoning = Some(thinking.to_owned());
                 }
-                Block::Thinking(thinking.to_owned())
+                let signature = opt_str(block, "signature", &path)?.unwrap_or_default().to_owned();
+                Block::Thinking { thinking: thinking.to_owned(), signature }
             }
+            "redacted_thinking" => Block::Kept(Value::Object(block.clone())),
             _ => Block::Other,
         };
         if self.blocks.insert(idx, block).is_some() {
@@ -545,20 +579,23 @@ impl StreamAccumulator {
                     }]);
                 }
             }
-            ("thinking_delta", Block::Thinking(thinking)) => {
+            ("thinking_delta", Block::Thinking { thinking, .. }) => {
                 let more = req_str(d, "thinking", &path)?;
                 thinking.push_str(more);
                 if !more.is_empty() {
                     out.reasoning = Some(more.to_owned());
                 }
             }
-            ("text_delta" | "input_json_delta" | "thinking_delta", _) => {
+            ("signature_delta", Block::Thinking { signature, .. }) => {
+                signature.push_str(req_str(d, "signature", &path)?);
+            }
+            ("text_delta" | "input_json_delta" | "thinking_delta" | "signature_delta", _) => {
                 return Err(FormatError::new(
                     join(&path, "type"),
                     format!("{kind} does not fit content block {idx}"),
                 ));
             }
-            // signature_delta, citations_delta and later kinds carry nothing to keep.
+            // citations_delta and later kinds carry nothing to keep.
             _ => {}
         }
         Ok(())
@@ -577,10 +614,15 @@ impl StreamAccumulator {
         let mut text = String::new();
         let mut reasoning = String::new();
         let mut tool_calls = Vec::new();
+        let mut kept = Vec::new();
         for block in self.blocks.into_values() {
             match block {
                 Block::Text(more) => text.push_str(&more),
-                Block::Thinking(more) => reasoning.push_str(&more),
+                Block::Thinking { thinking, signature } => {
+                    reasoning.push_str(&thinking);
+                    kept.push(json!({ "type": "thinking", "thinking": thinking, "signature": signature }));
+                }
+                Block::Kept(block) => kept.push(block),
                 Block::ToolUse { id, name, json, initial } => {
                     let arguments = if !json.is_empty() {
                         json
@@ -603,6 +645,7 @@ impl StreamAccumulator {
             cost: None,
             images: None,
             reasoning: Some(reasoning).filter(|r| !r.is_empty()),
+            provider_blocks: kept_blocks(kept),
         })
     }
 }

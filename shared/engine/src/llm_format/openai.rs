@@ -209,6 +209,7 @@ pub fn response(body: &Value) -> Result<LlmResponse, FormatError> {
         cost: None,
         images,
         reasoning: reasoning(message, base)?.map(str::to_owned),
+        provider_blocks: None,
     })
 }
 
@@ -452,6 +453,7 @@ impl StreamAccumulator {
             cost: None,
             images: None,
             reasoning: Some(self.reasoning).filter(|r| !r.is_empty()),
+            provider_blocks: None,
         })
     }
 }

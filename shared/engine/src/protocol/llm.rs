@@ -107,6 +107,10 @@ pub struct LlmResponse {
     /// that a client sees the same reasoning live, as it streams, and afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<String>,
+    /// What the provider needs back with this reply when it is sent to it again (an extension
+    /// of the protocol): recorded with the assistant message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_blocks: Option<Box<super::message::ProviderBlocks>>,
 }
 
 impl LlmResponse {

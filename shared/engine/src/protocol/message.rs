@@ -3,6 +3,8 @@
 use serde::de::{self, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
+use serde_json::Value;
+
 use crate::ids::{CallId, MessageId};
 
 /// Who wrote a message.
@@ -257,6 +259,25 @@ pub struct DraftMessage {
     /// For a tool message: the tool's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// For an assistant message: what its model's provider needs back with it (an extension
+    /// of the protocol, [`ProviderBlocks`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_blocks: Option<Box<ProviderBlocks>>,
+}
+
+/// Blocks of a model's reply that its provider requires back, unchanged, whenever the reply
+/// is sent to it again (an extension of the protocol): Anthropic's signed `thinking` and
+/// `redacted_thinking` blocks, which must lead the assistant turn that called a tool while
+/// thinking is on. Sent back only to the provider that wrote them (an agent may change
+/// models mid-session); clients see their text only as the reply's reasoning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(remote = "Self")]
+pub struct ProviderBlocks {
+    /// The wire format that wrote them: `anthropic`.
+    pub provider: String,
+    /// The blocks, in the order the provider sent them.
+    pub blocks: Vec<Value>,
 }
 
 impl DraftMessage {
@@ -269,6 +290,7 @@ impl DraftMessage {
             tool_calls: None,
             tool_call_id: None,
             name: None,
+            provider_blocks: None,
         }
     }
 
@@ -305,6 +327,7 @@ impl DraftMessage {
             tool_calls: self.tool_calls,
             tool_call_id: self.tool_call_id,
             name: self.name,
+            provider_blocks: self.provider_blocks,
         }
     }
 
@@ -332,6 +355,9 @@ pub struct Message {
     /// For a tool message: the tool's name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// For an assistant message: what its model's provider needs back with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_blocks: Option<Box<ProviderBlocks>>,
 }
 
 impl Message {
@@ -344,6 +370,7 @@ impl Message {
             tool_calls: self.tool_calls.clone(),
             tool_call_id: self.tool_call_id.clone(),
             name: self.name.clone(),
+            provider_blocks: self.provider_blocks.clone(),
         }
     }
 
@@ -382,6 +409,7 @@ pub struct TreeNode {
 }
 
 super::parse::objects_only!(
+    ProviderBlocks,
     UrlRef,
     FileData,
     AudioData,

@@ -35,8 +35,8 @@ pub use client_input::{
 pub use decision::{Call, CallKind, CallStatus, DecisionRequest, DecisionResponse, WorkerIdentity};
 pub use llm::{Effort, LlmRequest, LlmResponse, LlmTool, ReasoningConfig, StreamDelta, ToolCallDelta};
 pub use message::{
-    AudioData, Content, ContentPart, DraftMessage, FileData, FunctionCall, Message, MessageTree, Role,
-    ToolCall, TreeNode, UrlRef,
+    AudioData, Content, ContentPart, DraftMessage, FileData, FunctionCall, Message, MessageTree,
+    ProviderBlocks, Role, ToolCall, TreeNode, UrlRef,
 };
 pub use parse::{ProtocolError, parse, parse_response, parse_slice, parse_str};
 pub use trigger::{

@@ -372,6 +372,7 @@ pub(super) fn assistant_message(call_id: &CallId, response: &LlmResponse) -> Dra
         tool_calls: response.tool_calls.clone().filter(|t| !t.is_empty()),
         tool_call_id: None,
         name: None,
+        provider_blocks: response.provider_blocks.clone(),
     }
 }
 

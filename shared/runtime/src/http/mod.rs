@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use serde::Deserialize;
 use turnstone_engine::ids::{MessageId, SessionId, TurnId};
-use turnstone_engine::protocol::{Action, ClientInput, MessageTree, TreeNode, parse_slice};
+use turnstone_engine::protocol::{Action, ClientInput, Message, MessageTree, TreeNode, parse_slice};
 use turnstone_engine::session::{Command, Event, Rejection, Session};
 
 pub use crate::api::ApiError;
@@ -413,7 +413,10 @@ async fn messages(
         let rest = &nodes[start..];
         let taken = pages::fitting(rest, limit);
         let next_after = (taken < rest.len()).then(|| rest[taken - 1].message.id.clone());
-        let page = rest[..taken].iter().map(|n| (*n).clone()).collect();
+        let page = rest[..taken]
+            .iter()
+            .map(|n| TreeNode { message: for_client(&n.message), parent_id: n.parent_id.clone() })
+            .collect();
         let tree = MessageTree { nodes: page, head_id: tree.head().cloned() };
         return Ok(Json(TreePage { tree, next_after }).into_response());
     }
@@ -431,8 +434,15 @@ async fn messages(
     let rest = &path[start..];
     let taken = pages::fitting(rest, limit);
     let next_after = (taken < rest.len()).then(|| rest[taken - 1].id.clone());
-    let messages = rest[..taken].iter().map(|m| (*m).clone()).collect();
+    let messages = rest[..taken].iter().map(|m| for_client(m)).collect();
     Ok(Json(ActivePath { messages, next_after }).into_response())
+}
+
+/// A recorded message as a client reads it: what its provider needs back (signed thinking)
+/// stays with the engine, which sends it to the model; its text shows as the reply's
+/// reasoning in the chat. A client's view that names the message keeps the recorded node.
+fn for_client(message: &Message) -> Message {
+    Message { provider_blocks: None, ..message.clone() }
 }
 
 #[derive(Deserialize)]

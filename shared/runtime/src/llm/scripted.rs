@@ -81,6 +81,7 @@ impl ScriptedProvider {
             cost: Some("0".to_owned()),
             images: None,
             reasoning: None,
+            provider_blocks: None,
         })
     }
 }
