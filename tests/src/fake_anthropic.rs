@@ -210,6 +210,18 @@ fn stream_error(kind: &str, message: &str) -> String {
     sse(Some("error"), &json!({"type": "error", "error": {"type": kind, "message": message}}).to_string())
 }
 
+/// Models that take only adaptive thinking.
+const ADAPTIVE_ONLY: &[&str] = &[
+    "claude-opus-4-7",
+    "claude-mythos",
+    "claude-opus-5",
+    "claude-sonnet-5",
+    "claude-haiku-5",
+    "claude-fable-5",
+];
+/// Models that take adaptive thinking beside the (deprecated) budgeted form.
+const ADAPTIVE_TOO: &[&str] = &["claude-opus-4-6", "claude-sonnet-4-6"];
+
 /// Whether the request turns thinking on (`thinking: {type: "enabled" | "adaptive"}`).
 fn thinking_on(request: &Value) -> bool {
     matches!(request.pointer("/thinking/type").and_then(Value::as_str), Some("enabled" | "adaptive"))
@@ -239,7 +251,35 @@ fn sign(thinking: &str) -> String {
 ///   message must start with a thinking block"; the message of the 400 below is Anthropic's);
 /// - a thinking block sent back must be the one the API sent, unmodified: its `signature`
 ///   must verify ("pass thinking blocks back complete and unmodified").
+/// - the thinking form must be one the model takes: Opus 4.7, the Mythos models and the Claude
+///   5 family take only adaptive thinking (`thinking.type: "enabled"` is a 400, the message
+///   below is Anthropic's); Opus 4.6 and Sonnet 4.6 take both; older models know only the
+///   budgeted form (Anthropic's "Adaptive thinking" page, and Amazon Bedrock's
+///   https://docs.aws.amazon.com/bedrock/latest/userguide/claude-messages-adaptive-thinking.html);
+///   `output_config.effort` is one of `low`, `medium`, `high`, `max`.
 fn refuse(request: &Value) -> Option<String> {
+    let model = request.get("model").and_then(Value::as_str).unwrap_or_default();
+    let listed = |models: &[&str]| models.iter().any(|m| model.starts_with(m));
+    match request.pointer("/thinking/type").and_then(Value::as_str) {
+        Some("enabled") if listed(ADAPTIVE_ONLY) => {
+            return Some(
+                "\"thinking.type.enabled\" is not supported for this model. Use \"thinking.type.adaptive\" and \
+                 \"output_config.effort\" to control thinking behavior."
+                    .to_owned(),
+            );
+        }
+        Some("adaptive") if !listed(ADAPTIVE_ONLY) && !listed(ADAPTIVE_TOO) => {
+            return Some(format!("thinking.type: adaptive thinking is not supported on {model}"));
+        }
+        _ => {}
+    }
+    if let Some(effort) = request.pointer("/output_config/effort")
+        && !matches!(effort.as_str(), Some("low" | "medium" | "high" | "max"))
+    {
+        return Some(format!(
+            "output_config.effort: Input should be 'low', 'medium', 'high' or 'max', not {effort}"
+        ));
+    }
     if !thinking_on(request) {
         return None;
     }

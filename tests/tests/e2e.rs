@@ -1661,10 +1661,16 @@ async fn an_edit_brings_back_the_state_of_its_branch_from_the_log() {
 /// Claude with thinking and tools (issue 27): each reply's signed thinking block is kept with
 /// its message and sent back, unchanged, with the tool results of the turn that called the
 /// tool; the strict fake refuses the request otherwise, as Anthropic does. Three tool steps,
-/// then the answer; streamed and not.
+/// then the answer; streamed and not; on a model that takes only adaptive thinking (which
+/// refuses a thinking budget) and on one that takes only a budget.
 #[tokio::test(flavor = "multi_thread")]
 async fn claude_with_thinking_runs_a_tool_loop() {
-    for stream in [false, true] {
+    for (model, stream) in [
+        ("claude-opus-4-7", false),
+        ("claude-opus-4-7", true),
+        ("claude-sonnet-4-5", false),
+        ("claude-sonnet-4-5", true),
+    ] {
         let claude = FakeAnthropic::start().await;
         for step in 1..=3 {
             let call = FakeToolCall::new(format!("call_{step}"), "confirm", r#"{"question":"Go on?"}"#);
@@ -1695,7 +1701,7 @@ type = "anthropic"
 base_url = "{}"
 
 [agent.thinker]
-model = "claude-fake"
+model = "{model}"
 llm = "claude"
 worker = "{}"
 
@@ -1709,7 +1715,7 @@ input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} 
             worker.url()
         );
         let (host, _dir) = host(&config).await;
-        let session = format!("s-think-{stream}");
+        let session = format!("s-think-{model}-{stream}");
         let turn_id = host.submit_ok(&session, &message("thinker", "Deploy, step by step.")).await;
         for step in 1..=3 {
             let call = format!("call_{step}");
@@ -1722,7 +1728,9 @@ input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} 
             assert_eq!(status, 202, "{body}");
         }
         let turn = host.wait_turn(&session, &turn_id).await;
-        assert_eq!(turn.status, TurnStatus::Completed, "stream {stream}: {turn:?}");
+        assert_eq!(turn.status, TurnStatus::Completed, "{model}, stream {stream}: {turn:?}");
+        let thinking = &claude.requests()[0].body["thinking"]["type"];
+        assert_eq!(thinking, if model == "claude-opus-4-7" { "adaptive" } else { "enabled" });
         // Every request after the first sent each tool-calling reply back led by its signed thinking block.
         let requests = claude.requests();
         assert_eq!(requests.len(), 4);

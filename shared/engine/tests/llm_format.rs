@@ -1504,3 +1504,40 @@ fn anthropic_thinking_blocks_are_kept_and_sent_back_unchanged() {
     let sent = anthropic::request(&req(foreign), false).expect("converts");
     assert_eq!(sent["messages"][1]["content"][0]["type"], "tool_use");
 }
+
+/// Claude 4.6 and later think adaptively (Opus 4.7 refuses the budgeted form); older models
+/// take a budget.
+#[test]
+fn anthropic_thinking_takes_the_form_of_the_model() {
+    use anthropic::ThinkingForm::{Adaptive, Budget};
+    for (model, form) in [
+        ("claude-opus-4-7", Adaptive),
+        ("claude-sonnet-4-6", Adaptive),
+        ("claude-opus-4-6-v1", Adaptive),
+        ("us.anthropic.claude-opus-4-6-v1:0", Adaptive),
+        ("claude-sonnet-5", Adaptive),
+        ("claude-fable-5-1", Adaptive),
+        ("claude-sonnet-4-5-20250929", Budget),
+        ("claude-haiku-4-5-20251001", Budget),
+        ("claude-3-7-sonnet-20250219", Budget),
+        ("claude-opus-4-20250514", Budget),
+        ("claude-fake", Budget),
+    ] {
+        assert_eq!(anthropic::thinking_form(model), form, "{model}");
+    }
+    let body = |model: &str, reasoning: Value| {
+        let r = json!({ "model": model, "messages": [], "reasoning": reasoning });
+        anthropic::request(&req(r), false).expect("converts")
+    };
+    let b = body("claude-opus-4-7", json!({ "effort": "xhigh" }));
+    assert_eq!(
+        (b["thinking"].clone(), b["output_config"].clone()),
+        (json!({ "type": "adaptive" }), json!({ "effort": "max" }))
+    );
+    let b = body("claude-opus-4-7", json!({ "enabled": true, "max_tokens": 2048 }));
+    assert_eq!((b["thinking"].clone(), b.get("output_config")), (json!({ "type": "adaptive" }), None));
+    let b = body("claude-opus-4-7", json!({ "effort": "none" }));
+    assert_eq!(b.get("thinking"), None, "off is no thinking field at all");
+    let b = body("claude-sonnet-4-5", json!({ "effort": "minimal" }));
+    assert_eq!(b["thinking"], json!({ "type": "enabled", "budget_tokens": 1024 }));
+}

@@ -20,12 +20,16 @@
 //!   object schema; an empty tool list is left out; the output schema is not sent.
 //! - `max_tokens` (required by Anthropic) is `max_completion_tokens`, else
 //!   [`DEFAULT_MAX_TOKENS`] plus the thinking budget, so the default still leaves room to answer.
-//! - Reasoning turns on extended thinking (`thinking: {type: "enabled", budget_tokens}`) when
-//!   `max_tokens`, `enabled: true` or an effort other than `none` is set, unless `enabled` is
-//!   `false` or effort is `none`. The budget is `reasoning.max_tokens`, else [`effort_budget`]
-//!   of the effort, else [`DEFAULT_THINKING_BUDGET`]. Conflicts with other settings (a
-//!   temperature other than 1, a budget not below `max_tokens`) are left for Anthropic to
-//!   reject. `exclude` has no Anthropic equivalent: callers drop streamed reasoning themselves.
+//! - Reasoning turns thinking on when `max_tokens`, `enabled: true` or an effort other than
+//!   `none` is set, unless `enabled` is `false` or effort is `none`, in the form the model
+//!   takes ([`thinking_form`]): from Claude 4.6 on, adaptive thinking (`thinking: {type:
+//!   "adaptive"}`, the effort as `output_config.effort`: `xhigh` is `max`, `minimal` is `low`;
+//!   Opus 4.7 and later refuse the budgeted form, and 4.6 deprecates it), and before it,
+//!   budgeted thinking (`thinking: {type: "enabled", budget_tokens}`), the budget
+//!   `reasoning.max_tokens`, else [`effort_budget`] of the effort, else
+//!   [`DEFAULT_THINKING_BUDGET`]. Conflicts with other settings (a temperature other than 1, a
+//!   budget not below `max_tokens`) are left for Anthropic to reject. `exclude` has no
+//!   Anthropic equivalent: callers drop streamed reasoning themselves.
 //! - Thinking blocks survive the transcript: a reply's `thinking` blocks (with their
 //!   `signature`) and `redacted_thinking` blocks are kept, as sent, in its
 //!   [`ProviderBlocks`] (provider [`PROVIDER`]), and lead the assistant message's content when
@@ -68,6 +72,45 @@ pub fn effort_budget(effort: Effort) -> Option<u64> {
         Effort::Medium => Some(8_192),
         Effort::Low => Some(2_048),
         Effort::Minimal => Some(1_024),
+        Effort::None => None,
+    }
+}
+
+/// How a Claude model takes thinking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThinkingForm {
+    /// `thinking: {type: "adaptive"}` with `output_config.effort`: Claude 4.6 and later.
+    Adaptive,
+    /// `thinking: {type: "enabled", budget_tokens}`: the models before 4.6.
+    Budget,
+}
+
+/// The thinking form of `model`, by its version: the first number in its id is the major
+/// version and the next, when there is one, the minor (ids put them after the family,
+/// `claude-opus-4-7`, `claude-sonnet-4-5-20250929`, or before it, `claude-3-7-sonnet-...`; an
+/// eight-digit date is not a version). Adaptive from 4.6 on; an id without a version keeps the
+/// budgeted form.
+pub fn thinking_form(model: &str) -> ThinkingForm {
+    let numbers: Vec<u64> = model
+        .split(['-', '.', '@', ':', '/'])
+        .filter(|token| !token.is_empty() && token.len() < 8 && token.bytes().all(|b| b.is_ascii_digit()))
+        .filter_map(|token| token.parse().ok())
+        .take(2)
+        .collect();
+    match numbers.as_slice() {
+        [major, ..] if *major >= 5 => ThinkingForm::Adaptive,
+        [4, minor, ..] if *minor >= 6 => ThinkingForm::Adaptive,
+        _ => ThinkingForm::Budget,
+    }
+}
+
+/// Adaptive thinking's `output_config.effort` for a neutral effort (`None` for no effort).
+fn adaptive_effort(effort: Effort) -> Option<&'static str> {
+    match effort {
+        Effort::Xhigh => Some("max"),
+        Effort::High => Some("high"),
+        Effort::Medium => Some("medium"),
+        Effort::Low | Effort::Minimal => Some("low"),
         Effort::None => None,
     }
 }
@@ -136,8 +179,18 @@ pub fn request(req: &LlmRequest, stream: bool) -> Result<Value, FormatError> {
     if let Some(temperature) = req.temperature {
         body.insert("temperature".into(), number(temperature));
     }
-    if let Some(budget) = budget {
-        body.insert("thinking".into(), json!({ "type": "enabled", "budget_tokens": budget }));
+    match (budget, thinking_form(&req.model)) {
+        (None, _) => {}
+        (Some(budget), ThinkingForm::Budget) => {
+            body.insert("thinking".into(), json!({ "type": "enabled", "budget_tokens": budget }));
+        }
+        (Some(_), ThinkingForm::Adaptive) => {
+            body.insert("thinking".into(), json!({ "type": "adaptive" }));
+            let effort = req.reasoning.as_ref().and_then(|r| r.effort).and_then(adaptive_effort);
+            if let Some(effort) = effort {
+                body.insert("output_config".into(), json!({ "effort": effort }));
+            }
+        }
     }
     if stream {
         body.insert("stream".into(), json!(true));
