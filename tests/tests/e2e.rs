@@ -1665,11 +1665,14 @@ async fn an_edit_brings_back_the_state_of_its_branch_from_the_log() {
 /// refuses a thinking budget) and on one that takes only a budget.
 #[tokio::test(flavor = "multi_thread")]
 async fn claude_with_thinking_runs_a_tool_loop() {
-    for (model, stream) in [
-        ("claude-opus-4-7", false),
-        ("claude-opus-4-7", true),
-        ("claude-sonnet-4-5", false),
-        ("claude-sonnet-4-5", true),
+    // (model, streamed, thinking turned on by a worker's llm.call rather than by the
+    // `[llm.claude] reasoning` default of an engine-hosted agent)
+    for (model, stream, by_worker) in [
+        ("claude-opus-4-7", false, true),
+        ("claude-opus-4-7", true, true),
+        ("claude-sonnet-4-5", false, true),
+        ("claude-sonnet-4-5", true, true),
+        ("claude-opus-4-7", true, false),
     ] {
         let claude = FakeAnthropic::start().await;
         for step in 1..=3 {
@@ -1694,16 +1697,22 @@ async fn claude_with_thinking_runs_a_tool_loop() {
             FakeAnswer::Respond(response)
         })
         .await;
+        let (reasoning, worker) = match by_worker {
+            true => (String::new(), format!("worker = \"{}\"", worker.url())),
+            false => ("reasoning = { effort = \"high\" }".to_owned(), String::new()),
+        };
         let config = format!(
             r#"{FAST_DEFAULTS}
 [llm.claude]
 type = "anthropic"
 base_url = "{}"
+{reasoning}
 
 [agent.thinker]
 model = "{model}"
 llm = "claude"
-worker = "{}"
+stream = {stream}
+{worker}
 
 [[agent.thinker.tools]]
 name = "confirm"
@@ -1712,10 +1721,9 @@ handler = "client"
 input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} }}
 "#,
             claude.base_url(),
-            worker.url()
         );
         let (host, _dir) = host(&config).await;
-        let session = format!("s-think-{model}-{stream}");
+        let session = format!("s-think-{model}-{stream}-{by_worker}");
         let turn_id = host.submit_ok(&session, &message("thinker", "Deploy, step by step.")).await;
         for step in 1..=3 {
             let call = format!("call_{step}");
@@ -1729,8 +1737,14 @@ input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} 
         }
         let turn = host.wait_turn(&session, &turn_id).await;
         assert_eq!(turn.status, TurnStatus::Completed, "{model}, stream {stream}: {turn:?}");
-        let thinking = &claude.requests()[0].body["thinking"]["type"];
-        assert_eq!(thinking, if model == "claude-opus-4-7" { "adaptive" } else { "enabled" });
+        let first = &claude.requests()[0].body;
+        assert_eq!(
+            first["thinking"]["type"],
+            if model == "claude-opus-4-7" { "adaptive" } else { "enabled" }
+        );
+        if !by_worker {
+            assert_eq!(first["output_config"]["effort"], "high", "the llm's reasoning default");
+        }
         // Every request after the first sent each tool-calling reply back led by its signed thinking block.
         let requests = claude.requests();
         assert_eq!(requests.len(), 4);

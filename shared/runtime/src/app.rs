@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 use turnstone_engine::ids::{SessionId, TurnId};
-use turnstone_engine::protocol::{Action, AgentConfig, ClientInput, WorkerIdentity};
+use turnstone_engine::protocol::{Action, AgentConfig, ClientInput, ReasoningConfig, WorkerIdentity};
 use turnstone_engine::session::{
     Budget, CallSpec, Command, Ctx, Defaults, Effect, Event, ParentLink, Plan, Recalled, Rejection, Session,
     SessionInit, Tree, TurnOrigin, TurnRecord, UsedId, UsedIds, handle,
@@ -45,6 +45,8 @@ pub struct AgentRuntime {
     pub provider: Option<Arc<dyn ModelProvider>>,
     /// Per-turn limits of its sessions.
     pub budget: Budget,
+    /// The reasoning of its server model calls that ask for none (`[llm.<id>] reasoning`).
+    pub reasoning: Option<ReasoningConfig>,
 }
 
 impl std::fmt::Debug for AgentRuntime {

@@ -66,13 +66,16 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
                 secret: secrets.worker_secret(id).map(str::to_owned),
                 transcript: def.worker_messages,
             });
-            let provider = def.llm_for(config).and_then(|llm| providers.get(llm).cloned());
+            let llm = def.llm_for(config);
+            let provider = llm.and_then(|llm| providers.get(llm).cloned());
+            let reasoning = llm.and_then(|llm| config.llms.get(llm)).and_then(|llm| llm.reasoning.clone());
             let agent = AgentRuntime {
                 id: id.clone(),
                 declared: def.config.clone(),
                 worker,
                 provider,
                 budget: def.budget,
+                reasoning,
             };
             (id.clone(), agent)
         })

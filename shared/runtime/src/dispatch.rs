@@ -327,8 +327,12 @@ impl Dispatcher {
         let Some(call) = session.call(&call_id) else { return Ok(None) };
         let stream = matches!(call.spec, CallSpec::LlmCall { stream: true, .. });
         let timeout = call.policy.timeout_ms().map(Duration::from_millis);
-        let request = session.llm_request(call);
-        let provider = self.app.agent(session.agent_id()).and_then(|a| a.provider.clone());
+        let agent = self.app.agent(session.agent_id());
+        let mut request = session.llm_request(call);
+        if let Some(request) = request.as_mut().filter(|r| r.reasoning.is_none()) {
+            request.reasoning = agent.and_then(|a| a.reasoning.clone());
+        }
+        let provider = agent.and_then(|a| a.provider.clone());
         let turn_id = call.turn_id.as_ref().map(|t| session.resolve_turn_id(t).as_str());
         let about = trace::About { session_id, turn_id, agent_id: session.agent_id() };
         let context = SpanContext::work(session_id, turn_id, "llm.call", &call_id, attempt);

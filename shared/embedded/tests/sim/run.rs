@@ -74,6 +74,7 @@ fn agents(world: &Arc<World>, life: &Arc<Life>) -> BTreeMap<String, AgentRuntime
         worker: worker.then(|| WorkerEndpoint::new("http://worker.sim/decide", None)),
         provider: Some(provider),
         budget: Default::default(),
+        reasoning: None,
     };
     BTreeMap::from([
         (

@@ -83,7 +83,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
 use turnstone_engine::protocol::{
-    AgentConfig, AgentTool, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler,
+    AgentConfig, AgentTool, LlmFormat, LlmHandler, ReasoningConfig, RetryPolicy, SubAgent, ToolHandler,
 };
 use turnstone_engine::session::{Budget, Defaults, Limits, Transcript, parse_picodollars};
 
@@ -324,6 +324,12 @@ pub struct LlmConfig {
     /// prices of `gpt-4o`), so calls get a cost; models without prices cost nothing.
     #[serde(default)]
     pub prices: BTreeMap<String, PriceConfig>,
+    /// The reasoning of the server model calls that ask for none (an engine-hosted agent's
+    /// never do): e.g. `{ effort = "medium" }`, which Claude 4.6 and later take as adaptive
+    /// thinking at that effort, older Claude models as a thinking budget, OpenAI as
+    /// `reasoning_effort`.
+    #[serde(default)]
+    pub reasoning: Option<ReasoningConfig>,
 }
 
 /// A model's prices in dollars per million tokens (`[llm.<id>.prices."<model>"]`).

@@ -42,6 +42,7 @@ api_key_env = "OPENAI_API_KEY"
 [llm.claude]
 type = "anthropic"
 api_key_env = "ANTHROPIC_API_KEY"
+reasoning = { effort = "medium" }
 
 [agent.main]
 model = "claude-sonnet"
@@ -179,6 +180,7 @@ fn a_full_example_parses_to_every_field() {
             base_url: Some("http://localhost:11434/v1".into()),
             api_key_env: Some("OPENAI_API_KEY".into()),
             prices: BTreeMap::new(),
+            reasoning: None,
         }
     );
     assert_eq!(
@@ -187,7 +189,13 @@ fn a_full_example_parses_to_every_field() {
             kind: LlmKind::Anthropic,
             base_url: None,
             api_key_env: Some("ANTHROPIC_API_KEY".into()),
-            prices: BTreeMap::new()
+            prices: BTreeMap::new(),
+            reasoning: Some(ReasoningConfig {
+                effort: Some(turnstone_engine::protocol::Effort::Medium),
+                max_tokens: None,
+                exclude: None,
+                enabled: None,
+            }),
         }
     );
     assert_eq!(config.llms["claude"].kind.provider_kind(), crate::llm::ProviderKind::Anthropic);
@@ -321,7 +329,7 @@ fn unknown_keys_are_named_where_they_are() {
     assert_eq!(
         err("[llm.openai]\ntype = \"openai\"\napi_key = \"x\"\n"),
         "turnstone.toml:3:1: llm.openai.api_key: unknown key \"api_key\" (did you mean \"api_key_env\"?); \
-         expected one of: type, base_url, api_key_env, prices"
+         expected one of: type, base_url, api_key_env, prices, reasoning"
     );
     assert_eq!(
         err("[server]\nport = 8787\n"),
