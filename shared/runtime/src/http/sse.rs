@@ -126,6 +126,21 @@ async fn pump(
 ) {
     let mut sent = false;
     loop {
+        // Deltas passed on before the commit that woke this read go out before its events (the
+        // dispatcher passes a call's deltas on before it commits the reply).
+        let mut pending: BTreeMap<CallId, StreamDelta> = BTreeMap::new();
+        loop {
+            match live.deltas.try_recv() {
+                Ok(Delta { call_id, delta }) => merge(pending.entry(call_id).or_default(), delta),
+                // Deltas are a preview: a stream that lagged skips some.
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                Err(_) => break,
+            }
+        }
+        sent |= !pending.is_empty();
+        if !send_deltas(&tx, pending).await {
+            return;
+        }
         // Catch up with the durable log (marking the progress seen first, so a commit during
         // the read is not missed).
         live.progress.borrow_and_update();
@@ -189,17 +204,25 @@ async fn pump(
                 () = tokio::time::sleep_until(until) => break,
             }
         }
-        for (call_id, delta) in gathered {
-            let data = serde_json::to_string(&TokenDelta { call_id, delta }).unwrap_or_default();
-            if tx.send(SseEvent::default().event("llm.token.delta").data(data)).await.is_err() {
-                return;
-            }
-            sent = true;
+        if !send_deltas(&tx, gathered).await {
+            return;
         }
+        sent = true;
         if with_news && sent {
             return;
         }
     }
+}
+
+/// Sends the gathered deltas, one event per call; `false` when the client is gone.
+async fn send_deltas(tx: &mpsc::Sender<SseEvent>, gathered: BTreeMap<CallId, StreamDelta>) -> bool {
+    for (call_id, delta) in gathered {
+        let data = serde_json::to_string(&TokenDelta { call_id, delta }).unwrap_or_default();
+        if tx.send(SseEvent::default().event("llm.token.delta").data(data)).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// Appends `more` to `into`: text and reasoning concatenate, tool call fragments append.
