@@ -161,13 +161,7 @@ impl VsCode {
 
     /// `chat/turnStarted` (§7), read until its echo.
     async fn turn(&mut self, chat: &str, turn_id: &str, text: &str) {
-        let seq = self
-            .dispatch(
-                chat,
-                json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": "2026-12-04T10:00:00.000Z",
-                       "message": {"text": text, "origin": {"kind": "user"}}}),
-            )
-            .await;
+        let seq = self.dispatch(chat, turn_started(turn_id, text)).await;
         let echo = self.echoed("the turn's echo", seq).await;
         assert!(echo.rejection_reason.is_none(), "turn {turn_id} refused: {echo:?}");
     }
@@ -383,6 +377,12 @@ impl VsCode {
     }
 }
 
+/// `chat/turnStarted` of a user's message, as VS Code dispatches it (§7).
+fn turn_started(turn_id: &str, text: &str) -> Value {
+    json!({"type": "chat/turnStarted", "turnId": turn_id, "startedAt": "2026-12-04T10:00:00.000Z",
+           "message": {"text": text, "origin": {"kind": "user"}}})
+}
+
 /// The HTTP API as `token`'s caller (none: the open host).
 fn api(host: &TestHost, token: Option<&str>) -> ApiClient {
     match token {
@@ -487,13 +487,7 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
 
     // §8: a tool call that needs approval, confirmed as VS Code does; the confirmation's echo
     // carries its origin (VS Code would re-send it after every reconnect otherwise).
-    vscode
-        .dispatch(
-            &chat,
-            json!({"type": "chat/turnStarted", "turnId": "request_2", "startedAt": "2026-12-04T10:01:00.000Z",
-                   "message": {"text": "/tool deploy {\"target\":\"prod\"}", "origin": {"kind": "user"}}}),
-        )
-        .await;
+    vscode.dispatch(&chat, turn_started("request_2", "/tool deploy {\"target\":\"prod\"}")).await;
     vscode.until_confirmation(&chat).await;
     // §11: what the chat waits for is the session's too.
     vscode
@@ -675,13 +669,7 @@ async fn vs_code_reconnects_with_the_highest_server_seq_it_saw() {
 
     // An action still pending when the socket drops (§9): echoed in the replay, or sent again
     // with its clientSeq after it; either way the turn runs once and nothing stays pending.
-    vscode
-        .dispatch(
-            &chat_a,
-            json!({"type": "chat/turnStarted", "turnId": "a4", "startedAt": "2026-12-04T10:05:00.000Z",
-                   "message": {"text": "Sent as the line dropped", "origin": {"kind": "user"}}}),
-        )
-        .await;
+    vscode.dispatch(&chat_a, turn_started("a4", "Sent as the line dropped")).await;
     vscode.hang_up().await;
     let (mut vscode, _) = vscode.reconnect(&host, None).await;
     completed_as(&host, None, a, "a4").await;
@@ -959,13 +947,7 @@ async fn a_sub_agents_chat_is_a_read_only_chat_of_its_parents_session() {
 
     // Watched, not written to.
     vscode.subscribe(&child.resource).await;
-    let seq = vscode
-        .dispatch(
-            &child.resource,
-            json!({"type": "chat/turnStarted", "turnId": "x1", "startedAt": "2026-12-04T10:00:00.000Z",
-                   "message": {"text": "Hi helper", "origin": {"kind": "user"}}}),
-        )
-        .await;
+    let seq = vscode.dispatch(&child.resource, turn_started("x1", "Hi helper")).await;
     let refused = vscode.echoed("the refusal", seq).await;
     let reason = refused.rejection_reason.unwrap_or_default();
     assert!(reason.contains("is a sub-agent's chat, read-only"), "{reason}");

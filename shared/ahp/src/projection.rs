@@ -389,8 +389,9 @@ impl ChatProjection {
     /// `chat/turnCancelled` of it cancels the engine's).
     fn promote(&mut self, steering: &TurnId, into: &TurnId) -> Result<(), ProjectionError> {
         let Some(turn) = self.turn.as_ref().filter(|t| t.announced && t.id == *into) else { return Ok(()) };
-        let origin = self.session.turn(steering).map(|t| t.origin).unwrap_or(turn.origin);
-        let message = message::from_input(self.session.turn(steering).and_then(|t| t.input.as_ref()), origin);
+        let record = self.session.turn(steering);
+        let origin = record.map_or(turn.origin, |t| t.origin);
+        let message = message::from_input(record.and_then(|t| t.input.as_ref()), origin);
         let (shown, started_at) = (turn.shown.clone(), turn.started_at);
         // At a safe point every tool call has its result, so no part is open; the turn ends
         // before the steering message, recorded just now.
@@ -468,19 +469,22 @@ impl ChatProjection {
         }
         self.ends.truncate(kept.map_or(0, |i| i + 1));
         self.emit(StateAction::ChatTruncated(ChatTruncatedAction { turn_id }))?;
-        if self.turn.as_ref().is_some_and(|t| t.announced) {
-            self.reopen()?;
+        match self.turn.as_mut().filter(|t| t.announced) {
+            Some(turn) => {
+                turn.forget_parts();
+                self.announce_again()
+            }
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    /// Shows the open turn again, without parts, after a truncation dropped it from the chat.
-    fn reopen(&mut self) -> Result<(), ProjectionError> {
+    /// Shows the open turn again (`chat/turnStarted`) after a truncation dropped it from the
+    /// chat; its pending message left the chat when it first started.
+    fn announce_again(&mut self) -> Result<(), ProjectionError> {
         let Some(turn) = self.turn.as_mut() else { return Ok(()) };
-        let message = turn.message.take();
-        // Its pending message left the chat when it first started.
+        turn.announced = false;
         turn.queued_message_id = None;
-        turn.forget_parts();
+        let message = turn.message.take();
         self.announce(message)
     }
 
@@ -515,21 +519,15 @@ impl ChatProjection {
         let kept: Vec<ResponsePart> =
             active.response_parts.iter().filter(|p| !withdrawn(p)).cloned().collect();
         // What the open turn tracks of its parts stays, but for the withdrawn ones.
-        let mut tracked = self.turn.take();
-        if let Some(turn) = tracked.as_mut() {
-            turn.texts.remove(&text);
-            turn.reasonings.remove(&reasoning);
-            turn.tools.retain(|id, _| !tools.contains(id.as_str()));
-            turn.streamed_tools.retain(|id, _| !tools.contains(id.as_str()));
-        }
+        let Some(turn) = self.turn.as_mut() else { return Ok(()) };
+        turn.texts.remove(&text);
+        turn.reasonings.remove(&reasoning);
+        turn.tools.retain(|id, _| !tools.contains(id.as_str()));
+        turn.streamed_tools.retain(|id, _| !tools.contains(id.as_str()));
+        let shown = turn.shown.clone();
         let completed = self.chat.turns.last().map(|t| t.id.clone());
         self.emit(StateAction::ChatTruncated(ChatTruncatedAction { turn_id: completed }))?;
-        let Some(mut turn) = tracked else { return Ok(()) };
-        turn.announced = false;
-        turn.queued_message_id = None;
-        let (shown, message) = (turn.shown.clone(), turn.message.take());
-        self.turn = Some(turn);
-        self.announce(message)?;
+        self.announce_again()?;
         for part in kept {
             self.emit(StateAction::ChatResponsePart(ChatResponsePartAction {
                 turn_id: shown.clone(),

@@ -87,10 +87,9 @@ impl OpenTurn {
         }
     }
 
-    /// The turn as a chat knows it once a truncation dropped it: not announced, without parts
-    /// (its usage, model and pending reply stay the engine's).
+    /// The turn without the parts it showed, which a truncation dropped (its usage, model and
+    /// pending reply stay the engine's).
     pub fn forget_parts(&mut self) {
-        self.announced = false;
         self.tools.clear();
         self.tool_names.clear();
         self.texts.clear();

@@ -615,6 +615,16 @@ fn demo_view(turn_id: &str, view: Vec<DraftMessage>) -> Command {
     }
 }
 
+/// A client's view of `h`'s conversation: its first `kept` recorded messages, then a new user
+/// message `text`.
+fn view_after(h: &Driver, kept: usize, text: &str) -> Vec<DraftMessage> {
+    let tree = h.session.tree();
+    let mut view: Vec<DraftMessage> =
+        tree.path_to(tree.head())[..kept].iter().map(|m| m.to_draft()).collect();
+    view.push(DraftMessage::user(text));
+    view
+}
+
 /// A session with turns `t1` ("one" / "first") and `t2` ("two" / "second").
 fn two_turns(id: &str) -> Driver {
     let mut h = harness(id, init("demo", Some(AgentConfig::new("m")), false));
@@ -657,11 +667,8 @@ fn a_rewind_truncates_the_chat_through_the_turn_it_keeps_and_the_edit_continues_
 #[test]
 fn an_edit_over_http_truncates_the_chat_to_the_turns_before_the_edited_one() {
     let mut h = two_turns("s-edit");
-    let path: Vec<Message> = h.session.tree().path_to(h.session.tree().head()).into_iter().cloned().collect();
     // The client's view: the first turn as recorded, then its second message edited.
-    let mut view: Vec<DraftMessage> = path[..2].iter().map(Message::to_draft).collect();
-    view.push(DraftMessage::user("two, edited"));
-    h.exec(demo_view("t3", view));
+    h.exec(demo_view("t3", view_after(&h, 2, "two, edited")));
     h.run_llm(reply("edited"));
     let p = project(&h);
     assert_eq!(
@@ -679,10 +686,7 @@ fn an_edit_over_http_truncates_the_chat_to_the_turns_before_the_edited_one() {
 
     // A regeneration: the view ends with a new copy of t3's message (an edit is a new
     // message; a view that only ends early writes nothing), which the new turn answers again.
-    let path: Vec<Message> = h.session.tree().path_to(h.session.tree().head()).into_iter().cloned().collect();
-    let mut view: Vec<DraftMessage> = path[..2].iter().map(Message::to_draft).collect();
-    view.push(DraftMessage::user("two, edited"));
-    h.exec(demo_view("t4", view));
+    h.exec(demo_view("t4", view_after(&h, 2, "two, edited")));
     h.run_llm(reply("regenerated"));
     let p = project(&h);
     assert_eq!(
@@ -706,9 +710,7 @@ fn a_running_turn_a_worker_branches_off_an_earlier_turn_starts_again_after_the_t
     }
     // The worker answers the third turn's model reply by rewriting the conversation: the first
     // turn, then a message of its own in place of everything after it.
-    let path: Vec<Message> = h.session.tree().path_to(h.session.tree().head()).into_iter().cloned().collect();
-    let mut view: Vec<DraftMessage> = path[..2].iter().map(Message::to_draft).collect();
-    view.push(DraftMessage::user("two and three, summarized"));
+    let view = view_after(&h, 2, "two and three, summarized");
     h.answer(DecisionResponse {
         messages: Some(view),
         actions: Some(vec![Action::Done(DoneAction::default())]),

@@ -147,10 +147,9 @@ impl ActiveClients {
             clients.retain(|c| c.client_id != client_id);
             clients
         });
-        if let Some(mut sessions) = self.joined.get(client_id) {
-            sessions.retain(|s| s != session);
-            self.joined.insert(client_id.to_owned(), sessions);
-        }
+        self.joined.update(client_id.to_owned(), |known| {
+            known.into_iter().flatten().filter(|s| *s != session).cloned().collect()
+        });
         let action =
             StateAction::SessionActiveClientRemoved(ahp_types::actions::SessionActiveClientRemovedAction {
                 client_id: client_id.to_owned(),

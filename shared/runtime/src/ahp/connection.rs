@@ -185,8 +185,16 @@ impl Outgoing {
             Outgoing::Frame(text) => text,
             Outgoing::Action(mut envelope) => {
                 let server_seq = sequence.next();
-                ledger.mark(&envelope.channel, server_seq, envelope.server_seq);
-                ledger.sent(&envelope.channel, &envelope.action);
+                // A chat action carries its position; a session channel's has none (0), and
+                // the ledger keeps the session as the client holds it instead (a refused
+                // action changes nothing there).
+                match envelope.server_seq {
+                    0 if envelope.rejection_reason.is_none() => {
+                        ledger.sent(&envelope.channel, &envelope.action)
+                    }
+                    0 => {}
+                    position => ledger.mark(&envelope.channel, server_seq, position),
+                }
                 envelope.server_seq = server_seq;
                 rpc::notification("action", &*envelope)
             }

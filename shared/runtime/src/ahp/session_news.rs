@@ -13,7 +13,7 @@ use ahp_types::actions::{
     SessionInputNeededRemovedAction, SessionInputNeededSetAction, SessionTitleChangedAction, StateAction,
 };
 use ahp_types::common::Uri;
-use ahp_types::state::{ChatSummary, SessionInputRequest};
+use ahp_types::state::SessionInputRequest;
 use tokio::sync::{broadcast, mpsc};
 use turnstone_ahp::chat_uri;
 use turnstone_engine::ids::SessionId;
@@ -55,7 +55,8 @@ pub(crate) async fn follow(
                     if statuses.len() >= SHOWN_CHATS && !statuses.contains_key(&change.session_id) {
                         statuses.clear();
                     }
-                    let mut actions = catalog_news(&host, &caller, &id, &change, &mut title, &mut statuses).await;
+                    let mut actions =
+                        catalog_news(&host, &caller, &id, &change, (&mut title, &mut statuses), &mut waits).await;
                     actions.extend(waits.changed(&host, &caller, &change.session_id).await);
                     actions
                 }
@@ -80,14 +81,15 @@ pub(crate) async fn follow(
 }
 
 /// What a commit of session `id`, or of a chat of its catalog, changed on its channel:
-/// `title` and `statuses` are what the subscriber was last told (then updated).
+/// `title` and `statuses` are what the subscriber was last told (then updated); a new chat's
+/// summary comes from the feed `waits` follows it by.
 async fn catalog_news(
     host: &AhpHost,
     caller: &Caller,
     id: &SessionId,
     change: &SessionChanged,
-    title: &mut Option<String>,
-    statuses: &mut HashMap<SessionId, u32>,
+    (title, statuses): (&mut Option<String>, &mut HashMap<SessionId, u32>),
+    waits: &mut Waits,
 ) -> Vec<(StateAction, Option<ActionOrigin>)> {
     let mut actions = Vec::new();
     if change.session_id == *id && change.title.is_some() && change.title != *title {
@@ -101,7 +103,9 @@ async fn catalog_news(
     // A new chat: a fork the commit recorded, or the sub-agent the commit created.
     let added = if change.created { vec![change.session_id.clone()] } else { change.forks.clone() };
     for chat in &added {
-        if let Some(summary) = chat_summary(host, caller, chat).await {
+        let summary =
+            waits.feed(host, caller, chat).await.map(|f| sessions::chat_summary(f.projection.chat()));
+        if let Some(summary) = summary {
             statuses.insert(chat.clone(), summary.status);
             actions.push((StateAction::SessionChatAdded(SessionChatAddedAction { summary }), None));
         }
@@ -120,13 +124,6 @@ async fn catalog_news(
         actions.push((StateAction::SessionChatUpdated(SessionChatUpdatedAction { chat, changes }), None));
     }
     actions
-}
-
-/// The catalog entry of session `chat`'s chat, if `caller` may read it.
-pub(crate) async fn chat_summary(host: &AhpHost, caller: &Caller, chat: &SessionId) -> Option<ChatSummary> {
-    let session = host.app.session(chat).await.ok().filter(|s| caller.may(Access::Read, s))?;
-    let projection = super::channels::project_log(&host.app, session.id()).await.ok()?;
-    Some(sessions::chat_summary(projection.chat()))
 }
 
 /// What the chats of one session's catalog wait for: each chat followed through its log (a
