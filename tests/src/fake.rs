@@ -28,6 +28,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 
+use crate::fake_prompt_cache::{CacheUse, Prompt, PromptCache};
+
 /// One tool call a scripted reply makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FakeToolCall {
@@ -76,6 +78,8 @@ pub struct Reply {
     pub(crate) headers: Vec<(String, String)>,
     pub(crate) fragment_chars: usize,
     pub(crate) fault: Option<(usize, StreamFault)>,
+    /// What the request did with the fake's prompt cache, when the wire has one.
+    pub(crate) cache: Option<CacheUse>,
 }
 
 impl Reply {
@@ -89,6 +93,7 @@ impl Reply {
             headers: Vec::new(),
             fragment_chars: 7,
             fault: None,
+            cache: None,
         }
     }
 
@@ -275,6 +280,8 @@ pub(crate) struct Wire {
     /// Why the real API refuses this request body (answered 400, the reply queue untouched),
     /// or `None`.
     pub refuse: fn(&Value) -> Option<String>,
+    /// The request as the provider's prompt cache sees it, for a provider that caches.
+    pub prompt: Option<fn(&Value) -> Prompt>,
 }
 
 struct Inner {
@@ -284,6 +291,7 @@ struct Inner {
     recorded: Mutex<Vec<Recorded>>,
     gate: Arc<Notify>,
     connections: AtomicUsize,
+    cache: Mutex<(PromptCache, Vec<CacheUse>)>,
 }
 
 /// A running fake server; stops when dropped.
@@ -303,6 +311,7 @@ impl FakeServer {
             recorded: Mutex::new(Vec::new()),
             gate: Arc::new(Notify::new()),
             connections: AtomicUsize::new(0),
+            cache: Mutex::new((PromptCache::default(), Vec::new())),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake server");
         let addr = listener.local_addr().expect("the fake server's address");
@@ -364,6 +373,12 @@ impl FakeServer {
         self.inner.connections.load(Ordering::SeqCst)
     }
 
+    /// What each answered request did with the prompt cache, in order (empty for a provider
+    /// without one).
+    pub fn cache_uses(&self) -> Vec<CacheUse> {
+        self.inner.cache.lock().unwrap().1.clone()
+    }
+
     /// Lets a stream paused by [`Reply::pause_after`] go on (now, or as soon as it pauses).
     pub fn release(&self) {
         self.inner.gate.notify_one();
@@ -409,10 +424,16 @@ async fn handle(
         let request_id = (wire.request_id_header.to_owned(), format!("req_fake_{serial}"));
         return json_response(400, &(wire.error_body)(400, None, &reason), &[request_id]);
     }
-    let reply = {
+    let mut reply = {
         let queued = inner.replies.lock().unwrap().pop_front();
         queued.unwrap_or_else(|| inner.default.lock().unwrap().clone())
     };
+    if let (Some(prompt), ReplyKind::Answer { .. }) = (wire.prompt, &reply.kind) {
+        let mut cache = inner.cache.lock().unwrap();
+        let used = cache.0.serve(&prompt(&body));
+        cache.1.push(used);
+        reply.cache = Some(used);
+    }
     if let Some(delay) = reply.delay {
         tokio::time::sleep(delay).await;
     }

@@ -18,6 +18,7 @@ use std::ops::Deref;
 use serde_json::{Value, json};
 
 use crate::fake::{FakeServer, Rendered, Reply, ReplyKind, Wire, fragments, sse, words};
+use crate::fake_prompt_cache::{CacheUse, Prompt, PromptBlock, canonical, tokens_of};
 
 /// A running fake Anthropic server; derefs to [`FakeServer`] for scripting and inspection.
 pub struct FakeAnthropic {
@@ -35,6 +36,7 @@ impl FakeAnthropic {
             stream_error,
             error_body,
             refuse,
+            prompt: Some(prompt),
         };
         FakeAnthropic { server: FakeServer::start(wire).await }
     }
@@ -67,6 +69,12 @@ fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
     let stop =
         reply.finish.clone().unwrap_or_else(|| if calls.is_empty() { "end_turn" } else { "tool_use" }.into());
     let (prompt, completion) = reply.tokens();
+    // The input as the prompt cache served it, unless the test set the usage itself.
+    let cache = reply.cache.filter(|_| reply.usage.is_none()).unwrap_or(CacheUse {
+        uncached: prompt,
+        read: 0,
+        write: 0,
+    });
     let thinking = thinking_on(request).then(|| thought(request));
 
     if request.get("stream") != Some(&Value::Bool(true)) {
@@ -89,9 +97,9 @@ fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
             "stop_reason": stop,
             "stop_sequence": null,
             "usage": {
-                "input_tokens": prompt,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0,
+                "input_tokens": cache.uncached,
+                "cache_creation_input_tokens": cache.write,
+                "cache_read_input_tokens": cache.read,
                 "output_tokens": completion,
                 "service_tier": "standard"
             }
@@ -105,8 +113,8 @@ fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
         json!({"type": "message_start", "message": {
             "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
             "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": prompt, "cache_creation_input_tokens": 0,
-                      "cache_read_input_tokens": 0, "output_tokens": 1, "service_tier": "standard"}
+            "usage": {"input_tokens": cache.uncached, "cache_creation_input_tokens": cache.write,
+                      "cache_read_input_tokens": cache.read, "output_tokens": 1, "service_tier": "standard"}
         }}),
     )];
     let ping = || event("ping", json!({"type": "ping"}));
@@ -258,6 +266,9 @@ fn sign(thinking: &str) -> String {
 ///   https://docs.aws.amazon.com/bedrock/latest/userguide/claude-messages-adaptive-thinking.html);
 ///   `output_config.effort` is one of `low`, `medium`, `high`, `max`.
 fn refuse(request: &Value) -> Option<String> {
+    if let Some(reason) = refuse_cache_control(request) {
+        return Some(reason);
+    }
     let model = request.get("model").and_then(Value::as_str).unwrap_or_default();
     let listed = |models: &[&str]| models.iter().any(|m| model.starts_with(m));
     match request.pointer("/thinking/type").and_then(Value::as_str) {
@@ -314,6 +325,124 @@ fn refuse(request: &Value) -> Option<String> {
              from previous turns. To avoid this requirement, disable `thinking`. Please consult our documentation \
              at https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
         ));
+    }
+    None
+}
+
+/// Every block of a request in the order Anthropic's prompt cache reads it (tools, system,
+/// messages), with where it is: `tools.0`, `system.0`, `messages.3.content.1`.
+fn cache_order(request: &Value) -> Vec<(String, Value)> {
+    let mut blocks = Vec::new();
+    for (i, tool) in request.get("tools").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        blocks.push((format!("tools.{i}"), tool.clone()));
+    }
+    match request.get("system") {
+        Some(Value::String(text)) => {
+            blocks.push(("system".to_owned(), json!({"type": "text", "text": text})))
+        }
+        Some(Value::Array(parts)) => {
+            blocks.extend(parts.iter().enumerate().map(|(j, b)| (format!("system.{j}"), b.clone())));
+        }
+        _ => {}
+    }
+    for (i, message) in request.get("messages").and_then(Value::as_array).into_iter().flatten().enumerate() {
+        let role = message.get("role").cloned().unwrap_or(Value::Null);
+        match message.get("content") {
+            Some(Value::String(text)) => {
+                blocks.push((
+                    format!("messages.{i}.content"),
+                    json!({"role": role, "type": "text", "text": text}),
+                ));
+            }
+            Some(Value::Array(parts)) => {
+                for (j, block) in parts.iter().enumerate() {
+                    let mut block = block.clone();
+                    if let Some(object) = block.as_object_mut() {
+                        object.insert("role".into(), role.clone());
+                    }
+                    blocks.push((format!("messages.{i}.content.{j}"), block));
+                }
+            }
+            _ => {}
+        }
+    }
+    blocks
+}
+
+/// The request as Anthropic's prompt cache sees it.
+fn prompt(request: &Value) -> Prompt {
+    let model = request.get("model").and_then(Value::as_str).unwrap_or_default();
+    let blocks = cache_order(request)
+        .into_iter()
+        .map(|(_, mut block)| {
+            let breakpoint = block.as_object_mut().and_then(|b| b.remove("cache_control")).is_some();
+            let key = canonical(&block);
+            PromptBlock { tokens: tokens_of(&key), key, breakpoint }
+        })
+        .collect();
+    Prompt { scope: model.to_owned(), blocks, min_tokens: min_cacheable_tokens(model) }
+}
+
+/// "Minimum cacheable prompt length" (Anthropic's "Prompt caching" page): 4,096 tokens for
+/// Claude Opus 4.5 and later Opus models and for Haiku 4.5, 2,048 for the Haiku 3 models,
+/// 1,024 for the others.
+fn min_cacheable_tokens(model: &str) -> u64 {
+    const LONGEST: &[&str] = &["claude-opus-4-5", "claude-opus-4-6", "claude-opus-4-7", "claude-haiku-4-5"];
+    const LONGER: &[&str] = &["claude-3-haiku", "claude-3-5-haiku"];
+    if LONGEST.iter().any(|m| model.starts_with(m)) {
+        4096
+    } else if LONGER.iter().any(|m| model.starts_with(m)) {
+        2048
+    } else {
+        1024
+    }
+}
+
+/// What Anthropic refuses of a request's `cache_control` marks ("Prompt caching",
+/// https://docs.claude.com/en/docs/build-with-claude/prompt-caching):
+/// - at most 4 blocks carry `cache_control` ("You can define up to 4 cache breakpoints"; the
+///   message below is Anthropic's);
+/// - its `type` is `ephemeral`, its `ttl`, when given, `5m` or `1h`;
+/// - a `1h` breakpoint may not follow a `5m` one in cache order ("cache entries with longer
+///   TTL must appear before shorter TTLs");
+/// - thinking blocks cannot be marked ("Thinking blocks cannot be explicitly marked with
+///   `cache_control`", "Extended thinking" page), nor can empty text blocks.
+fn refuse_cache_control(request: &Value) -> Option<String> {
+    let marked: Vec<(String, Value, Value)> = cache_order(request)
+        .into_iter()
+        .filter_map(|(at, block)| block.get("cache_control").cloned().map(|c| (at, block, c)))
+        .collect();
+    if marked.len() > 4 {
+        return Some(format!(
+            "A maximum of 4 blocks with cache_control may be provided. Found {}.",
+            marked.len()
+        ));
+    }
+    let mut seen_short = false;
+    for (at, block, control) in &marked {
+        if control.get("type") != Some(&json!("ephemeral")) {
+            return Some(format!("{at}.cache_control.type: Input should be 'ephemeral'"));
+        }
+        let ttl = control.get("ttl").and_then(Value::as_str).unwrap_or("5m");
+        match ttl {
+            "5m" => seen_short = true,
+            "1h" if seen_short => {
+                return Some(format!(
+                    "{at}.cache_control.ttl: a ttl='1h' cache_control block must not come after a ttl='5m' one"
+                ));
+            }
+            "1h" => {}
+            other => {
+                return Some(format!("{at}.cache_control.ttl: Input should be '5m' or '1h', not {other:?}"));
+            }
+        }
+        let kind = block.get("type").and_then(Value::as_str).unwrap_or_default();
+        if matches!(kind, "thinking" | "redacted_thinking") {
+            return Some(format!("{at}.{kind}.cache_control: Extra inputs are not permitted"));
+        }
+        if kind == "text" && block.get("text").and_then(Value::as_str) == Some("") {
+            return Some(format!("{at}: cache_control cannot be set for empty text blocks"));
+        }
     }
     None
 }

@@ -33,6 +33,7 @@ impl FakeOpenAi {
             stream_error,
             error_body,
             refuse: |_| None,
+            prompt: None,
         };
         FakeOpenAi { server: FakeServer::start(wire).await }
     }

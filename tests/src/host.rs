@@ -331,6 +331,22 @@ impl ApiClient {
         }
     }
 
+    /// Answers the client tool calls `call_1` to `call_<calls>` of `session` in turn, each with
+    /// `result` once it is pending (panics after `timeout` waiting for one).
+    pub async fn answer_client_calls(&self, session: &str, calls: usize, result: &str, timeout: Duration) {
+        for step in 1..=calls {
+            let call = format!("call_{step}");
+            self.wait_summary(session, timeout, |s| {
+                s.pending_client_calls.iter().any(|c| c.id.as_str() == call)
+            })
+            .await;
+            let (status, body) = self
+                .submit(session, &serde_json::json!({"type": "tool.result", "id": call, "result": result}))
+                .await;
+            assert_eq!(status, 202, "{body}");
+        }
+    }
+
     /// `GET /v1/sessions/{session}/messages`: the active path, every page of it.
     pub async fn messages(&self, session: &str) -> Vec<Value> {
         let pages = self.pages(&format!("/v1/sessions/{session}/messages")).await;

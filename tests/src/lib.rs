@@ -1,6 +1,7 @@
 //! Test support for Turnstone's end-to-end tests: in-process fakes of the outside world.
 //!
 //! - [`fake_openai::FakeOpenAi`]: an OpenAI Chat Completions server.
+//! - [`fake_openai_responses::FakeOpenAiResponses`]: an OpenAI Responses server, strict.
 //! - [`fake_anthropic::FakeAnthropic`]: an Anthropic Messages server.
 //! - [`fake_worker::FakeWorker`]: a worker webhook answering decisions by a per-test script.
 //! - [`fake_collector::FakeCollector`]: an OpenTelemetry collector (OTLP/HTTP, JSON).
@@ -23,6 +24,8 @@ pub mod fake;
 pub mod fake_anthropic;
 pub mod fake_collector;
 pub mod fake_openai;
+pub mod fake_openai_responses;
+pub mod fake_prompt_cache;
 pub mod fake_worker;
 pub mod host;
 pub mod ledger;
@@ -31,5 +34,6 @@ pub mod topology;
 pub use fake::{FakeServer, FakeToolCall, Recorded, Reply};
 pub use fake_anthropic::FakeAnthropic;
 pub use fake_openai::FakeOpenAi;
+pub use fake_openai_responses::FakeOpenAiResponses;
 pub use fake_worker::{FakeAnswer, FakeWorker, Gate, WorkerRecord, tool_answer, tools_script};
 pub use host::{ApiClient, EventStream, FrameExt, SseFrame, TestHost};

@@ -86,6 +86,21 @@ fn message_as(agent: &str, text: &str, turn_id: &str) -> Value {
     m
 }
 
+/// A worker that takes every proposal, its model calls with `reasoning`, streamed or not.
+async fn reasoning_worker(reasoning: ReasoningConfig, stream: bool) -> FakeWorker {
+    FakeWorker::start(None, move |request, _| {
+        let mut response = request.proposed.clone();
+        for action in response.actions.iter_mut().flatten() {
+            if let Action::LlmCall(call) = action {
+                call.reasoning = Some(reasoning.clone());
+                call.stream = Some(stream);
+            }
+        }
+        FakeAnswer::Respond(response)
+    })
+    .await
+}
+
 /// Starts a host on `config` in a fresh temporary directory (kept alive by the returned guard).
 async fn host(config: &str) -> (TestHost, TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -1681,22 +1696,9 @@ async fn claude_with_thinking_runs_a_tool_loop() {
         }
         claude.push(Reply::text("All three confirmed."));
         // A worker that takes every proposal, its model calls with thinking on.
-        let worker = FakeWorker::start(None, move |request, _| {
-            let mut response = request.proposed.clone();
-            for action in response.actions.iter_mut().flatten() {
-                if let Action::LlmCall(call) = action {
-                    call.reasoning = Some(ReasoningConfig {
-                        effort: None,
-                        max_tokens: Some(1024),
-                        exclude: None,
-                        enabled: Some(true),
-                    });
-                    call.stream = Some(stream);
-                }
-            }
-            FakeAnswer::Respond(response)
-        })
-        .await;
+        let thinking =
+            ReasoningConfig { effort: None, max_tokens: Some(1024), exclude: None, enabled: Some(true) };
+        let worker = reasoning_worker(thinking, stream).await;
         let (reasoning, worker) = match by_worker {
             true => (String::new(), format!("worker = \"{}\"", worker.url())),
             false => ("reasoning = { effort = \"high\" }".to_owned(), String::new()),
@@ -1725,16 +1727,7 @@ input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} 
         let (host, _dir) = host(&config).await;
         let session = format!("s-think-{model}-{stream}-{by_worker}");
         let turn_id = host.submit_ok(&session, &message("thinker", "Deploy, step by step.")).await;
-        for step in 1..=3 {
-            let call = format!("call_{step}");
-            host.wait_summary(&session, PATIENCE, |s| {
-                s.pending_client_calls.iter().any(|c| c.id.as_str() == call)
-            })
-            .await;
-            let (status, body) =
-                host.submit(&session, &json!({"type": "tool.result", "id": call, "result": "yes"})).await;
-            assert_eq!(status, 202, "{body}");
-        }
+        host.answer_client_calls(&session, 3, "yes", PATIENCE).await;
         let turn = host.wait_turn(&session, &turn_id).await;
         assert_eq!(turn.status, TurnStatus::Completed, "{model}, stream {stream}: {turn:?}");
         let first = &claude.requests()[0].body;
@@ -1769,6 +1762,93 @@ input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} 
         assert!(!chat.to_string().contains("fake-sig-"), "the signature does not");
         let messages = json!(host.messages(&session).await).to_string();
         assert!(!messages.contains("fake-sig-") && messages.contains("Deploy, step by step."), "{messages}");
+        host.stop().await;
+    }
+}
+
+/// OpenAI's reasoning models through the Responses API (issue 27): each reply's reasoning item
+/// (its encrypted content included) is kept with its message and sent back, unchanged and
+/// before the function call it led to, with the tool results; the strict fake refuses the
+/// request otherwise, as OpenAI does with `store: false`. Three tool steps, then the answer;
+/// streamed and not; reasoning asked for by a worker's `llm.call` or by the `[llm.<id>]`
+/// default of an engine-hosted agent.
+#[tokio::test(flavor = "multi_thread")]
+async fn openai_responses_with_reasoning_runs_a_tool_loop() {
+    for (stream, by_worker) in [(false, true), (true, true), (false, false), (true, false)] {
+        let openai = turnstone_tests::FakeOpenAiResponses::start().await;
+        for step in 1..=3 {
+            let call = FakeToolCall::new(format!("call_{step}"), "confirm", r#"{"question":"Go on?"}"#);
+            openai.push(Reply::tool_calls([call]));
+        }
+        openai.push(Reply::text("All three confirmed."));
+        let medium = ReasoningConfig {
+            effort: Some(turnstone_engine::protocol::Effort::Medium),
+            max_tokens: None,
+            exclude: None,
+            enabled: None,
+        };
+        let worker = reasoning_worker(medium, stream).await;
+        let (reasoning, worker) = match by_worker {
+            true => (String::new(), format!("worker = \"{}\"", worker.url())),
+            false => ("reasoning = { effort = \"high\" }".to_owned(), String::new()),
+        };
+        let config = format!(
+            r#"{FAST_DEFAULTS}
+[llm.gpt]
+type = "openai-responses"
+base_url = "{}"
+{reasoning}
+
+[agent.reasoner]
+model = "gpt-5"
+system = "You deploy carefully."
+llm = "gpt"
+stream = {stream}
+{worker}
+
+[[agent.reasoner.tools]]
+name = "confirm"
+description = "Asks the user."
+handler = "client"
+input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} }}
+"#,
+            openai.base_url(),
+        );
+        let (host, _dir) = host(&config).await;
+        let session = format!("s-responses-{stream}-{by_worker}");
+        let turn_id = host.submit_ok(&session, &message("reasoner", "Deploy, step by step.")).await;
+        host.answer_client_calls(&session, 3, "yes", PATIENCE).await;
+        let turn = host.wait_turn(&session, &turn_id).await;
+        assert_eq!(turn.status, TurnStatus::Completed, "stream {stream}, by worker {by_worker}: {turn:?}");
+        let requests = openai.requests();
+        assert_eq!(requests.len(), 4);
+        let first = &requests[0].body;
+        assert_eq!(first["reasoning"]["effort"], if by_worker { "medium" } else { "high" });
+        assert_eq!(
+            (first["store"].clone(), first["instructions"].clone()),
+            (json!(false), json!("You deploy carefully."))
+        );
+        // Every request after the first sent each call back right after the reasoning item
+        // that led to it, its encrypted content as the fake sealed it.
+        for (n, request) in requests.iter().enumerate().skip(1) {
+            let input = request.body["input"].as_array().unwrap();
+            let calls: Vec<usize> =
+                (0..input.len()).filter(|&i| input[i]["type"] == "function_call").collect();
+            assert_eq!(calls.len(), n, "{input:?}");
+            for i in calls {
+                assert_eq!(input[i - 1]["type"], "reasoning", "stream {stream}: {input:?}");
+                assert!(
+                    input[i - 1]["encrypted_content"].as_str().is_some_and(|e| e.starts_with("gAAAAfake"))
+                );
+                assert_eq!(input[i + 1]["type"], "function_call_output");
+            }
+        }
+        // Clients see the reasoning summary as the reply's reasoning, not the reasoning items.
+        let chat: Value = host.get_ok(&format!("/v1/sessions/{session}/chat")).await;
+        assert!(chat.to_string().contains("Reading the"), "the reasoning shows");
+        assert!(!chat.to_string().contains("gAAAAfake"), "the encrypted content does not");
+        let messages = json!(host.messages(&session).await).to_string();
+        assert!(!messages.contains("gAAAAfake") && messages.contains("Deploy, step by step."), "{messages}");
         host.stop().await;
     }
 }

@@ -86,11 +86,8 @@ async fn metrics_count_turns_calls_tokens_and_cost() {
     assert_eq!(at(r#"turnstone_steps_total{agent="paid"}"#), 1.0);
     assert_eq!(at(r#"turnstone_call_attempts_total{agent="paid",kind="llm",result="retried"}"#), 1.0);
     assert_eq!(at(r#"turnstone_call_attempts_total{agent="paid",kind="llm",result="ok"}"#), 1.0);
-    assert_eq!(at(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="prompt_tokens"}"#), 1000.0);
-    assert_eq!(
-        at(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="completion_tokens"}"#),
-        200.0
-    );
+    assert_eq!(at(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="input"}"#), 1000.0);
+    assert_eq!(at(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="output"}"#), 200.0);
     // 1000 * 2.5 / 1e6 + 200 * 10 / 1e6 dollars.
     assert_eq!(at(r#"turnstone_cost_dollars_total{agent="paid",model="gpt-fake"}"#), 0.0045);
     assert_eq!(at(r#"turnstone_call_seconds_count{agent="paid",kind="llm"}"#), 2.0);
@@ -254,9 +251,6 @@ async fn metric_labels_come_only_from_the_configuration_and_known_usage_fields()
     let text = host.http().get(format!("{}/metrics", host.url())).send().await.unwrap().text().await.unwrap();
     assert!(!text.contains("attacker"), "{text}");
     let got = samples(&text);
-    assert_eq!(
-        got.get(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="prompt_tokens"}"#),
-        Some(&7.0)
-    );
+    assert_eq!(got.get(r#"turnstone_tokens_total{agent="paid",model="gpt-fake",kind="input"}"#), Some(&7.0));
     host.stop().await;
 }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use turnstone_engine::protocol::{
-    Content, ContentPart, DraftMessage, ErrorCode, LlmRequest, LlmResponse, LlmTool, Role, StreamDelta,
-    ToolCall,
+    Content, ContentPart, DraftMessage, Effort, ErrorCode, LlmRequest, LlmResponse, LlmTool, ReasoningConfig,
+    Role, StreamDelta, ToolCall,
 };
 use turnstone_runtime::llm::{
     AnthropicProvider, ModelProvider, OpenAiProvider, ProviderError, ProviderKind, ProviderSetupError,
@@ -64,6 +64,8 @@ fn request(model: &str) -> LlmRequest {
         temperature: Some(0.5),
         max_completion_tokens: Some(256),
         reasoning: None,
+        cache: None,
+        thinking_form: None,
     }
 }
 
@@ -784,6 +786,8 @@ fn scripted_request(messages: Vec<DraftMessage>) -> LlmRequest {
         temperature: None,
         max_completion_tokens: None,
         reasoning: None,
+        cache: None,
+        thinking_form: None,
     }
 }
 
@@ -990,4 +994,31 @@ async fn scripted_is_deterministic() {
     assert_ne!(scripted(&later).await.unwrap().tool_calls.unwrap()[0].id, id);
     let branch = scripted_request(vec![DraftMessage::user("/tool get_time").with_id("m-2")]);
     assert_ne!(scripted(&branch).await.unwrap().tool_calls.unwrap()[0].id, id);
+}
+
+/// Claude 4 models before 4.6 think between tool calls only with interleaved thinking's beta:
+/// a budgeted thinking request that offers tools sends the header; adaptive thinking (which
+/// interleaves by itself), Claude 3.7 (which cannot) and a request without tools do not.
+#[tokio::test]
+async fn anthropic_budgeted_thinking_with_tools_asks_for_interleaved_thinking() {
+    let fake = FakeAnthropic::start().await;
+    let thinking =
+        ReasoningConfig { effort: Some(Effort::Low), max_tokens: None, exclude: None, enabled: None };
+    for (model, tools, beta) in [
+        ("claude-sonnet-4-5", true, Some("interleaved-thinking-2025-05-14")),
+        ("claude-opus-4-1-20250805", true, Some("interleaved-thinking-2025-05-14")),
+        ("claude-opus-4-7", true, None),
+        ("claude-3-7-sonnet-20250219", true, None),
+        ("claude-sonnet-4-5", false, None),
+    ] {
+        let mut req = LlmRequest { reasoning: Some(thinking.clone()), ..request(model) };
+        req.messages.retain(|m| m.role == Role::User || m.role == Role::System);
+        if !tools {
+            req.tools = None;
+        }
+        fake.push(Reply::text("ok"));
+        let (result, _) = run(&anthropic(&fake), &req, false, PLENTY).await;
+        result.unwrap_or_else(|e| panic!("{model}: {e}"));
+        assert_eq!(fake.last_request().header("anthropic-beta").as_deref(), beta, "{model}, tools {tools}");
+    }
 }

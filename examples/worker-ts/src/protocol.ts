@@ -9,7 +9,7 @@ export type ProtocolDocument =
 /**
  * A provider wire format for worker-run LLM calls.
  */
-export type LlmFormat = "openai" | "anthropic";
+export type LlmFormat = "openai" | "anthropic" | "openai-responses";
 /**
  * Where an LLM call runs.
  */

@@ -86,7 +86,12 @@ async fn summary(State(fake): State<Fake>, Path(id): Path<String>) -> Response {
         open_interrupts: Vec::new(),
         pending_client_calls: Vec::new(),
         awaiting_approval: Vec::new(),
-        usage: UsageSummary { llm_calls: 0, tokens: Default::default(), cost: "0".into() },
+        usage: UsageSummary {
+            llm_calls: 0,
+            tokens: Default::default(),
+            counts: Default::default(),
+            cost: "0".into(),
+        },
         last_seq: state.last_seq,
         messages: 0,
         created_at: Timestamp(0),

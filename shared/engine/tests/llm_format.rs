@@ -4,7 +4,9 @@
 
 use serde_json::{Value, json};
 use turnstone_engine::llm_format::{self, FormatError, LlmFormat, anthropic, openai};
-use turnstone_engine::protocol::{LlmRequest, LlmResponse, StreamDelta, ToolCall, ToolCallDelta, UrlRef};
+use turnstone_engine::protocol::{
+    CacheTtl, LlmRequest, LlmResponse, PromptCache, StreamDelta, ToolCall, ToolCallDelta, UrlRef,
+};
 
 fn req(value: Value) -> LlmRequest {
     serde_json::from_value(value).expect("a valid LlmRequest")
@@ -1540,4 +1542,107 @@ fn anthropic_thinking_takes_the_form_of_the_model() {
     assert_eq!(b.get("thinking"), None, "off is no thinking field at all");
     let b = body("claude-sonnet-4-5", json!({ "effort": "minimal" }));
     assert_eq!(b["thinking"], json!({ "type": "enabled", "budget_tokens": 1024 }));
+    // A form the configuration gives the model wins over its id.
+    let mut alias = req(json!({ "model": "my-claude", "messages": [], "reasoning": { "effort": "low" } }));
+    assert_eq!(anthropic::request(&alias, false).unwrap()["thinking"]["type"], "enabled");
+    alias.thinking_form = Some(Adaptive);
+    let b = anthropic::request(&alias, false).unwrap();
+    assert_eq!(
+        (b["thinking"].clone(), b["output_config"].clone()),
+        (json!({ "type": "adaptive" }), json!({ "effort": "low" }))
+    );
+}
+
+fn cached(mut request: LlmRequest, key: &str, ttl: CacheTtl) -> LlmRequest {
+    request.cache = Some(PromptCache { key: key.to_owned(), ttl });
+    request
+}
+
+/// The cache breakpoints of an Anthropic request: where, and with which TTL.
+fn breakpoints(body: &Value) -> Vec<(String, Value)> {
+    let mut found = Vec::new();
+    for (i, tool) in body["tools"].as_array().into_iter().flatten().enumerate() {
+        if let Some(c) = tool.get("cache_control") {
+            found.push((format!("tools.{i}"), c.clone()));
+        }
+    }
+    for (i, block) in body["system"].as_array().into_iter().flatten().enumerate() {
+        if let Some(c) = block.get("cache_control") {
+            found.push((format!("system.{i}"), c.clone()));
+        }
+    }
+    for (i, message) in body["messages"].as_array().into_iter().flatten().enumerate() {
+        for (j, block) in message["content"].as_array().into_iter().flatten().enumerate() {
+            if let Some(c) = block.get("cache_control") {
+                found.push((format!("messages.{i}.{j}"), c.clone()));
+            }
+        }
+    }
+    found
+}
+
+/// Prompt caching: the last tool, the system prompt and the last block of each of the last two
+/// messages carry a breakpoint with the TTL asked for (four, Anthropic's most); a thinking
+/// block is never marked; nothing is marked unless the request asks.
+#[test]
+fn anthropic_request_marks_cache_breakpoints_when_asked() {
+    let thinking = json!({ "type": "thinking", "thinking": "Look it up.", "signature": "sig-1" });
+    let conversation = json!({ "model": "claude-sonnet-4-5", "messages": [
+        { "role": "system", "content": "You are terse." },
+        { "role": "user", "content": "Weather in Paris?" },
+        { "role": "assistant", "tool_calls": [
+            { "id": "toolu_1", "type": "function", "function": { "name": "weather", "arguments": "{}" } }
+        ], "provider_blocks": { "provider": "anthropic", "blocks": [thinking] } },
+        { "role": "tool", "tool_call_id": "toolu_1", "content": "sunny" },
+    ], "tools": [
+        { "name": "time", "description": "The time." },
+        { "name": "weather", "description": "The weather." },
+    ] });
+    let plain = anthropic::request(&req(conversation.clone()), false).unwrap();
+    assert!(breakpoints(&plain).is_empty());
+    assert_eq!(plain["system"], "You are terse.");
+
+    let five = json!({ "type": "ephemeral", "ttl": "5m" });
+    let sent =
+        anthropic::request(&cached(req(conversation.clone()), "s-1", CacheTtl::FiveMinutes), false).unwrap();
+    let marks = breakpoints(&sent);
+    let at = |at: &str| (at.to_owned(), five.clone());
+    assert_eq!(marks, [at("tools.1"), at("system.0"), at("messages.1.1"), at("messages.2.0")]);
+    assert_eq!(marks.len(), anthropic::MAX_CACHE_BREAKPOINTS);
+    assert_eq!(sent["system"][0]["text"], "You are terse.");
+    // The signed thinking block goes back unchanged and unmarked, before the marked tool_use.
+    assert_eq!(sent["messages"][1]["content"][0], thinking);
+    assert_eq!(sent["messages"][1]["content"][1]["type"], "tool_use");
+
+    // One hour, everywhere alike; a text-only tail is made a block to carry the mark.
+    let short = json!({ "model": "claude-sonnet-4-5", "messages": [
+        { "role": "user", "content": "Hi" }, { "role": "assistant", "content": "" }, { "role": "user", "content": "Again" },
+    ] });
+    let sent = anthropic::request(&cached(req(short), "s-1", CacheTtl::OneHour), false).unwrap();
+    let hour = json!({ "type": "ephemeral", "ttl": "1h" });
+    assert_eq!(
+        breakpoints(&sent),
+        [("messages.2.0".to_owned(), hour)],
+        "an empty assistant turn carries none"
+    );
+    assert_eq!(
+        sent["messages"][2]["content"],
+        json!([{ "type": "text", "text": "Again", "cache_control": { "type": "ephemeral", "ttl": "1h" } }])
+    );
+}
+
+/// OpenAI caches by itself: a cached request names its conversation as `prompt_cache_key`, in
+/// at most 64 characters.
+#[test]
+fn openai_request_names_the_prompt_cache_key() {
+    let base = req(json!({ "model": "gpt-5", "messages": [{ "role": "user", "content": "hi" }] }));
+    assert!(openai::request(&base, false).get("prompt_cache_key").is_none());
+    let sent = openai::request(&cached(base.clone(), "session-1", CacheTtl::FiveMinutes), false);
+    assert_eq!(sent["prompt_cache_key"], "session-1");
+    let long = "s".repeat(100);
+    let sent = openai::request(&cached(base.clone(), &long, CacheTtl::FiveMinutes), false);
+    let key = sent["prompt_cache_key"].as_str().unwrap();
+    assert!(key.len() <= PromptCache::MAX_KEY_CHARS && key != long, "{key}");
+    let again = openai::request(&cached(base, &long, CacheTtl::FiveMinutes), false);
+    assert_eq!(again["prompt_cache_key"], key, "the same conversation, the same key");
 }

@@ -1164,7 +1164,9 @@ fn llm_request_minimal_and_full() {
             tools: None,
             temperature: None,
             max_completion_tokens: None,
-            reasoning: None
+            reasoning: None,
+            cache: None,
+            thinking_form: None
         }
     );
     let full: LlmRequest = load("llm.json", "LlmRequest", "full");

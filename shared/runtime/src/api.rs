@@ -12,6 +12,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use turnstone_engine::ids::{CallId, InterruptId, MessageId, SessionId, TurnId};
+use turnstone_engine::llm_format::usage::TokenCounts;
 use turnstone_engine::protocol::{Message, MessageTree, StreamDelta};
 use turnstone_engine::session::{CallRecord, CallSpec, Event, ForkOrigin, ParentLink, Session};
 use turnstone_engine::time::Timestamp;
@@ -192,8 +193,12 @@ pub struct PendingClientCall {
 pub struct UsageSummary {
     /// Completed model calls.
     pub llm_calls: u64,
-    /// Every numeric usage field summed (e.g. `prompt_tokens`).
+    /// Every numeric usage field summed, in the providers' own names (e.g. `prompt_tokens`).
     pub tokens: BTreeMap<String, u64>,
+    /// The same tokens in one vocabulary whichever provider counted them: input (what was
+    /// read from or written to the prompt cache included), output, cache reads and writes,
+    /// reasoning.
+    pub counts: TokenCounts,
     /// In dollars, as an exact decimal string.
     pub cost: String,
 }
@@ -253,6 +258,7 @@ impl SessionSummary {
             usage: UsageSummary {
                 llm_calls: s.usage().llm_calls,
                 tokens: s.usage().tokens.clone(),
+                counts: s.usage().counts(),
                 cost: s.usage().cost(),
             },
             last_seq: s.events_applied(),

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 use turnstone_engine::ids::{SessionId, TurnId};
-use turnstone_engine::protocol::{Action, AgentConfig, ClientInput, ReasoningConfig, WorkerIdentity};
+use turnstone_engine::protocol::{
+    Action, AgentConfig, CacheTtl, ClientInput, ReasoningConfig, ThinkingForm, WorkerIdentity,
+};
 use turnstone_engine::session::{
     Budget, CallSpec, Command, Ctx, Defaults, Effect, Event, ParentLink, Plan, Recalled, Rejection, Session,
     SessionInit, Tree, TurnOrigin, TurnRecord, UsedId, UsedIds, handle,
@@ -47,6 +49,23 @@ pub struct AgentRuntime {
     pub budget: Budget,
     /// The reasoning of its server model calls that ask for none (`[llm.<id>] reasoning`).
     pub reasoning: Option<ReasoningConfig>,
+    /// How long a provider keeps its server model calls' prompt prefixes (`[llm.<id>]
+    /// prompt_cache`); `None`: not cached.
+    pub prompt_cache: Option<CacheTtl>,
+    /// How models take thinking where their id does not say, by model-name prefix
+    /// (`[llm.<id>] thinking`).
+    pub thinking_forms: BTreeMap<String, ThinkingForm>,
+}
+
+impl AgentRuntime {
+    /// The thinking form the configuration gives `model`: the longest prefix that names it.
+    pub fn thinking_form(&self, model: &str) -> Option<ThinkingForm> {
+        self.thinking_forms
+            .iter()
+            .filter(|(prefix, _)| model.starts_with(prefix.as_str()))
+            .max_by_key(|(p, _)| p.len())
+            .map(|(_, form)| *form)
+    }
 }
 
 impl std::fmt::Debug for AgentRuntime {

@@ -40,7 +40,7 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
         let provider = provider_for(llm.kind.provider_kind(), llm.base_url.as_deref(), key)
             .map_err(|source| SetupError { file: config.file.clone(), llm: id.clone(), source })?;
         let provider = match llm.kind.format() {
-            Some(format) if !llm.prices.is_empty() => {
+            Some(_) if !llm.prices.is_empty() => {
                 let prices = llm
                     .prices
                     .iter()
@@ -51,7 +51,7 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
                         )
                     })
                     .collect();
-                Arc::new(Priced::new(provider, format, prices)) as Arc<dyn ModelProvider>
+                Arc::new(Priced::new(provider, prices)) as Arc<dyn ModelProvider>
             }
             _ => provider,
         };
@@ -68,7 +68,12 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
             });
             let llm = def.llm_for(config);
             let provider = llm.and_then(|llm| providers.get(llm).cloned());
-            let reasoning = llm.and_then(|llm| config.llms.get(llm)).and_then(|llm| llm.reasoning.clone());
+            let llm = llm.and_then(|llm| config.llms.get(llm));
+            let reasoning = llm.and_then(|llm| llm.reasoning.clone());
+            let prompt_cache = llm.and_then(|llm| llm.prompt_cache.ttl());
+            let thinking_forms = llm
+                .map(|llm| llm.thinking.iter().map(|(prefix, s)| (prefix.clone(), s.form())).collect())
+                .unwrap_or_default();
             let agent = AgentRuntime {
                 id: id.clone(),
                 declared: def.config.clone(),
@@ -76,6 +81,8 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
                 provider,
                 budget: def.budget,
                 reasoning,
+                prompt_cache,
+                thinking_forms,
             };
             (id.clone(), agent)
         })

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::{Instrument, Span};
 
 use turnstone_engine::ids::{CallId, DecisionId, SessionId};
-use turnstone_engine::protocol::{StreamDelta, Trigger};
+use turnstone_engine::protocol::{PromptCache, StreamDelta, Trigger};
 use turnstone_engine::session::{
     CallSpec, Command, Effect, OutboxItem, Rejection, Route, Session, child_failed, route,
 };
@@ -329,8 +329,14 @@ impl Dispatcher {
         let timeout = call.policy.timeout_ms().map(Duration::from_millis);
         let agent = self.app.agent(session.agent_id());
         let mut request = session.llm_request(call);
-        if let Some(request) = request.as_mut().filter(|r| r.reasoning.is_none()) {
-            request.reasoning = agent.and_then(|a| a.reasoning.clone());
+        if let Some(request) = request.as_mut() {
+            if request.reasoning.is_none() {
+                request.reasoning = agent.and_then(|a| a.reasoning.clone());
+            }
+            // One cache key per session: its steps share the conversation's prefix.
+            let ttl = agent.and_then(|a| a.prompt_cache);
+            request.cache = ttl.map(|ttl| PromptCache { key: session_id.to_owned(), ttl });
+            request.thinking_form = agent.and_then(|a| a.thinking_form(&request.model));
         }
         let provider = agent.and_then(|a| a.provider.clone());
         let turn_id = call.turn_id.as_ref().map(|t| session.resolve_turn_id(t).as_str());

@@ -19,6 +19,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use serde_json::{Map, Value, json};
 use turnstone_engine::ids::CallId;
+use turnstone_engine::llm_format::usage::TokenCounts;
 use turnstone_engine::session::{CallSpec, CallValue, Event, Session};
 use turnstone_engine::time::Timestamp;
 
@@ -74,19 +75,18 @@ struct Started {
     at: Timestamp,
 }
 
-/// The usage fields counted as token kinds: the providers' documented top-level counts
-/// (OpenAI's `prompt_tokens`, `completion_tokens`, `total_tokens`; Anthropic's `input_tokens`,
-/// `output_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`). A reply is not
-/// trusted to name metrics: any other field is not counted, so labels stay bounded.
-const USAGE_KINDS: [&str; 7] = [
-    "prompt_tokens",
-    "completion_tokens",
-    "total_tokens",
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
-];
+/// The token kinds, in the engine's one vocabulary ([`TokenCounts`]) whichever provider
+/// counted them: the only `kind` labels (a reply is not trusted to name metrics, so labels
+/// stay bounded).
+fn token_kinds(counts: &TokenCounts) -> [(&'static str, u64); 5] {
+    [
+        ("input", counts.input),
+        ("output", counts.output),
+        ("cache_read", counts.cache_read),
+        ("cache_write", counts.cache_write),
+        ("reasoning", counts.reasoning),
+    ]
+}
 
 /// The model label of a call whose model is not one the configuration names.
 const OTHER_MODEL: &str = "other";
@@ -191,13 +191,14 @@ impl Metrics {
                     self.attempt_ended(session, call_id, *attempt, value, result, now, &label, &mut delta);
                     if let Some(CallValue::Llm(response)) = value {
                         let labels = label(&[("model", self.model_label(session, call_id))]);
-                        if let Some(Value::Object(usage)) = &response.usage {
-                            for kind in USAGE_KINDS {
-                                if let Some(n) = usage.get(kind).and_then(Value::as_u64) {
-                                    let mut labels = labels.clone();
-                                    labels.push(("kind", kind.to_owned()));
-                                    delta.tokens.push((labels, n));
-                                }
+                        let counts = response.usage.as_ref().map(TokenCounts::of).unwrap_or_default();
+                        // Input and output always, once anything was counted; the others
+                        // where the provider reports them.
+                        for (kind, n) in token_kinds(&counts) {
+                            if !counts.is_empty() && (n > 0 || matches!(kind, "input" | "output")) {
+                                let mut labels = labels.clone();
+                                labels.push(("kind", kind.to_owned()));
+                                delta.tokens.push((labels, n));
                             }
                         }
                         let mut usage = turnstone_engine::session::Usage::default();

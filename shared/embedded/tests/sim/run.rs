@@ -75,6 +75,8 @@ fn agents(world: &Arc<World>, life: &Arc<Life>) -> BTreeMap<String, AgentRuntime
         provider: Some(provider),
         budget: Default::default(),
         reasoning: None,
+        prompt_cache: None,
+        thinking_forms: Default::default(),
     };
     BTreeMap::from([
         (

@@ -22,7 +22,8 @@
 //!   [`DEFAULT_MAX_TOKENS`] plus the thinking budget, so the default still leaves room to answer.
 //! - Reasoning turns thinking on when `max_tokens`, `enabled: true` or an effort other than
 //!   `none` is set, unless `enabled` is `false` or effort is `none`, in the form the model
-//!   takes ([`thinking_form`]): from Claude 4.6 on, adaptive thinking (`thinking: {type:
+//!   takes ([`LlmRequest::thinking_form`] when the configuration names it, else
+//!   [`thinking_form`] of the model's id): from Claude 4.6 on, adaptive thinking (`thinking: {type:
 //!   "adaptive"}`, the effort as `output_config.effort`: `xhigh` is `max`, `minimal` is `low`;
 //!   Opus 4.7 and later refuse the budgeted form, and 4.6 deprecates it), and before it,
 //!   budgeted thinking (`thinking: {type: "enabled", budget_tokens}`), the budget
@@ -35,6 +36,9 @@
 //!   [`ProviderBlocks`] (provider [`PROVIDER`]), and lead the assistant message's content when
 //!   it is sent back, unchanged (Anthropic requires the signed thinking block of the turn that
 //!   called a tool, while thinking is on). Another format's blocks are left out.
+//! - Prompt caching, when the request asks for it ([`LlmRequest::cache`], which the engine sets
+//!   on the calls it runs): `cache_control` breakpoints on the last tool, the system prompt and
+//!   the last two messages (see [`mark_cache_breakpoints`]).
 //! - Responses: `text` blocks are concatenated, `tool_use` blocks become tool calls with
 //!   `input` serialized as the argument string, `thinking` text is the reasoning, and other
 //!   block kinds are skipped. `stop_reason` maps to the neutral finish reason (see
@@ -50,9 +54,10 @@ use super::json::{
     get, index, join, number, object, opt_object, opt_str, provider_error, req_array, req_object, req_str,
     req_u64,
 };
+pub use crate::protocol::ThinkingForm;
 use crate::protocol::{
-    Content, ContentPart, DraftMessage, Effort, FileData, LlmRequest, LlmResponse, LlmTool, ProviderBlocks,
-    ReasoningConfig, Role, StreamDelta, ToolCall, ToolCallDelta,
+    CacheTtl, Content, ContentPart, DraftMessage, Effort, FileData, LlmRequest, LlmResponse, LlmTool,
+    ProviderBlocks, ReasoningConfig, Role, StreamDelta, ToolCall, ToolCallDelta,
 };
 
 /// The [`ProviderBlocks::provider`] of blocks this format wrote.
@@ -76,32 +81,42 @@ pub fn effort_budget(effort: Effort) -> Option<u64> {
     }
 }
 
-/// How a Claude model takes thinking.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ThinkingForm {
-    /// `thinking: {type: "adaptive"}` with `output_config.effort`: Claude 4.6 and later.
-    Adaptive,
-    /// `thinking: {type: "enabled", budget_tokens}`: the models before 4.6.
-    Budget,
-}
-
 /// The thinking form of `model`, by its version: the first number in its id is the major
 /// version and the next, when there is one, the minor (ids put them after the family,
 /// `claude-opus-4-7`, `claude-sonnet-4-5-20250929`, or before it, `claude-3-7-sonnet-...`; an
 /// eight-digit date is not a version). Adaptive from 4.6 on; an id without a version keeps the
 /// budgeted form.
 pub fn thinking_form(model: &str) -> ThinkingForm {
-    let numbers: Vec<u64> = model
-        .split(['-', '.', '@', ':', '/'])
-        .filter(|token| !token.is_empty() && token.len() < 8 && token.bytes().all(|b| b.is_ascii_digit()))
-        .filter_map(|token| token.parse().ok())
-        .take(2)
-        .collect();
-    match numbers.as_slice() {
+    match version(model).as_slice() {
         [major, ..] if *major >= 5 => ThinkingForm::Adaptive,
         [4, minor, ..] if *minor >= 6 => ThinkingForm::Adaptive,
         _ => ThinkingForm::Budget,
     }
+}
+
+/// The major and minor version in a Claude model id, as far as it names them.
+fn version(model: &str) -> Vec<u64> {
+    model
+        .split(['-', '.', '@', ':', '/'])
+        .filter(|token| !token.is_empty() && token.len() < 8 && token.bytes().all(|b| b.is_ascii_digit()))
+        .filter_map(|token| token.parse().ok())
+        .take(2)
+        .collect()
+}
+
+/// Interleaved thinking's beta (thinking between tool calls, not only before the first).
+pub const INTERLEAVED_THINKING_BETA: &str = "interleaved-thinking-2025-05-14";
+
+/// The `anthropic-beta` header a request body needs: a Claude 4 model before 4.6 thinks
+/// between tool calls only with [`INTERLEAVED_THINKING_BETA`], so a budgeted thinking request
+/// that offers tools asks for it. Adaptive thinking interleaves by itself, and Claude 3.7 has
+/// no interleaved thinking ("Interleaved thinking", in "Extended thinking",
+/// https://docs.claude.com/en/docs/build-with-claude/extended-thinking).
+pub fn beta_header(body: &Value) -> Option<&'static str> {
+    let model = body.get("model")?.as_str()?;
+    let budgeted = body.pointer("/thinking/type").and_then(Value::as_str) == Some("enabled");
+    let tools = body.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
+    (budgeted && tools && version(model).first() == Some(&4)).then_some(INTERLEAVED_THINKING_BETA)
 }
 
 /// Adaptive thinking's `output_config.effort` for a neutral effort (`None` for no effort).
@@ -179,7 +194,7 @@ pub fn request(req: &LlmRequest, stream: bool) -> Result<Value, FormatError> {
     if let Some(temperature) = req.temperature {
         body.insert("temperature".into(), number(temperature));
     }
-    match (budget, thinking_form(&req.model)) {
+    match (budget, req.thinking_form.unwrap_or_else(|| thinking_form(&req.model))) {
         (None, _) => {}
         (Some(budget), ThinkingForm::Budget) => {
             body.insert("thinking".into(), json!({ "type": "enabled", "budget_tokens": budget }));
@@ -195,7 +210,58 @@ pub fn request(req: &LlmRequest, stream: bool) -> Result<Value, FormatError> {
     if stream {
         body.insert("stream".into(), json!(true));
     }
+    if let Some(cache) = &req.cache {
+        mark_cache_breakpoints(&mut body, cache.ttl);
+    }
     Ok(Value::Object(body))
+}
+
+/// Anthropic's limit of `cache_control` breakpoints per request ("up to 4 cache breakpoints",
+/// docs.claude.com/en/docs/build-with-claude/prompt-caching).
+pub const MAX_CACHE_BREAKPOINTS: usize = 4;
+
+/// Marks the request's cache breakpoints, at most [`MAX_CACHE_BREAKPOINTS`]: the last tool and
+/// the system prompt (stable for the whole session), and the last cacheable block of each of
+/// the last two messages. A prefix is cached up to its breakpoint, and a later request finds
+/// it by looking back from its own breakpoints (Anthropic looks at most 20 blocks back), so the
+/// breakpoint on the newest message lets the next step read the whole conversation before it
+/// from the cache, and the one before it is a fallback when that entry was not written (a
+/// failed attempt, an eviction). All share one `ttl`: Anthropic requires a longer-lived
+/// breakpoint not to follow a shorter-lived one. It is always given explicitly, as the default
+/// has changed before.
+fn mark_cache_breakpoints(body: &mut Map<String, Value>, ttl: CacheTtl) {
+    let control = json!({ "type": "ephemeral", "ttl": ttl.name() });
+    if let Some(Value::Object(last)) =
+        body.get_mut("tools").and_then(Value::as_array_mut).and_then(|t| t.last_mut())
+    {
+        last.insert("cache_control".into(), control.clone());
+    }
+    if let Some(Value::String(system)) = body.get("system") {
+        let block = json!([{ "type": "text", "text": system, "cache_control": control }]);
+        body.insert("system".into(), block);
+    }
+    let Some(messages) = body.get_mut("messages").and_then(Value::as_array_mut) else { return };
+    for message in messages.iter_mut().rev().take(2) {
+        let Some(content) = message.get_mut("content") else { continue };
+        if let Value::String(text) = content {
+            if text.is_empty() {
+                continue;
+            }
+            *content = json!([{ "type": "text", "text": text }]);
+        }
+        // Thinking blocks cannot carry `cache_control`, and an empty text block is refused.
+        let cacheable = content.as_array_mut().and_then(|blocks| {
+            blocks.iter_mut().rev().find(|b| {
+                let empty_text = b.get("type") == Some(&json!("text")) && b.get("text") == Some(&json!(""));
+                let thinking =
+                    matches!(b.get("type").and_then(Value::as_str), Some("thinking" | "redacted_thinking"));
+                !(thinking || empty_text)
+            })
+        });
+        if let Some(Value::Object(block)) = cacheable {
+            block.insert("cache_control".into(), control.clone());
+        }
+    }
 }
 
 fn flush_results(messages: &mut Vec<Value>, results: &mut Vec<Value>) {

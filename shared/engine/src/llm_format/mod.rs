@@ -1,4 +1,5 @@
-//! Provider wire formats (OpenAI chat completions, Anthropic messages) <-> the neutral LlmRequest/LlmResponse.
+//! Provider wire formats (OpenAI Chat Completions, OpenAI Responses, Anthropic Messages) <->
+//! the neutral LlmRequest/LlmResponse.
 //!
 //! Pure conversions, no I/O: the engine uses them for worker-run LLM calls with a `format`
 //! (the `llm.execute` trigger carries a provider-native request, the worker's `llm.result` a
@@ -9,16 +10,19 @@
 //!
 //! - `request(&LlmRequest, stream)`: the provider's request body. OpenAI's cannot fail (the
 //!   protocol's messages are OpenAI-shaped); Anthropic's fails on content it cannot carry
-//!   (audio, video, non-PDF files, system messages after the start) rather than dropping it.
+//!   (audio, video, non-PDF files, system messages after the start) rather than dropping it,
+//!   and the Responses API's likewise (audio, video).
 //! - `response(&Value)`: a complete (non-streaming) provider response body as an [`LlmResponse`].
 //! - `StreamAccumulator`: fed one parsed stream event at a time, it returns the
 //!   [`StreamDelta`] to forward and, at the end, assembles the
-//!   whole [`LlmResponse`]. The caller does the SSE framing (and OpenAI's `[DONE]`).
+//!   whole [`LlmResponse`]. The caller does the SSE framing (and OpenAI's `[DONE]`; a
+//!   Responses stream ends at `response.completed` or `response.incomplete`).
 //!
-//! The neutral [`LlmResponse`] has no reasoning field, so reasoning reaches callers only as
-//! stream deltas; it is not kept in the assembled response. Token usage passes through in
-//! the provider's own shape. A provider error body (`{"error": ...}`) or stream `error`
-//! event becomes a [`FormatError`] at path `error`.
+//! Reasoning is streamed as deltas and kept in [`LlmResponse::reasoning`]; what a provider
+//! requires back (signed thinking, encrypted reasoning items) in its
+//! [`LlmResponse::provider_blocks`]. Token usage passes through in the provider's own shape
+//! ([`usage::TokenCounts`] reads any of them). A provider error body (`{"error": ...}`) or
+//! stream `error` event becomes a [`FormatError`] at path `error`.
 //!
 //! [`request`], [`response`] and [`StreamAccumulator`] here dispatch on [`LlmFormat`].
 
@@ -31,6 +35,8 @@ pub use crate::protocol::LlmFormat;
 pub mod anthropic;
 mod json;
 pub mod openai;
+pub mod openai_responses;
+pub mod usage;
 
 /// A provider document (or a request) that cannot be converted; `path` names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -57,6 +63,7 @@ pub fn request(format: LlmFormat, req: &LlmRequest, stream: bool) -> Result<Valu
     match format {
         LlmFormat::Openai => Ok(openai::request(req, stream)),
         LlmFormat::Anthropic => anthropic::request(req, stream),
+        LlmFormat::OpenaiResponses => openai_responses::request(req, stream),
     }
 }
 
@@ -65,16 +72,19 @@ pub fn response(format: LlmFormat, body: &Value) -> Result<LlmResponse, FormatEr
     match format {
         LlmFormat::Openai => openai::response(body),
         LlmFormat::Anthropic => anthropic::response(body),
+        LlmFormat::OpenaiResponses => openai_responses::response(body),
     }
 }
 
-/// A stream accumulator for either format.
+/// A stream accumulator for any format.
 #[derive(Debug, Clone)]
 pub enum StreamAccumulator {
     /// OpenAI `chat.completion.chunk`s.
     Openai(openai::StreamAccumulator),
     /// Anthropic message stream events.
     Anthropic(anthropic::StreamAccumulator),
+    /// OpenAI response stream events.
+    OpenaiResponses(openai_responses::StreamAccumulator),
 }
 
 impl StreamAccumulator {
@@ -83,6 +93,9 @@ impl StreamAccumulator {
         match format {
             LlmFormat::Openai => StreamAccumulator::Openai(openai::StreamAccumulator::new()),
             LlmFormat::Anthropic => StreamAccumulator::Anthropic(anthropic::StreamAccumulator::new()),
+            LlmFormat::OpenaiResponses => {
+                StreamAccumulator::OpenaiResponses(openai_responses::StreamAccumulator::new())
+            }
         }
     }
 
@@ -91,6 +104,7 @@ impl StreamAccumulator {
         match self {
             StreamAccumulator::Openai(acc) => acc.push(data),
             StreamAccumulator::Anthropic(acc) => acc.push(event, data),
+            StreamAccumulator::OpenaiResponses(acc) => acc.push(event, data),
         }
     }
 
@@ -99,6 +113,7 @@ impl StreamAccumulator {
         match self {
             StreamAccumulator::Openai(acc) => acc.finish(),
             StreamAccumulator::Anthropic(acc) => acc.finish(),
+            StreamAccumulator::OpenaiResponses(acc) => acc.finish(),
         }
     }
 }

@@ -9,6 +9,10 @@
 //!   input schema gets `{"type":"object","properties":{}}`; the output schema is not sent.
 //! - Reasoning: only `effort` has a Chat Completions equivalent (`reasoning_effort`);
 //!   `max_tokens`, `enabled` and `exclude` are not sent.
+//! - Prompt caching: OpenAI caches prompt prefixes of 1,024 tokens and more by itself; a
+//!   request with [`LlmRequest::cache`] names its conversation as `prompt_cache_key` so that
+//!   its steps reach the same cache. Compatible servers ignore the field (`prompt_cache =
+//!   "off"` leaves it out).
 //! - Responses: a `refusal` becomes the content (when there is no other text) and turns the
 //!   finish reason into `content_filter`, so [`LlmResponse::is_refused`] sees it. Empty text is
 //!   no content. Reasoning text (`reasoning_content` / `reasoning`) is streamed as
@@ -49,6 +53,11 @@ pub fn request(req: &LlmRequest, stream: bool) -> Value {
     }
     if let Some(effort) = req.reasoning.as_ref().and_then(|r| r.effort) {
         body.insert("reasoning_effort".into(), json!(effort_name(effort)));
+    }
+    if let Some(cache) = &req.cache {
+        // OpenAI caches prefixes by itself; the key keeps a conversation's requests on the
+        // same cache.
+        body.insert("prompt_cache_key".into(), json!(cache.openai_key()));
     }
     if stream {
         body.insert("stream".into(), json!(true));

@@ -81,6 +81,9 @@ pub enum LlmFormat {
     Openai,
     /// Anthropic messages.
     Anthropic,
+    /// OpenAI responses (`POST /v1/responses`).
+    #[serde(rename = "openai-responses")]
+    OpenaiResponses,
 }
 
 /// An agent's configuration, versioned per branch of the session.

@@ -29,6 +29,75 @@ pub struct LlmRequest {
     /// Reasoning settings, where the model offers reasoning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningConfig>,
+    /// How the provider may cache the request's prefix. Not on the protocol's wire: the
+    /// engine sets it on the model calls it runs itself, from the `[llm.<id>]` block.
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub cache: Option<PromptCache>,
+    /// How the model takes thinking, where the provider's configuration says so (a model id
+    /// that names no Claude version: an alias, a cloud's inference profile); otherwise the
+    /// format reads it from the id. Not on the protocol's wire.
+    #[serde(skip)]
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    pub thinking_form: Option<ThinkingForm>,
+}
+
+/// How a Claude model takes thinking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThinkingForm {
+    /// `thinking: {type: "adaptive"}` with `output_config.effort`: Claude 4.6 and later.
+    Adaptive,
+    /// `thinking: {type: "enabled", budget_tokens}`: the models before 4.6.
+    Budget,
+}
+
+/// Prompt caching for one model call: where a provider keeps the request's prefix so that
+/// the next step of the same conversation reads it back at a tenth of the input price.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptCache {
+    /// Shared by the requests of one conversation, so they reach the same cache: OpenAI's
+    /// `prompt_cache_key` (the session's id).
+    pub key: String,
+    /// How long a cached prefix lives after its last use: Anthropic's `cache_control.ttl`.
+    pub ttl: CacheTtl,
+}
+
+impl PromptCache {
+    /// The longest `prompt_cache_key` OpenAI takes.
+    pub const MAX_KEY_CHARS: usize = 64;
+
+    /// The key as OpenAI's `prompt_cache_key`: as it is when short enough, else a hash of it
+    /// (the key only routes requests to the same cache; a collision costs a miss).
+    pub fn openai_key(&self) -> String {
+        if self.key.chars().count() <= Self::MAX_KEY_CHARS {
+            return self.key.clone();
+        }
+        let hash = self
+            .key
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        format!("turnstone-{hash:016x}")
+    }
+}
+
+/// The lifetimes Anthropic offers for a cached prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CacheTtl {
+    /// Five minutes, refreshed by every hit (the default, no extra write price).
+    #[default]
+    FiveMinutes,
+    /// One hour (writes cost twice the input price instead of 1.25 times).
+    OneHour,
+}
+
+impl CacheTtl {
+    /// The name in configuration and in Anthropic's `ttl`: `5m`, `1h`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheTtl::FiveMinutes => "5m",
+            CacheTtl::OneHour => "1h",
+        }
+    }
 }
 
 /// A tool as the model sees it.

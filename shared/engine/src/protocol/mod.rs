@@ -33,7 +33,10 @@ pub use client_input::{
     ToolApprovalInput, ToolErrorInput, ToolResultInput,
 };
 pub use decision::{Call, CallKind, CallStatus, DecisionRequest, DecisionResponse, WorkerIdentity};
-pub use llm::{Effort, LlmRequest, LlmResponse, LlmTool, ReasoningConfig, StreamDelta, ToolCallDelta};
+pub use llm::{
+    CacheTtl, Effort, LlmRequest, LlmResponse, LlmTool, PromptCache, ReasoningConfig, StreamDelta,
+    ThinkingForm, ToolCallDelta,
+};
 pub use message::{
     AudioData, Content, ContentPart, DraftMessage, FileData, FunctionCall, Message, MessageTree,
     ProviderBlocks, Role, ToolCall, TreeNode, UrlRef,

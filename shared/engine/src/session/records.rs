@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::request::Transcript;
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
+use crate::llm_format::usage::TokenCounts;
 use crate::protocol::{
     AgentConfig, AgentTool, CallKind, CallStatus, ClientContext, DecisionResponse, DraftMessage, ErrorCode,
     LlmCallAction, LlmFormat, LlmHandler, LlmResponse, RetryPolicy, ToolHandler, Trigger, WorkerIdentity,
@@ -610,6 +611,12 @@ impl Usage {
         if let Some(p) = cost.and_then(parse_picodollars) {
             self.cost_picodollars += p;
         }
+    }
+
+    /// Input, output, cache and reasoning tokens in one vocabulary, whichever providers
+    /// counted them.
+    pub fn counts(&self) -> TokenCounts {
+        TokenCounts::of_sums(&self.tokens)
     }
 
     /// The cost as a decimal string of dollars, e.g. `0.0123`.

@@ -166,6 +166,8 @@ impl Session {
             temperature: action.temperature,
             max_completion_tokens: action.max_completion_tokens,
             reasoning: action.reasoning.clone(),
+            cache: None,
+            thinking_form: None,
         })
     }
 

@@ -83,7 +83,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
 use turnstone_engine::protocol::{
-    AgentConfig, AgentTool, LlmFormat, LlmHandler, ReasoningConfig, RetryPolicy, SubAgent, ToolHandler,
+    AgentConfig, AgentTool, CacheTtl, LlmFormat, LlmHandler, ReasoningConfig, RetryPolicy, SubAgent,
+    ThinkingForm, ToolHandler,
 };
 use turnstone_engine::session::{Budget, Defaults, Limits, Transcript, parse_picodollars};
 
@@ -330,6 +331,57 @@ pub struct LlmConfig {
     /// `reasoning_effort`.
     #[serde(default)]
     pub reasoning: Option<ReasoningConfig>,
+    /// Prompt caching of the server model calls: `5m` (the default) or `1h`, how long a cached
+    /// prefix lives (Anthropic's cache breakpoints; OpenAI caches by itself and is sent the
+    /// session as `prompt_cache_key`), or `off`.
+    #[serde(default)]
+    pub prompt_cache: PromptCacheSetting,
+    /// How models take thinking where their id does not say (an alias, a cloud's inference
+    /// profile), by model-name prefix, the longest matching: `adaptive` or `budget`
+    /// (Anthropic). Ids naming a Claude version need none.
+    #[serde(default)]
+    pub thinking: BTreeMap<String, ThinkingSetting>,
+}
+
+/// A value of `[llm.<id>] thinking`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThinkingSetting {
+    Adaptive,
+    Budget,
+}
+
+impl ThinkingSetting {
+    /// The form the format sends.
+    pub fn form(self) -> ThinkingForm {
+        match self {
+            ThinkingSetting::Adaptive => ThinkingForm::Adaptive,
+            ThinkingSetting::Budget => ThinkingForm::Budget,
+        }
+    }
+}
+
+/// `[llm.<id>] prompt_cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum PromptCacheSetting {
+    #[default]
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    #[serde(rename = "1h")]
+    OneHour,
+    #[serde(rename = "off")]
+    Off,
+}
+
+impl PromptCacheSetting {
+    /// The lifetime of a cached prefix; `None`: no caching asked for.
+    pub fn ttl(self) -> Option<CacheTtl> {
+        match self {
+            PromptCacheSetting::FiveMinutes => Some(CacheTtl::FiveMinutes),
+            PromptCacheSetting::OneHour => Some(CacheTtl::OneHour),
+            PromptCacheSetting::Off => None,
+        }
+    }
 }
 
 /// A model's prices in dollars per million tokens (`[llm.<id>.prices."<model>"]`).
@@ -352,6 +404,9 @@ pub struct PriceConfig {
 pub enum LlmKind {
     /// OpenAI chat completions, or a compatible server at `base_url`.
     Openai,
+    /// OpenAI responses (`type = "openai-responses"`).
+    #[serde(rename = "openai-responses")]
+    OpenaiResponses,
     /// Anthropic messages.
     Anthropic,
     /// The deterministic built-in model, for demos and tests.
@@ -363,6 +418,7 @@ impl LlmKind {
     pub fn format(self) -> Option<turnstone_engine::protocol::LlmFormat> {
         match self {
             LlmKind::Openai => Some(turnstone_engine::protocol::LlmFormat::Openai),
+            LlmKind::OpenaiResponses => Some(turnstone_engine::protocol::LlmFormat::OpenaiResponses),
             LlmKind::Anthropic => Some(turnstone_engine::protocol::LlmFormat::Anthropic),
             LlmKind::Scripted => None,
         }
@@ -372,6 +428,7 @@ impl LlmKind {
     pub fn name(self) -> &'static str {
         match self {
             LlmKind::Openai => "openai",
+            LlmKind::OpenaiResponses => "openai-responses",
             LlmKind::Anthropic => "anthropic",
             LlmKind::Scripted => "scripted",
         }
@@ -381,6 +438,7 @@ impl LlmKind {
     pub fn provider_kind(self) -> crate::llm::ProviderKind {
         match self {
             LlmKind::Openai => crate::llm::ProviderKind::Openai,
+            LlmKind::OpenaiResponses => crate::llm::ProviderKind::OpenaiResponses,
             LlmKind::Anthropic => crate::llm::ProviderKind::Anthropic,
             LlmKind::Scripted => crate::llm::ProviderKind::Scripted,
         }

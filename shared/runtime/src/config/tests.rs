@@ -127,7 +127,11 @@ fn the_demos_commented_examples_parse_once_uncommented() {
     let config = Config::parse(&text, "demo.toml").unwrap();
     // The commented [defaults] spell out the engine's own.
     assert_eq!(config.defaults, Defaults::default());
-    assert_eq!(config.llms.keys().collect::<Vec<_>>(), ["anthropic", "openai", "scripted"]);
+    assert_eq!(config.llms.keys().collect::<Vec<_>>(), ["anthropic", "openai", "responses", "scripted"]);
+    assert_eq!(config.llms["responses"].kind, LlmKind::OpenaiResponses);
+    let claude = &config.llms["anthropic"];
+    assert_eq!(claude.prompt_cache, PromptCacheSetting::FiveMinutes);
+    assert_eq!(claude.thinking, BTreeMap::from([("my-claude".to_owned(), ThinkingSetting::Adaptive)]));
     let demo = config.agent("demo").unwrap();
     assert!(demo.has_worker());
     assert_eq!(demo.worker_secret_env.as_deref(), Some("DEMO_WORKER_SECRET"));
@@ -181,6 +185,8 @@ fn a_full_example_parses_to_every_field() {
             api_key_env: Some("OPENAI_API_KEY".into()),
             prices: BTreeMap::new(),
             reasoning: None,
+            prompt_cache: PromptCacheSetting::FiveMinutes,
+            thinking: BTreeMap::new(),
         }
     );
     assert_eq!(
@@ -196,6 +202,8 @@ fn a_full_example_parses_to_every_field() {
                 exclude: None,
                 enabled: None,
             }),
+            prompt_cache: PromptCacheSetting::FiveMinutes,
+            thinking: BTreeMap::new(),
         }
     );
     assert_eq!(config.llms["claude"].kind.provider_kind(), crate::llm::ProviderKind::Anthropic);
@@ -329,7 +337,7 @@ fn unknown_keys_are_named_where_they_are() {
     assert_eq!(
         err("[llm.openai]\ntype = \"openai\"\napi_key = \"x\"\n"),
         "turnstone.toml:3:1: llm.openai.api_key: unknown key \"api_key\" (did you mean \"api_key_env\"?); \
-         expected one of: type, base_url, api_key_env, prices, reasoning"
+         expected one of: type, base_url, api_key_env, prices, reasoning, prompt_cache, thinking"
     );
     assert_eq!(
         err("[server]\nport = 8787\n"),
@@ -360,7 +368,15 @@ fn wrong_types_and_values_name_the_field() {
     );
     assert_eq!(
         err("[llm.x]\ntype = \"gpt\"\n"),
-        "turnstone.toml:2:8: llm.x.type: unknown value \"gpt\"; expected one of: openai, anthropic, scripted"
+        "turnstone.toml:2:8: llm.x.type: unknown value \"gpt\"; expected one of: openai, openai-responses, anthropic, scripted"
+    );
+    assert_eq!(
+        err("[llm.x]\ntype = \"anthropic\"\nthinking = { \"my-claude\" = \"deep\" }\n"),
+        "turnstone.toml:3:28: llm.x.thinking.my-claude: unknown value \"deep\"; expected one of: adaptive, budget"
+    );
+    assert_eq!(
+        err("[llm.x]\ntype = \"anthropic\"\nprompt_cache = \"2h\"\n"),
+        "turnstone.toml:3:16: llm.x.prompt_cache: unknown value \"2h\" (did you mean \"1h\"?); expected one of: 5m, 1h, off"
     );
     assert_eq!(
         err("[llm.x]\nbase_url = \"http://h\"\n"),
@@ -815,4 +831,26 @@ fn limits_default_to_the_engines_and_are_read_and_checked() {
     assert!(zero.contains("limits.message_bytes: must be at least 1"), "{zero}");
     let typo = err(&with_llm("[limits]\nqueued_turn = 3\n"));
     assert!(typo.contains("limits.queued_turn: unknown key"), "{typo}");
+}
+
+/// `[llm.<id>] prompt_cache` and `thinking` reach the agents that use the llm: the cache's
+/// lifetime, and the thinking form of a model by its longest matching prefix.
+#[test]
+fn caching_and_thinking_forms_reach_the_agents() {
+    let text = "[llm.claude]\ntype = \"anthropic\"\nprompt_cache = \"1h\"\n\
+                thinking = { \"my-claude\" = \"budget\", \"my-claude-next\" = \"adaptive\" }\n\n\
+                [agent.a]\nmodel = \"my-claude-next-1\"\n";
+    let config = Config::parse(text, "t.toml").unwrap();
+    let agents = crate::assemble::agents(&config, &Secrets::default()).unwrap();
+    let agent = &agents["a"];
+    assert_eq!(agent.prompt_cache, Some(CacheTtl::OneHour));
+    assert_eq!(agent.thinking_form("my-claude-next-1"), Some(ThinkingForm::Adaptive));
+    assert_eq!(agent.thinking_form("my-claude-2"), Some(ThinkingForm::Budget));
+    assert_eq!(agent.thinking_form("claude-opus-4-7"), None, "an id that says is left to the format");
+    let off = Config::parse(
+        "[llm.c]\ntype = \"anthropic\"\nprompt_cache = \"off\"\n[agent.a]\nmodel = \"m\"\n",
+        "t.toml",
+    );
+    let agents = crate::assemble::agents(&off.unwrap(), &Secrets::default()).unwrap();
+    assert_eq!(agents["a"].prompt_cache, None);
 }

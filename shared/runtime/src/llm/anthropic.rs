@@ -2,17 +2,19 @@
 //!
 //! POST `{base_url}/v1/messages` (a base URL already ending in `/v1` is taken as meaning the
 //! same) with `x-api-key` (left out without a key, for proxies that add it) and
-//! `anthropic-version: 2023-06-01`, the body of [`llm_format::anthropic::request`] (which
+//! `anthropic-version: 2023-06-01` (and `anthropic-beta` where the body needs one,
+//! [`llm_format::anthropic::beta_header`]), the body of [`llm_format::anthropic::request`] (which
 //! fails, terminally, on content Anthropic cannot carry); the answer is read by
 //! [`llm_format::anthropic::response`] or, streamed, event by event through
 //! [`llm_format::anthropic::StreamAccumulator`] until `message_stop`.
 //!
 //! [`llm_format::anthropic::request`]: turnstone_engine::llm_format::anthropic::request
+//! [`llm_format::anthropic::beta_header`]: turnstone_engine::llm_format::anthropic::beta_header
 //! [`llm_format::anthropic::response`]: turnstone_engine::llm_format::anthropic::response
 //! [`llm_format::anthropic::StreamAccumulator`]: turnstone_engine::llm_format::anthropic::StreamAccumulator
 
 use reqwest::header::HeaderMap;
-use turnstone_engine::llm_format::LlmFormat;
+use turnstone_engine::llm_format::{LlmFormat, anthropic};
 
 use super::provider::{HttpProvider, Wire};
 use super::{ProviderSetupError, endpoint_url, set_header, usable_key};
@@ -28,6 +30,10 @@ impl Wire for Anthropic {
     const PROVIDER: &'static str = "anthropic";
     const TYPE_NAME: &'static str = "AnthropicProvider";
     const FORMAT: LlmFormat = LlmFormat::Anthropic;
+
+    fn request_headers(body: &serde_json::Value) -> Vec<(&'static str, &'static str)> {
+        anthropic::beta_header(body).map(|beta| ("anthropic-beta", beta)).into_iter().collect()
+    }
 }
 
 /// A model served over the Anthropic Messages API.

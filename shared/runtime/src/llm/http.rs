@@ -1,11 +1,12 @@
-//! One model call over HTTP, shared by the OpenAI and Anthropic providers: POST the body, read
+//! One model call over HTTP, shared by the HTTP providers: POST the body, read
 //! a JSON answer or an event stream as it arrives, classify every failure.
 //!
 //! The answer is read by its `Content-Type`, not by what was asked: a server that ignores
 //! `stream: true` and answers JSON still works (its answer is forwarded as one delta), and an
 //! event stream is read as one whatever the request said. A stream ends at its end marker
-//! (OpenAI's `data: [DONE]`, Anthropic's `message_stop`); one that stops before it, or before
-//! the provider's accumulator saw a finish, broke off and is retryable.
+//! (OpenAI's `data: [DONE]`, Anthropic's `message_stop`, the Responses API's
+//! `response.completed` or `response.incomplete`); one that stops before it, or before the
+//! provider's accumulator saw a finish, broke off and is retryable.
 
 use std::time::Duration;
 
@@ -141,12 +142,18 @@ async fn read_stream(
             return Err(c.reported(&data));
         }
         let name = if event.event == "message" { "" } else { event.event.as_str() };
+        let kind =
+            if name.is_empty() { data.get("type").and_then(Value::as_str).unwrap_or("") } else { name };
+        let responses = endpoint.format == LlmFormat::OpenaiResponses;
+        if responses && let Some(report) = super::openai_responses::stream_error(kind, &data) {
+            return Err(c.reported(&report));
+        }
         if let Some(delta) = accumulator.push(name, &data).map_err(|e| c.invalid(&e))? {
             on_delta(delta);
         }
-        let kind =
-            if name.is_empty() { data.get("type").and_then(Value::as_str).unwrap_or("") } else { name };
-        if endpoint.format == LlmFormat::Anthropic && kind == "message_stop" {
+        if (endpoint.format == LlmFormat::Anthropic && kind == "message_stop")
+            || (responses && super::openai_responses::ends_stream(kind))
+        {
             ended = true;
             break;
         }

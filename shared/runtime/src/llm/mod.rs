@@ -7,6 +7,7 @@
 //! to try again (the classes are listed in [`error`]).
 //!
 //! - [`OpenAiProvider`]: OpenAI Chat Completions and compatible servers.
+//! - [`OpenAiResponsesProvider`]: OpenAI's Responses API (reasoning kept between steps).
 //! - [`AnthropicProvider`]: Anthropic Messages.
 //! - [`ScriptedProvider`]: a deterministic built-in model for demos and tests, no network.
 //!
@@ -20,6 +21,7 @@ pub mod anthropic;
 pub mod error;
 mod http;
 pub mod openai;
+pub mod openai_responses;
 pub mod pricing;
 pub mod provider;
 pub mod scripted;
@@ -36,6 +38,7 @@ use turnstone_engine::protocol::{LlmRequest, LlmResponse, StreamDelta};
 pub use anthropic::AnthropicProvider;
 pub use error::ProviderError;
 pub use openai::OpenAiProvider;
+pub use openai_responses::OpenAiResponsesProvider;
 pub use provider::HttpProvider;
 pub use scripted::ScriptedProvider;
 
@@ -52,7 +55,7 @@ pub trait ModelProvider: Send + Sync {
         on_delta: &mut (dyn FnMut(StreamDelta) + Send),
     ) -> Result<LlmResponse, ProviderError>;
 
-    /// The provider's name in traces (`openai`, `anthropic`, `scripted`).
+    /// The provider's name in traces (`openai`, `openai-responses`, `anthropic`, `scripted`).
     fn name(&self) -> &'static str {
         "unknown"
     }
@@ -63,6 +66,8 @@ pub trait ModelProvider: Send + Sync {
 pub enum ProviderKind {
     /// `openai`: OpenAI Chat Completions or a compatible server.
     Openai,
+    /// `openai-responses`: OpenAI's Responses API.
+    OpenaiResponses,
     /// `anthropic`: Anthropic Messages.
     Anthropic,
     /// `scripted`: the deterministic built-in model.
@@ -74,6 +79,7 @@ impl ProviderKind {
     pub fn name(self) -> &'static str {
         match self {
             ProviderKind::Openai => "openai",
+            ProviderKind::OpenaiResponses => "openai-responses",
             ProviderKind::Anthropic => "anthropic",
             ProviderKind::Scripted => "scripted",
         }
@@ -92,6 +98,7 @@ impl FromStr for ProviderKind {
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         match name {
             "openai" => Ok(ProviderKind::Openai),
+            "openai-responses" => Ok(ProviderKind::OpenaiResponses),
             "anthropic" => Ok(ProviderKind::Anthropic),
             "scripted" => Ok(ProviderKind::Scripted),
             other => Err(ProviderSetupError::UnknownKind(crate::net::short_text(other, 60))),
@@ -104,7 +111,7 @@ impl FromStr for ProviderKind {
 pub enum ProviderSetupError {
     /// The `type` names no provider.
     #[error(
-        "unknown model provider type {0:?} (expected openai, anthropic or scripted; \
+        "unknown model provider type {0:?} (expected openai, openai-responses, anthropic or scripted; \
          worker-run calls need no provider)"
     )]
     UnknownKind(String),
@@ -130,6 +137,10 @@ pub fn provider_for(
         ProviderKind::Openai => {
             Arc::new(OpenAiProvider::new(base_url.unwrap_or(OpenAiProvider::DEFAULT_BASE_URL), api_key)?)
         }
+        ProviderKind::OpenaiResponses => Arc::new(OpenAiResponsesProvider::new(
+            base_url.unwrap_or(OpenAiResponsesProvider::DEFAULT_BASE_URL),
+            api_key,
+        )?),
         ProviderKind::Anthropic => Arc::new(AnthropicProvider::new(
             base_url.unwrap_or(AnthropicProvider::DEFAULT_BASE_URL),
             api_key,
@@ -193,7 +204,12 @@ mod tests {
 
     #[test]
     fn kinds_parse_by_config_name() {
-        for kind in [ProviderKind::Openai, ProviderKind::Anthropic, ProviderKind::Scripted] {
+        for kind in [
+            ProviderKind::Openai,
+            ProviderKind::OpenaiResponses,
+            ProviderKind::Anthropic,
+            ProviderKind::Scripted,
+        ] {
             assert_eq!(kind.name().parse::<ProviderKind>(), Ok(kind));
         }
         assert!(matches!("worker".parse::<ProviderKind>(), Err(ProviderSetupError::UnknownKind(_))));

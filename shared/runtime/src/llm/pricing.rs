@@ -2,11 +2,10 @@
 //! cost is real for OpenAI and Anthropic (whose answers carry token counts, not money).
 //!
 //! [`Priced`] wraps a provider: an answer without a `cost` gets one computed from its `usage`
-//! and the prices of its model, as an exact decimal string of dollars. Token fields by format:
-//! - OpenAI: `prompt_tokens` (cached ones included, counted at `cache_read` when priced, as
-//!   `prompt_tokens_details.cached_tokens` says), `completion_tokens`;
-//! - Anthropic: `input_tokens`, `cache_read_input_tokens`, `cache_creation_input_tokens`,
-//!   `output_tokens`.
+//! and the prices of its model, as an exact decimal string of dollars. The tokens are read in
+//! one vocabulary ([`TokenCounts`]): uncached input at `input`, cache reads at `cache_read`,
+//! cache writes at `cache_write` (each at `input` when not priced), output (reasoning
+//! included) at `output`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use turnstone_engine::llm_format::LlmFormat;
+use turnstone_engine::llm_format::usage::TokenCounts;
 use turnstone_engine::protocol::{LlmRequest, LlmResponse, StreamDelta};
 use turnstone_engine::session::format_picodollars;
 
@@ -44,58 +43,35 @@ impl ModelPrices {
         }
     }
 
-    /// The cost of `usage` (the provider's usage object in `format`), in picodollars; `None`
-    /// when it names no tokens this knows.
-    pub fn cost(&self, format: LlmFormat, usage: &Value) -> Option<i128> {
-        let n = |path: &[&str]| -> i128 {
-            let mut v = usage;
-            for key in path {
-                match v.get(key) {
-                    Some(next) => v = next,
-                    None => return 0,
-                }
-            }
-            v.as_u64().map_or(0, i128::from)
-        };
+    /// The cost of `usage` (a provider's usage object, in any provider's shape), in
+    /// picodollars; `None` when it names no tokens this knows.
+    pub fn cost(&self, usage: &Value) -> Option<i128> {
+        let counts = TokenCounts::of(usage);
+        if counts.is_empty() {
+            return None;
+        }
         let (read, write) = (self.cache_read.unwrap_or(self.input), self.cache_write.unwrap_or(self.input));
-        let cost = match format {
-            LlmFormat::Openai => {
-                let (prompt, output) = (n(&["prompt_tokens"]), n(&["completion_tokens"]));
-                if usage.get("prompt_tokens").is_none() && usage.get("completion_tokens").is_none() {
-                    return None;
-                }
-                let cached = n(&["prompt_tokens_details", "cached_tokens"]).min(prompt);
-                (prompt - cached) * self.input + cached * read + output * self.output
-            }
-            LlmFormat::Anthropic => {
-                if usage.get("input_tokens").is_none() && usage.get("output_tokens").is_none() {
-                    return None;
-                }
-                n(&["input_tokens"]) * self.input
-                    + n(&["cache_read_input_tokens"]) * read
-                    + n(&["cache_creation_input_tokens"]) * write
-                    + n(&["output_tokens"]) * self.output
-            }
-        };
-        Some(cost)
+        let tokens = |n: u64| i128::from(n);
+        let cached = counts.cache_read + counts.cache_write;
+        Some(
+            tokens(counts.input.saturating_sub(cached)) * self.input
+                + tokens(counts.cache_read) * read
+                + tokens(counts.cache_write) * write
+                + tokens(counts.output) * self.output,
+        )
     }
 }
 
 /// A provider whose answers carry their cost.
 pub struct Priced {
     inner: Arc<dyn ModelProvider>,
-    format: LlmFormat,
     prices: BTreeMap<String, ModelPrices>,
 }
 
 impl Priced {
-    /// `inner`, speaking `format`, with `prices` by model name.
-    pub fn new(
-        inner: Arc<dyn ModelProvider>,
-        format: LlmFormat,
-        prices: BTreeMap<String, ModelPrices>,
-    ) -> Self {
-        Priced { inner, format, prices }
+    /// `inner` with `prices` by model name.
+    pub fn new(inner: Arc<dyn ModelProvider>, prices: BTreeMap<String, ModelPrices>) -> Self {
+        Priced { inner, prices }
     }
 
     /// The prices of `model`: its own, or else those of the longest priced name it starts
@@ -124,7 +100,7 @@ impl ModelProvider for Priced {
         if response.cost.is_none()
             && let Some(usage) = &response.usage
             && let Some(prices) = self.prices_of(&response.model).or_else(|| self.prices_of(&request.model))
-            && let Some(cost) = prices.cost(self.format, usage)
+            && let Some(cost) = prices.cost(usage)
         {
             response.cost = Some(format_picodollars(cost));
         }
@@ -143,9 +119,9 @@ mod tests {
         let usage = json!({"prompt_tokens": 1000, "completion_tokens": 200,
                            "prompt_tokens_details": {"cached_tokens": 400}});
         // 600 * 2.5 + 400 * 1.25 + 200 * 10 = 1500 + 500 + 2000 = 4000 $/M = 0.004 $
-        let cost = prices.cost(LlmFormat::Openai, &usage).unwrap();
+        let cost = prices.cost(&usage).unwrap();
         assert_eq!(format_picodollars(cost), "0.004");
-        assert_eq!(prices.cost(LlmFormat::Openai, &json!({"total": 3})), None);
+        assert_eq!(prices.cost(&json!({"total": 3})), None);
     }
 
     #[test]
@@ -154,10 +130,19 @@ mod tests {
         let usage = json!({"input_tokens": 100, "output_tokens": 50,
                            "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 200});
         // 100*3 + 1000*0.3 + 200*3.75 + 50*15 = 300 + 300 + 750 + 750 = 2100 $/M
-        assert_eq!(format_picodollars(prices.cost(LlmFormat::Anthropic, &usage).unwrap()), "0.0021");
+        assert_eq!(format_picodollars(prices.cost(&usage).unwrap()), "0.0021");
         // Without cache prices, cached tokens count as input.
         let plain = ModelPrices::per_million(3.0, 15.0, None, None);
         let usage = json!({"input_tokens": 1, "cache_read_input_tokens": 1, "output_tokens": 0});
-        assert_eq!(plain.cost(LlmFormat::Anthropic, &usage), Some(6_000_000));
+        assert_eq!(plain.cost(&usage), Some(6_000_000));
+    }
+
+    #[test]
+    fn responses_usage_counts_cached_input_within_input() {
+        let prices = ModelPrices::per_million(2.0, 8.0, Some(0.5), None);
+        let usage = json!({"input_tokens": 1000, "input_tokens_details": {"cached_tokens": 600},
+                           "output_tokens": 100, "output_tokens_details": {"reasoning_tokens": 40}});
+        // 400*2 + 600*0.5 + 100*8 = 800 + 300 + 800 = 1900 $/M
+        assert_eq!(format_picodollars(prices.cost(&usage).unwrap()), "0.0019");
     }
 }

@@ -23,6 +23,11 @@ pub trait Wire: Send + Sync + 'static {
     const TYPE_NAME: &'static str;
     /// The body format.
     const FORMAT: LlmFormat;
+
+    /// Headers a request needs for what its body asks (Anthropic's betas).
+    fn request_headers(_body: &serde_json::Value) -> Vec<(&'static str, &'static str)> {
+        Vec::new()
+    }
 }
 
 /// A model served over an HTTP API in wire format `W`.
@@ -99,7 +104,13 @@ impl<W: Wire> ModelProvider for HttpProvider<W> {
         // A request the format cannot carry fails, terminally, before anything is sent.
         let body = llm_format::request(W::FORMAT, request, stream)
             .map_err(|e| classifier.request(&e.to_string()))?;
-        let endpoint = Endpoint { classifier, format: W::FORMAT, url: &self.url, headers: &self.headers };
+        let extra = W::request_headers(&body);
+        let mut headers = std::borrow::Cow::Borrowed(&self.headers);
+        for (name, value) in extra {
+            set_header(headers.to_mut(), name, value, false)
+                .map_err(|e| classifier.request(&e.to_string()))?;
+        }
+        let endpoint = Endpoint { classifier, format: W::FORMAT, url: &self.url, headers: &headers };
         http::call(&self.client, &endpoint, &body, stream, timeout, on_delta).await
     }
 
