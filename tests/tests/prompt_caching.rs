@@ -94,6 +94,7 @@ input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} 
     assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}");
     let summary = host.summary(session).await;
     assert_eq!(summary.usage.llm_calls, STEPS as u64 + 1);
+    assert_eq!(turn.usage_counts, summary.usage.counts, "the turn's usage, the session's only turn");
     let bodies = fake.requests().into_iter().map(|r| r.body).collect();
     let uses = fake.cache_uses();
     host.stop().await;

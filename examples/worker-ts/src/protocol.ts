@@ -814,7 +814,8 @@ export interface AudioData {
  * Blocks of a model's reply that its provider requires back, unchanged, whenever the reply
  * is sent to it again (an extension of the protocol): Anthropic's signed `thinking` and
  * `redacted_thinking` blocks, which must lead the assistant turn that called a tool while
- * thinking is on. Sent back only to the provider that wrote them (an agent may change
+ * thinking is on; the Responses API's reasoning items with their encrypted content, with
+ * markers of where the reply's other items stood. Sent back only to the provider that wrote them (an agent may change
  * models mid-session); clients see their text only as the reply's reasoning.
  */
 export interface ProviderBlocks {
@@ -823,7 +824,7 @@ export interface ProviderBlocks {
    */
   blocks: unknown[];
   /**
-   * The wire format that wrote them: `anthropic`.
+   * The wire format that wrote them: `anthropic`, `openai-responses`.
    */
   provider: string;
 }

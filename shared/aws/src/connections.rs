@@ -24,6 +24,10 @@
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::config::http::HttpResponse;
+use aws_sdk_dynamodb::error::SdkError;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
+use aws_sdk_dynamodb::operation::update_item::{UpdateItemError, UpdateItemOutput};
 use aws_sdk_dynamodb::types::AttributeValue;
 use turnstone_engine::ids::SessionId;
 use turnstone_runtime::ahp::registry::{
@@ -149,6 +153,35 @@ impl DynamoRegistry {
     }
 }
 
+impl DynamoRegistry {
+    /// An update of the record at `key`, if it is still there, setting `ttl` (the caller's
+    /// update expression and the rest to be added).
+    fn renewal(&self, key: items::Item, ttl: &AttributeValue) -> UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#ttl", TTL)
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":ttl", ttl.clone())
+    }
+
+    /// A renewal's outcome: a record no longer there (not subscribed to the root, unsubscribed
+    /// meanwhile) has nothing to renew.
+    fn renewed(
+        outcome: Result<UpdateItemOutput, SdkError<UpdateItemError, HttpResponse>>,
+    ) -> Result<(), RegistryError> {
+        match outcome {
+            Ok(_) => Ok(()),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                Ok(())
+            }
+            Err(e) => Err(failed("UpdateItem", e)),
+        }
+    }
+}
+
 /// A failed DynamoDB request as a registry error.
 fn failed<E: std::error::Error + 'static>(operation: &str, e: E) -> RegistryError {
     RegistryError(format!("DynamoDB {operation} failed: {}", crate::error::describe(&e)))
@@ -232,6 +265,53 @@ impl Registry for DynamoRegistry {
             .send()
             .await
             .map_err(|e| failed("UpdateItem", e))?;
+        Ok(())
+    }
+
+    async fn renew(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
+        // The records live as long as the renewed token, within a connection's lifetime from
+        // now (API Gateway's bound counts from `$connect`; records kept past it are removed by
+        // `$disconnect`, or by the table's TTL later).
+        let ttl = Self::expiry(caller.expires_at());
+        let updated = self
+            .renewal(Self::connection_key(id), &ttl)
+            .update_expression("SET #caller = :caller, #ttl = :ttl")
+            .expression_attribute_names("#caller", CALLER)
+            .expression_attribute_values(":caller", items::s(caller_to_json(caller)))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
+            .send()
+            .await;
+        let record = match updated {
+            Ok(out) => out.attributes.unwrap_or_default(),
+            // A connection already gone has nothing left to renew.
+            Err(e) => return Self::renewed(Err(e)),
+        };
+        let chats = match record.get(CHATS) {
+            Some(AttributeValue::Ss(chats)) => chats.clone(),
+            _ => Vec::new(),
+        };
+        for chat in &chats {
+            let key = Self::subscription_key(id, &SessionId::from(chat.as_str()));
+            let update = self.renewal(key, &ttl).expression_attribute_names("#exp", EXPIRES_AT);
+            let update = match caller.expires_at() {
+                Some(at) => update
+                    .update_expression("SET #ttl = :ttl, #exp = :exp")
+                    .expression_attribute_values(":exp", items::n(at)),
+                None => update.update_expression("SET #ttl = :ttl REMOVE #exp"),
+            };
+            Self::renewed(update.send().await)?;
+        }
+        let root = self
+            .renewal(Self::root_key(id), &ttl)
+            .update_expression("SET #ttl = :ttl, #caller = :caller")
+            .expression_attribute_names("#caller", CALLER)
+            .expression_attribute_values(":caller", items::s(caller_to_json(caller)));
+        Self::renewed(root.send().await)?;
+        if let Some(key) = caller.key() {
+            let counted =
+                self.renewal(Self::counted_key(&key, id), &ttl).update_expression("SET #ttl = :ttl");
+            Self::renewed(counted.send().await)?;
+        }
         Ok(())
     }
 

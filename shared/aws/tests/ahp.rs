@@ -42,7 +42,10 @@ stream = true
 
 [auth]
 api_keys_env = "TURNSTONE_API_KEYS"
+jwt_secret_env = "TURNSTONE_JWT_SECRET"
 "#;
+/// The HS256 secret of the deployment's JWTs.
+const JWT_SECRET: &str = "a-secret-of-the-tests-that-is-long-enough";
 const KEY: &str = "k3y-alice";
 /// Another caller's key.
 const BOB_KEY: &str = "k3y-bob";
@@ -228,7 +231,9 @@ impl World {
         let secret = aws_sdk_secretsmanager::Client::new(&sdk)
             .create_secret()
             .name(support::unique("turnstone-secrets"))
-            .secret_string(format!(r#"{{"TURNSTONE_API_KEYS": "alice:{KEY},bob:{BOB_KEY}"}}"#))
+            .secret_string(format!(
+                r#"{{"TURNSTONE_API_KEYS": "alice:{KEY},bob:{BOB_KEY}", "TURNSTONE_JWT_SECRET": "{JWT_SECRET}"}}"#
+            ))
             .send()
             .await
             .unwrap();
@@ -821,6 +826,64 @@ async fn connections_take_tkn_and_end_with_their_token() {
     assert_eq!(refused["error"]["code"], -32007, "{refused}");
     assert!(registry.connection("old2").await.unwrap().is_none());
     assert_eq!(*world.management.closed.lock().unwrap(), ["old", "old2"]);
+}
+
+/// An HS256 JWT of `sub` expiring at `exp` (Unix seconds).
+fn jwt(sub: &str, exp: u64) -> String {
+    let claims = json!({"sub": sub, "exp": exp});
+    let key = jsonwebtoken::EncodingKey::from_secret(JWT_SECRET.as_bytes());
+    jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).unwrap()
+}
+
+fn now_secs() -> u64 {
+    #[allow(clippy::disallowed_methods)] // a token's expiry is wall-clock time
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// AHP's `authenticate` behind API Gateway, as on the local host: a renewed JWT of the same
+/// caller moves the connection's expiry on in every record (its own, its chat and root
+/// subscriptions), so pushes and messages go on past the first token's expiry; another
+/// caller's token, a bad one and an expired one are refused, and change nothing.
+#[tokio::test]
+async fn authenticate_renews_a_connections_token_across_functions() {
+    let world = World::new().await;
+    let registry = Arc::clone(world.ahp.ahp.as_ref().unwrap().registry());
+    let soon = now_secs() + 3;
+    assert_eq!(world.event(connect_with_query("j1", None, &[("tkn", &jwt("carol", soon))])).await, 200);
+    world.request("j1", "initialize", initialize()).await;
+    world.request("j1", "createSession", json!({"channel": "ahp-session:/j", "provider": "helper"})).await;
+    world.request("j1", "subscribe", json!({"channel": "ahp-chat:/j"})).await;
+    world.request("j1", "subscribe", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert_eq!(registry.subscribers(&"j".into()).await.unwrap()[0].expires_at, Some(soon));
+
+    let refused = |answer: &Value, code: i64| {
+        assert_eq!(answer["error"]["code"], code, "{answer}");
+    };
+    let auth = |token: String| json!({"channel": ROOT_RESOURCE_URI, "resource": "turnstone", "token": token});
+    refused(&world.request("j1", "authenticate", auth(jwt("dave", now_secs() + 600))).await, -32009);
+    refused(&world.request("j1", "authenticate", auth("not-a-token".to_owned())).await, -32007);
+    refused(&world.request("j1", "authenticate", auth(jwt("carol", now_secs() - 5))).await, -32007);
+    assert_eq!(registry.connection("j1").await.unwrap().unwrap().caller.expires_at(), Some(soon));
+
+    let later = now_secs() + 600;
+    let renewed = world.request("j1", "authenticate", auth(jwt("carol", later))).await;
+    assert!(renewed.get("error").is_none(), "{renewed}");
+    assert_eq!(registry.connection("j1").await.unwrap().unwrap().caller.expires_at(), Some(later));
+    assert_eq!(registry.subscribers(&"j".into()).await.unwrap()[0].expires_at, Some(later));
+    let root = registry.root_subscribers().await.unwrap();
+    assert_eq!(root.iter().find(|r| r.connection_id == "j1").unwrap().caller.expires_at(), Some(later));
+
+    // Past the first token's expiry, the connection is served and pushed to.
+    while now_secs() <= soon {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let seen = world.management.frames_of("j1").len();
+    world.turn("j1", "j", "t1", "hello").await;
+    assert!(world.management.frames_of("j1").len() > seen, "the turn was pushed");
+    let listed = world.request("j1", "listSessions", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert!(listed.get("error").is_none(), "{listed}");
+    assert!(world.management.closed.lock().unwrap().is_empty());
 }
 
 /// `[limits] sockets_per_caller` behind API Gateway: the connections a caller holds are counted

@@ -18,7 +18,35 @@ use turnstone_engine::session::{CallRecord, CallSpec, Event, ForkOrigin, ParentL
 use turnstone_engine::time::Timestamp;
 
 pub use crate::store::{LoggedEvent, SessionListing};
-pub use turnstone_engine::session::TurnRecord as Turn;
+use turnstone_engine::session::TurnRecord;
+
+/// `GET /v1/sessions/{id}/turns/{turn_id}`: a turn's record, and its model usage in one
+/// vocabulary whichever provider counted it (the record keeps the providers' own names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+pub struct Turn {
+    #[serde(flatten)]
+    pub record: TurnRecord,
+    /// The turn's tokens: input (what was read from or written to the prompt cache included),
+    /// output, cache reads and writes, reasoning.
+    pub usage_counts: TokenCounts,
+}
+
+impl Turn {
+    /// The API's view of `record`.
+    pub fn of(record: TurnRecord) -> Self {
+        let usage_counts = record.usage.counts();
+        Turn { record, usage_counts }
+    }
+}
+
+impl std::ops::Deref for Turn {
+    type Target = TurnRecord;
+
+    fn deref(&self) -> &TurnRecord {
+        &self.record
+    }
+}
 
 /// `202` to `POST /v1/sessions/{id}/inputs`: what a submitted client input did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

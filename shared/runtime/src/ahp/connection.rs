@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use ahp_types::actions::ActionEnvelope;
 use ahp_types::common::Uri;
-use ahp_types::errors::ahp_error_codes;
 use async_trait::async_trait;
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures_util::{SinkExt, StreamExt};
@@ -26,7 +25,7 @@ use super::methods::{self, Refused, Subscribed, Transport};
 use super::rpc::{self, RpcError};
 use super::sequence::{Ledger, Sequence};
 use super::sessions::{self, UriStyle, not_found};
-use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, expired, time_left};
+use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, time_left};
 use crate::app::{Removed, SessionChanged};
 use crate::auth::{Authenticator, Caller};
 
@@ -279,19 +278,7 @@ impl Transport for Connection {
 
     async fn renew(&mut self, token: &str) -> Result<(), RpcError> {
         let Some(auth) = &self.auth else { return Ok(()) };
-        let required = |why: String| RpcError::new(ahp_error_codes::AUTH_REQUIRED, why);
-        let renewed = auth.authenticate_token(token).map_err(|e| required(format!("params.token: {e}")))?;
-        if expired(renewed.expires_at()) {
-            return Err(required("params.token: it has expired".to_owned()));
-        }
-        if renewed.key() != self.caller.key() {
-            return Err(RpcError::new(
-                ahp_error_codes::PERMISSION_DENIED,
-                "params.token: it names another caller; a connection keeps the identity it connected as \
-                 (connect again to change it)",
-            ));
-        }
-        self.caller = renewed;
+        self.caller = super::renewed_caller(auth, &self.caller, token)?;
         Ok(())
     }
 

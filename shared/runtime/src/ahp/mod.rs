@@ -108,6 +108,29 @@ pub use stored::{ConnectError, Gateway};
 
 pub(crate) use crate::auth::{expired, time_left};
 
+/// The caller `authenticate`'s `token` names, when the connection of `current` may go on as
+/// it: a valid token, not expired, of the same caller (a renewed JWT, a later expiry).
+fn renewed_caller(
+    auth: &crate::auth::Authenticator,
+    current: &Caller,
+    token: &str,
+) -> Result<Caller, rpc::RpcError> {
+    use ahp_types::errors::ahp_error_codes;
+    let required = |why: String| rpc::RpcError::new(ahp_error_codes::AUTH_REQUIRED, why);
+    let renewed = auth.authenticate_token(token).map_err(|e| required(format!("params.token: {e}")))?;
+    if expired(renewed.expires_at()) {
+        return Err(required("params.token: it has expired".to_owned()));
+    }
+    if renewed.key() != current.key() {
+        return Err(rpc::RpcError::new(
+            ahp_error_codes::PERMISSION_DENIED,
+            "params.token: it names another caller; a connection keeps the identity it connected as \
+             (connect again to change it)",
+        ));
+    }
+    Ok(renewed)
+}
+
 /// The close code of a socket whose token expired (with reason `token expired`).
 pub const CLOSE_TOKEN_EXPIRED: u16 = 4401;
 /// The close code of a socket that sent a message over the limit (RFC 6455's "message too big").

@@ -73,6 +73,11 @@ pub trait Registry: Send + Sync + 'static {
 
     async fn set_client_id(&self, id: &str, client_id: &str) -> Result<(), RegistryError>;
 
+    /// Records that connection `id` goes on as `caller` (the identity it connected as, with a
+    /// renewed token's expiry, AHP's `authenticate`): its record, its chat subscriptions'
+    /// expiry and its root subscription, so every function reads and pushes by the new one.
+    async fn renew(&self, id: &str, caller: &Caller) -> Result<(), RegistryError>;
+
     /// Removes connection `id` and all its subscriptions (the root channel's too).
     async fn disconnect(&self, id: &str) -> Result<(), RegistryError>;
 

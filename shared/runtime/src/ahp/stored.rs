@@ -8,13 +8,15 @@
 //! `WebSocket` cannot set one, the `tkn` query parameter (the header wins when both are
 //! present), with the checks of the HTTP API. A connection whose token expires is done at its
 //! expiry: a message on it is answered with -32007 (`AuthRequired`, "the token has expired")
-//! and its records are removed (so what it sends next is dropped), and pushes skip it.
+//! and its records are removed (so what it sends next is dropped), and pushes skip it. Before
+//! then, AHP's `authenticate` with a renewed token of the same caller moves the expiry on, in
+//! every record of the connection.
 
 use std::sync::Arc;
 
 use ahp_types::actions::{ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, StateAction};
 use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
-use ahp_types::errors::{ahp_error_codes, json_rpc_error_codes};
+use ahp_types::errors::ahp_error_codes;
 use async_trait::async_trait;
 use turnstone_engine::ids::SessionId;
 
@@ -110,8 +112,12 @@ impl Gateway {
         if expired(caller.expires_at()) {
             return self.expire(connection_id, body).await;
         }
-        let mut connection =
-            Stored { pushes: Arc::clone(&self.pushes), id: connection_id.to_owned(), record };
+        let mut connection = Stored {
+            pushes: Arc::clone(&self.pushes),
+            auth: self.auth.clone(),
+            id: connection_id.to_owned(),
+            record,
+        };
         Box::pin(methods::handle(host, &caller, &mut connection, body)).await;
         Ok(())
     }
@@ -142,6 +148,8 @@ impl Gateway {
 /// One recorded connection, for the message being handled.
 struct Stored {
     pushes: Arc<Pushes>,
+    /// Checks the tokens `authenticate` brings (none: the open host).
+    auth: Option<Arc<Authenticator>>,
     id: String,
     record: ConnectionRecord,
 }
@@ -209,14 +217,15 @@ impl Transport for Stored {
         Ok(())
     }
 
-    /// A connection's records carry the token's identity and expiry from `$connect` (its chat
-    /// subscriptions too): a new token takes a new connection.
-    async fn renew(&mut self, _token: &str) -> Result<(), RpcError> {
-        Err(RpcError::new(
-            json_rpc_error_codes::METHOD_NOT_FOUND,
-            "authenticate is not offered behind API Gateway: a connection keeps the token it connected with; \
-             connect again with a new one",
-        ))
+    /// A connection's records carry its token's identity and expiry (its chat and root
+    /// subscriptions too): a renewed token of the same caller rewrites them, so every function
+    /// reads and pushes by the new expiry.
+    async fn renew(&mut self, token: &str) -> Result<(), RpcError> {
+        let Some(auth) = &self.auth else { return Ok(()) };
+        let renewed = super::renewed_caller(auth, &self.record.caller, token)?;
+        self.pushes.registry.renew(&self.id, &renewed).await.map_err(internal)?;
+        self.record.caller = renewed;
+        Ok(())
     }
 
     /// Numbered by each chat's log ([`super::push`] numbers pushes from any function so).

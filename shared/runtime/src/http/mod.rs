@@ -481,7 +481,7 @@ async fn turn(
             return Err(crate::error::Error::TurnNotFound { session_id: id, turn_id }.into());
         };
         if turn.status.is_ended() || tokio::time::Instant::now() >= deadline {
-            return Ok(Json(turn));
+            return Ok(Json(Turn::of(turn)));
         }
         // Look again only when this turn may have ended (or time is up).
         loop {
@@ -489,13 +489,13 @@ async fn turn(
                 Ok(Ok(())) if progress.borrow().ended_since(mark, &turn.id) => break,
                 Ok(Ok(())) => continue,
                 Err(_) => break,
-                Ok(Err(_)) => return Ok(Json(turn)),
+                Ok(Err(_)) => return Ok(Json(Turn::of(turn))),
             }
         }
         mark = progress.borrow_and_update().mark();
         // Ended by a commit of this process: its record as that commit left it, no load.
         if let Some(ended) = state.app.ended_turn(&id, &turn.id) {
-            return Ok(Json(ended));
+            return Ok(Json(Turn::of(ended)));
         }
         session = state.app.session(&id).await?;
     }
