@@ -6,6 +6,7 @@
 //! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `expires_at` (its caller's token's expiry, if any), `ttl` |
 //! | `R`                 | `W#<connection id>` | a subscription to the root channel: `caller` (JSON), `ttl` |
 //! | `C#<caller key>`    | `W#<connection id>` | a connection counted among its caller's open ones (`[limits] sockets_per_caller`): `ttl` |
+//! | `A#<session>`       | `<client id>`       | an active client of the session (AHP's `activeClients`): `client` (JSON: its tools), `joined` (epoch ms), `ttl` |
 //!
 //! A subscription lives in its session's partition, so whichever function commits the session
 //! finds its subscribers with one strongly consistent query (`SK` beginning with `W#`, after
@@ -13,6 +14,11 @@
 //! attribute): API Gateway closes a connection after 2 hours at most, and a `$disconnect`
 //! that never came leaves nothing behind for long. A connection whose token expires sooner has
 //! its records expire with it.
+//!
+//! Active clients have a partition per session of their own, apart from the session's items
+//! (which its loads read by range): one query reads them all, at the snapshot and at a turn's
+//! start. Their `ttl` is a connection's lifetime from the latest `session/activeClientSet`
+//! (VS Code sends its entry again before a turn whenever the session's differs).
 //!
 //! Root subscriptions share one fixed partition, so a function that commits a session's
 //! creation finds them all with one strongly consistent query, and checks each caller without
@@ -31,8 +37,8 @@ use aws_sdk_dynamodb::operation::update_item::{UpdateItemError, UpdateItemOutput
 use aws_sdk_dynamodb::types::AttributeValue;
 use turnstone_engine::ids::SessionId;
 use turnstone_runtime::ahp::registry::{
-    CONNECTION_LIFETIME_SECS, ConnectionRecord, Registry, RegistryError, RootSubscriber, Subscriber,
-    caller_from_json, caller_to_json,
+    CONNECTION_LIFETIME_SECS, ConnectionRecord, Registry, RegistryError, RootSubscriber, SessionActiveClient,
+    Subscriber, caller_from_json, caller_to_json,
 };
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::{Clock, SystemClock};
@@ -54,6 +60,9 @@ const CHATS: &str = "chats";
 const SERVER_SEQ: &str = "server_seq";
 /// When a subscription's caller's token expires (N, epoch seconds).
 const EXPIRES_AT: &str = "expires_at";
+/// An active client's entry (S, JSON) and when it joined (N, epoch milliseconds).
+const CLIENT: &str = "client";
+const JOINED: &str = "joined";
 
 /// The registry on a DynamoDB table.
 #[derive(Debug, Clone)]
@@ -85,6 +94,60 @@ impl DynamoRegistry {
         .into()
     }
 
+    fn active_partition(session: &SessionId) -> String {
+        format!("A#{session}")
+    }
+
+    fn active_key(session: &SessionId, client_id: &str) -> items::Item {
+        [(PK.to_owned(), items::s(Self::active_partition(session))), (SK.to_owned(), items::s(client_id))]
+            .into()
+    }
+
+    /// Session `session`'s active client items with when each joined, oldest first; those
+    /// past their `ttl` are gone (the table's TTL removes them late).
+    async fn active_items(&self, session: &SessionId) -> Result<Vec<(u64, items::Item)>, RegistryError> {
+        let now = u64::try_from(SystemClock.now().0 / 1000).unwrap_or(0);
+        let mut found: Vec<(u64, items::Item)> = self
+            .items_of(Self::active_partition(session), None)
+            .await?
+            .into_iter()
+            .filter(|item| items::get_u64(item, TTL).is_none_or(|ttl| ttl > now))
+            .map(|item| (items::get_u64(&item, JOINED).unwrap_or(0), item))
+            .collect();
+        found.sort_by_key(|(joined, _)| *joined);
+        Ok(found)
+    }
+
+    /// The items of partition `pk` (with `SK` beginning with `prefix`, when given): one
+    /// strongly consistent query, paged.
+    async fn items_of(&self, pk: String, prefix: Option<&str>) -> Result<Vec<items::Item>, RegistryError> {
+        let mut found = Vec::new();
+        let mut start = None;
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("#pk = :pk")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_values(":pk", items::s(pk.as_str()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start);
+            if let Some(prefix) = prefix {
+                query = query
+                    .key_condition_expression("#pk = :pk AND begins_with(#sk, :prefix)")
+                    .expression_attribute_names("#sk", SK)
+                    .expression_attribute_values(":prefix", items::s(prefix));
+            }
+            let out = query.send().await.map_err(|e| failed("Query", e))?;
+            found.extend(out.items.unwrap_or_default());
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(found);
+            }
+        }
+    }
+
     fn subscription_key(id: &str, session: &SessionId) -> items::Item {
         items::key(session, format!("{SUBSCRIPTION_PREFIX}{id}"))
     }
@@ -101,37 +164,16 @@ impl DynamoRegistry {
         Ok(())
     }
 
-    /// The subscription items (`SK` beginning with `W#`) of partition `pk`, by connection: one
-    /// strongly consistent query, paged.
+    /// The subscription items (`SK` beginning with `W#`) of partition `pk`, by connection.
     async fn subscription_items(&self, pk: String) -> Result<Vec<(String, items::Item)>, RegistryError> {
-        let mut found = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("#pk = :pk AND begins_with(#sk, :w)")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_names("#sk", SK)
-                .expression_attribute_values(":pk", items::s(pk.as_str()))
-                .expression_attribute_values(":w", items::s(SUBSCRIPTION_PREFIX))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| failed("Query", e))?;
-            for item in out.items.unwrap_or_default() {
-                let connection = items::get_s(&item, SK).and_then(|sk| sk.strip_prefix(SUBSCRIPTION_PREFIX));
-                if let Some(connection) = connection {
-                    found.push((connection.to_owned(), item));
-                }
-            }
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return Ok(found);
-            }
-        }
+        let found = self.items_of(pk, Some(SUBSCRIPTION_PREFIX)).await?;
+        Ok(found
+            .into_iter()
+            .filter_map(|item| {
+                let connection = items::get_s(&item, SK)?.strip_prefix(SUBSCRIPTION_PREFIX)?.to_owned();
+                Some((connection, item))
+            })
+            .collect())
     }
 
     /// Removes connection `id`'s subscriptions: to `chats` (as its record lists them) and to
@@ -312,6 +354,60 @@ impl Registry for DynamoRegistry {
                 self.renewal(Self::counted_key(&key, id), &ttl).update_expression("SET #ttl = :ttl");
             Self::renewed(counted.send().await)?;
         }
+        Ok(())
+    }
+
+    async fn active_clients(&self, session: &SessionId) -> Result<Vec<SessionActiveClient>, RegistryError> {
+        self.active_items(session)
+            .await?
+            .into_iter()
+            .map(|(_, item)| {
+                serde_json::from_str(items::get_s(&item, CLIENT).unwrap_or_default())
+                    .map_err(|e| RegistryError(format!("a recorded active client is not readable: {e}")))
+            })
+            .collect()
+    }
+
+    async fn set_active_client(
+        &self,
+        session: &SessionId,
+        client: &SessionActiveClient,
+        most: usize,
+    ) -> Result<(), RegistryError> {
+        let json = serde_json::to_string(client)
+            .map_err(|e| RegistryError(format!("an active client cannot be recorded: {e}")))?;
+        let now_ms = u64::try_from(SystemClock.now().0).unwrap_or(0);
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::active_key(session, &client.client_id)))
+            .update_expression("SET #client = :client, #ttl = :ttl, #joined = if_not_exists(#joined, :now)")
+            .expression_attribute_names("#client", CLIENT)
+            .expression_attribute_names("#ttl", TTL)
+            .expression_attribute_names("#joined", JOINED)
+            .expression_attribute_values(":client", items::s(json))
+            .expression_attribute_values(":ttl", Self::expiry(None))
+            .expression_attribute_values(":now", items::n(now_ms))
+            .send()
+            .await
+            .map_err(|e| failed("UpdateItem", e))?;
+        // The session keeps its latest `most`: the oldest beyond them leave.
+        let known = self.active_items(session).await?;
+        for (_, item) in known.iter().take(known.len().saturating_sub(most)) {
+            let Some(client_id) = items::get_s(item, SK) else { continue };
+            self.remove_active_client(session, client_id).await?;
+        }
+        Ok(())
+    }
+
+    async fn remove_active_client(&self, session: &SessionId, client_id: &str) -> Result<(), RegistryError> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::active_key(session, client_id)))
+            .send()
+            .await
+            .map_err(|e| failed("DeleteItem", e))?;
         Ok(())
     }
 

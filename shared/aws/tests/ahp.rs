@@ -197,6 +197,8 @@ fn disconnect_event(connection: &str) -> ApiGatewayWebsocketProxyRequest {
 struct World {
     ahp: Deployment,
     gateway: Gateway,
+    /// A second `ahp` container: the same table, queue and registry, memory of its own.
+    other: (Deployment, Gateway),
     dispatch: Deployment,
     queue: SqsQueue,
     management: Arc<Management>,
@@ -249,20 +251,44 @@ impl World {
         let ahp = Deployment::open(&settings, &sdk).await.unwrap();
         let dispatch = Deployment::open(&settings, &sdk).await.unwrap();
         let gateway = Gateway::new(Arc::clone(ahp.ahp.as_ref().unwrap()), &ahp.http);
+        let other = Deployment::open(&settings, &sdk).await.unwrap();
+        let other_gateway = Gateway::new(Arc::clone(other.ahp.as_ref().unwrap()), &other.http);
         let (_, queue) = support::config(store.table(), &queue_url).connect_with(&clients).await.unwrap();
-        World { ahp, gateway, dispatch, queue, management, next_id: AtomicU64::new(1) }
+        World {
+            ahp,
+            gateway,
+            other: (other, other_gateway),
+            dispatch,
+            queue,
+            management,
+            next_id: AtomicU64::new(1),
+        }
     }
 
     async fn event(&self, event: ApiGatewayWebsocketProxyRequest) -> i64 {
-        turnstone_lambda::websocket::handle(&self.ahp.engine.app, &self.gateway, event).await.status_code
+        self.event_on(false, event).await
+    }
+
+    /// An event handled by the first container, or with `other` by the second.
+    async fn event_on(&self, other: bool, event: ApiGatewayWebsocketProxyRequest) -> i64 {
+        let (app, gateway) = match other {
+            false => (&self.ahp.engine.app, &self.gateway),
+            true => (&self.other.0.engine.app, &self.other.1),
+        };
+        turnstone_lambda::websocket::handle(app, gateway, event).await.status_code
     }
 
     /// Sends a request on `connection`; its response.
     async fn request(&self, connection: &str, method: &str, params: Value) -> Value {
+        self.request_on(false, connection, method, params).await
+    }
+
+    /// Sends a request on `connection` to the first container, or with `other` the second.
+    async fn request_on(&self, other: bool, connection: &str, method: &str, params: Value) -> Value {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let before = self.management.frames_of(connection).len();
         let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        assert_eq!(self.event(message_event(connection, &body)).await, 200);
+        assert_eq!(self.event_on(other, message_event(connection, &body)).await, 200);
         let frames = self.management.frames_of(connection);
         frames[before..]
             .iter()
@@ -323,6 +349,12 @@ impl World {
 
     /// Starts a turn with `text` through `dispatchAction`.
     async fn start_turn(&self, connection: &str, session: &str, turn_id: &str, text: &str) {
+        self.start_turn_on(false, connection, session, turn_id, text).await;
+    }
+
+    /// Starts a turn with `text` through `dispatchAction` to the first container, or with
+    /// `other` the second.
+    async fn start_turn_on(&self, other: bool, connection: &str, session: &str, turn_id: &str, text: &str) {
         let action = StateAction::ChatTurnStarted(ChatTurnStartedAction {
             turn_id: turn_id.into(),
             started_at: "2026-01-01T00:00:00Z".into(),
@@ -338,7 +370,7 @@ impl World {
             meta: None,
         });
         let params = json!({"channel": format!("ahp-chat:/{session}"), "clientSeq": 1, "action": action});
-        self.request(connection, "dispatchAction", params).await;
+        self.request_on(other, connection, "dispatchAction", params).await;
     }
 }
 
@@ -826,6 +858,40 @@ async fn connections_take_tkn_and_end_with_their_token() {
     assert_eq!(refused["error"]["code"], -32007, "{refused}");
     assert!(registry.connection("old2").await.unwrap().is_none());
     assert_eq!(*world.management.closed.lock().unwrap(), ["old", "old2"]);
+}
+
+/// Active clients behind API Gateway are recorded with the connections: the tools a client
+/// set on one function container are offered to the turn it starts on another, every
+/// container's snapshot shows the client, and its leaving on one is seen on the other.
+#[tokio::test]
+async fn active_clients_hold_across_functions() {
+    let world = World::new().await;
+    assert_eq!(world.event(connect_event("ac1", Some(&format!("Bearer {KEY}")))).await, 200);
+    world.request("ac1", "initialize", initialize()).await;
+    let tool = json!({"name": "readFile", "description": "Reads a file", "inputSchema": {"type": "object"}});
+    let active = json!({"clientId": "test-client", "tools": [tool]});
+    let params = json!({"channel": "ahp-session:/ac", "provider": "helper", "activeClient": active});
+    let created = world.request("ac1", "createSession", params).await;
+    assert_eq!(created["result"], Value::Null, "{created}");
+
+    // The other container has never seen the client.
+    let subscribed = world.request_on(true, "ac1", "subscribe", json!({"channel": "ahp-session:/ac"})).await;
+    let clients = &subscribed["result"]["snapshot"]["state"]["activeClients"];
+    assert_eq!(clients[0]["clientId"], "test-client", "{subscribed}");
+    assert_eq!(clients[0]["tools"][0]["name"], "readFile");
+    world.start_turn_on(true, "ac1", "ac", "t1", "Read the README.").await;
+    let (session, _) = world.ahp.engine.app.load("ac").await.unwrap();
+    let turn = session.turn(&"t1".into()).expect("the turn started");
+    let offered: Vec<&str> = turn.client_tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(offered, ["readFile"], "the client's tools ride on the turn it started elsewhere");
+    assert_eq!(turn.client_id.as_deref(), Some("test-client"));
+
+    // It leaves on the other container; the first one sees it gone.
+    let removed = json!({"type": "session/activeClientRemoved", "clientId": "test-client"});
+    let params = json!({"channel": "ahp-session:/ac", "clientSeq": 2, "action": removed});
+    world.request_on(true, "ac1", "dispatchAction", params).await;
+    let subscribed = world.request("ac1", "subscribe", json!({"channel": "ahp-session:/ac"})).await;
+    assert_eq!(subscribed["result"]["snapshot"]["state"]["activeClients"], json!([]), "{subscribed}");
 }
 
 /// An HS256 JWT of `sub` expiring at `exp` (Unix seconds).

@@ -11,12 +11,14 @@
 //! Who is active is the live state of connections, not of the session's log: it is memory of
 //! this process ([`Memo`], and clients per session bounded, oldest forgotten first), and its
 //! changes reach the session channel's subscribers on this host, each echoed with the origin of
-//! the client that dispatched it. VS Code never removes its own entry: a client that has had
+//! the client that dispatched it. Behind API Gateway every message may reach another function
+//! container, so there the entries are recorded in the connections' [`Registry`] as well, and
+//! read from it: a turn started on any container offers the tools its client set on another. VS Code never removes its own entry: a client that has had
 //! no connection for `[limits] active_client_grace_secs` (a reconnect within it keeps its
 //! place) leaves every session it joined, told as `session/activeClientRemoved`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ahp_types::actions::{ActionOrigin, StateAction};
@@ -25,6 +27,7 @@ use tokio::sync::broadcast;
 use turnstone_engine::ids::SessionId;
 use turnstone_engine::protocol::{AgentTool, ClientContext, ToolHandler};
 
+use super::registry::Registry;
 use crate::memo::Memo;
 
 /// Active clients kept per session at most.
@@ -40,7 +43,6 @@ pub(crate) struct SessionNews {
     pub origin: Option<ActionOrigin>,
 }
 
-#[derive(Debug)]
 pub(crate) struct ActiveClients {
     by_session: Memo<SessionId, Vec<SessionActiveClient>>,
     /// The sessions each client joined, to leave them all once it is gone.
@@ -49,6 +51,16 @@ pub(crate) struct ActiveClients {
     /// before the latest opened is called off).
     present: Mutex<HashMap<String, (usize, u64)>>,
     news: broadcast::Sender<SessionNews>,
+    /// Where the entries are recorded for every process, when connections outlive this one.
+    records: OnceLock<Arc<dyn Registry>>,
+}
+
+impl std::fmt::Debug for ActiveClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActiveClients")
+            .field("recorded", &self.records.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ActiveClients {
@@ -58,11 +70,17 @@ impl Default for ActiveClients {
             joined: Memo::new(),
             present: Mutex::new(HashMap::new()),
             news: broadcast::channel(NEWS).0,
+            records: OnceLock::new(),
         }
     }
 }
 
 impl ActiveClients {
+    /// Records the entries in `records` from now on, and reads them from it.
+    pub fn record_in(&self, records: Arc<dyn Registry>) {
+        let _ = self.records.set(records);
+    }
+
     /// A connection of client `client_id` opened (it introduced itself).
     pub fn connected(&self, client_id: &str) {
         let mut present = self.present();
@@ -84,13 +102,13 @@ impl ActiveClients {
         let (this, client_id) = (Arc::clone(self), client_id.to_owned());
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            this.leave_if_gone(&client_id, opened);
+            this.leave_if_gone(&client_id, opened).await;
         });
     }
 
     /// Client `client_id` leaves every session it joined, if it has had no connection since
     /// its `opened`-th.
-    fn leave_if_gone(&self, client_id: &str, opened: u64) {
+    async fn leave_if_gone(&self, client_id: &str, opened: u64) {
         {
             let mut present = self.present();
             if present.get(client_id) != Some(&(0, opened)) {
@@ -99,7 +117,7 @@ impl ActiveClients {
             present.remove(client_id);
         }
         for session in self.joined.remove(client_id).unwrap_or_default() {
-            self.remove(&session, client_id, None);
+            self.remove(&session, client_id, None).await;
         }
     }
 
@@ -108,13 +126,30 @@ impl ActiveClients {
         self.present.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Session `session`'s active clients, in the order they joined.
-    pub fn of(&self, session: &SessionId) -> Vec<SessionActiveClient> {
+    /// Session `session`'s active clients, in the order they joined: as recorded where they
+    /// are (this process's memory when the record cannot be read).
+    pub async fn of(&self, session: &SessionId) -> Vec<SessionActiveClient> {
+        if let Some(records) = self.records.get() {
+            match records.active_clients(session).await {
+                Ok(clients) => {
+                    self.by_session.insert(session.clone(), clients.clone());
+                    return clients;
+                }
+                Err(e) => {
+                    tracing::warn!(session_id = %session, error = %e, "the active clients could not be read")
+                }
+            }
+        }
         self.by_session.get(session).unwrap_or_default()
     }
 
     /// Adds or replaces `client`'s entry (by its client id), and tells the session channel.
-    pub fn set(&self, session: &SessionId, client: SessionActiveClient, origin: Option<ActionOrigin>) {
+    pub async fn set(&self, session: &SessionId, client: SessionActiveClient, origin: Option<ActionOrigin>) {
+        if let Some(records) = self.records.get()
+            && let Err(e) = records.set_active_client(session, &client, CLIENTS_PER_SESSION).await
+        {
+            tracing::warn!(session_id = %session, error = %e, "an active client could not be recorded");
+        }
         self.by_session.update(session.clone(), |known| {
             let mut clients = known.cloned().unwrap_or_default();
             match clients.iter_mut().find(|c| c.client_id == client.client_id) {
@@ -141,7 +176,12 @@ impl ActiveClients {
 
     /// Removes client `client_id`'s entry (a no-op when it has none), and tells the session
     /// channel.
-    pub fn remove(&self, session: &SessionId, client_id: &str, origin: Option<ActionOrigin>) {
+    pub async fn remove(&self, session: &SessionId, client_id: &str, origin: Option<ActionOrigin>) {
+        if let Some(records) = self.records.get()
+            && let Err(e) = records.remove_active_client(session, client_id).await
+        {
+            tracing::warn!(session_id = %session, error = %e, "an active client's leaving could not be recorded");
+        }
         self.by_session.update(session.clone(), |known| {
             let mut clients = known.cloned().unwrap_or_default();
             clients.retain(|c| c.client_id != client_id);
@@ -159,8 +199,8 @@ impl ActiveClients {
 
     /// The client context of a turn client `client_id` starts in `session`: its tools, as
     /// client tools it runs; `None` when it is not active there or offers no tool.
-    pub fn context(&self, session: &SessionId, client_id: &str) -> Option<ClientContext> {
-        let clients = self.by_session.get(session)?;
+    pub async fn context(&self, session: &SessionId, client_id: &str) -> Option<ClientContext> {
+        let clients = self.of(session).await;
         let client = clients.iter().find(|c| c.client_id == client_id)?;
         let tools: Vec<AgentTool> = client
             .tools
@@ -218,16 +258,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_turn_offers_its_own_clients_tools_only() {
+    #[tokio::test]
+    async fn a_turn_offers_its_own_clients_tools_only() {
         let active = ActiveClients::default();
         let mut news = active.news();
         let session = SessionId::from("s1");
-        active.set(&session, client("w1", &["readFile"]), None);
-        active.set(&session, client("w2", &["runTests"]), None);
-        active.set(&session, client("w1", &["readFile", "editFile"]), None);
-        assert_eq!(active.of(&session).len(), 2, "an entry is replaced by its client id");
-        let context = active.context(&session, "w1").unwrap();
+        active.set(&session, client("w1", &["readFile"]), None).await;
+        active.set(&session, client("w2", &["runTests"]), None).await;
+        active.set(&session, client("w1", &["readFile", "editFile"]), None).await;
+        assert_eq!(active.of(&session).await.len(), 2, "an entry is replaced by its client id");
+        let context = active.context(&session, "w1").await.unwrap();
         let names: Vec<_> = context.tools.unwrap().into_iter().map(|t| (t.name, t.handler)).collect();
         assert_eq!(
             names,
@@ -237,9 +277,9 @@ mod tests {
             ]
         );
         assert_eq!(context.client_id.as_deref(), Some("w1"));
-        active.remove(&session, "w2", None);
-        assert!(active.context(&session, "w2").is_none());
-        assert!(active.context(&SessionId::from("s2"), "w1").is_none());
+        active.remove(&session, "w2", None).await;
+        assert!(active.context(&session, "w2").await.is_none());
+        assert!(active.context(&SessionId::from("s2"), "w1").await.is_none());
         let kinds: Vec<_> = std::iter::from_fn(|| news.try_recv().ok())
             .map(|n| serde_json::to_value(&n.action).unwrap()["type"].as_str().unwrap().to_owned())
             .collect();

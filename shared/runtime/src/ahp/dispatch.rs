@@ -121,7 +121,7 @@ async fn session_action(
                     origin.client_id, a.active_client.client_id
                 ));
             }
-            host.active_clients.set(id, a.active_client.clone(), Some(origin));
+            host.active_clients.set(id, a.active_client.clone(), Some(origin)).await;
             Ok(())
         }
         StateAction::SessionActiveClientRemoved(a) => {
@@ -132,7 +132,7 @@ async fn session_action(
                 ));
             }
             let client_id = a.client_id.clone();
-            host.active_clients.remove(id, &client_id, Some(origin));
+            host.active_clients.remove(id, &client_id, Some(origin)).await;
             Ok(())
         }
         StateAction::SessionTitleChanged(a) => {
@@ -181,7 +181,7 @@ async fn start_turn(
     session: &Session,
     action: &ChatTurnStartedAction,
 ) -> Result<(), Refusal> {
-    let input = message(host, client_id, session, &action.turn_id, &action.message.text);
+    let input = message(host, client_id, session, &action.turn_id, &action.message.text).await;
     submit(host, caller, session.id(), input, Placement::Start).await
 }
 
@@ -222,7 +222,7 @@ async fn resume_turn(
     let chat = idle_chat(host, session, "a failed turn resumes once it ended").await?;
     let resumption = chat.resumption(turn_id)?;
     let input = match &resumption.message {
-        Some(text) => message(host, client_id, session, &resumption.turn_id, text),
+        Some(text) => message(host, client_id, session, &resumption.turn_id, text).await,
         None => {
             let input = json!({
                 "type": "client.messages",
@@ -231,7 +231,7 @@ async fn resume_turn(
                 "messages": [],
                 "stream": true,
             });
-            with_client(host, client_id, session, input)
+            with_client(host, client_id, session, input).await
         }
     };
     submit(host, caller, session.id(), input, Placement::Start).await
@@ -251,13 +251,13 @@ async fn pend(
         PendingMessageKind::Queued => Placement::Queue,
         PendingMessageKind::Steering => Placement::Steer,
     };
-    let input = message(host, client_id, session, &action.id, &action.message.text);
+    let input = message(host, client_id, session, &action.id, &action.message.text).await;
     submit(host, caller, session.id(), input, placement).await
 }
 
 /// The `client.message` of a turn client `client_id` starts, with its tools when it is an
 /// active client of the session.
-fn message(host: &AhpHost, client_id: &str, session: &Session, turn_id: &str, text: &str) -> Value {
+async fn message(host: &AhpHost, client_id: &str, session: &Session, turn_id: &str, text: &str) -> Value {
     let input = json!({
         "type": "client.message",
         "agent_id": session.agent_id(),
@@ -265,13 +265,13 @@ fn message(host: &AhpHost, client_id: &str, session: &Session, turn_id: &str, te
         "message": {"role": "user", "content": text},
         "stream": true,
     });
-    with_client(host, client_id, session, input)
+    with_client(host, client_id, session, input).await
 }
 
 /// A turn's `input` with the tools of client `client_id`, when it is an active client of the
 /// session.
-fn with_client(host: &AhpHost, client_id: &str, session: &Session, mut input: Value) -> Value {
-    if let Some(client) = host.active_clients.context(session.id(), client_id) {
+async fn with_client(host: &AhpHost, client_id: &str, session: &Session, mut input: Value) -> Value {
+    if let Some(client) = host.active_clients.context(session.id(), client_id).await {
         input["client"] = json!(client);
     }
     input

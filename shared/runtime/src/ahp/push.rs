@@ -162,7 +162,13 @@ impl Pushes {
     /// The AHP host of `app`, made once: the app's notifier holds these pushes, so the host
     /// is set after the app is built (and lives as long as the process).
     pub fn attach(&self, app: &Arc<App>) -> Arc<AhpHost> {
-        Arc::clone(self.host.get_or_init(|| AhpHost::new(Arc::clone(app))))
+        Arc::clone(self.host.get_or_init(|| {
+            let host = AhpHost::new(Arc::clone(app));
+            // Each message may reach another process: active clients are recorded with the
+            // connections.
+            host.active_clients.record_in(Arc::clone(&self.registry));
+            host
+        }))
     }
 
     /// Where connections and subscriptions are recorded.

@@ -19,6 +19,9 @@ use turnstone_engine::protocol::WorkerIdentity;
 
 use crate::auth::{AgentScope, Caller};
 
+/// An active client's entry, as a registry records it.
+pub use ahp_types::state::SessionActiveClient;
+
 /// How long a connection lives at most (API Gateway closes a WebSocket after 2 hours), and so
 /// how long its records are kept (the table's TTL removes them later).
 pub const CONNECTION_LIFETIME_SECS: u64 = 2 * 60 * 60;
@@ -77,6 +80,21 @@ pub trait Registry: Send + Sync + 'static {
     /// renewed token's expiry, AHP's `authenticate`): its record, its chat subscriptions'
     /// expiry and its root subscription, so every function reads and pushes by the new one.
     async fn renew(&self, id: &str, caller: &Caller) -> Result<(), RegistryError>;
+
+    /// Session `session`'s active clients (AHP's `activeClients`), in the order they joined.
+    async fn active_clients(&self, session: &SessionId) -> Result<Vec<SessionActiveClient>, RegistryError>;
+
+    /// Records `client` as active in `session`, replacing its entry (keeping when it joined);
+    /// a session keeps its `most` latest clients.
+    async fn set_active_client(
+        &self,
+        session: &SessionId,
+        client: &SessionActiveClient,
+        most: usize,
+    ) -> Result<(), RegistryError>;
+
+    /// Removes client `client_id` from `session`'s active clients.
+    async fn remove_active_client(&self, session: &SessionId, client_id: &str) -> Result<(), RegistryError>;
 
     /// Removes connection `id` and all its subscriptions (the root channel's too).
     async fn disconnect(&self, id: &str) -> Result<(), RegistryError>;

@@ -296,7 +296,7 @@ pub(crate) async fn create(
     match host.app.create_session(&id, &provider, caller).await {
         Ok(_) => {
             if let Some(active) = params.active_client {
-                host.active_clients.set(&id, active, None);
+                host.active_clients.set(&id, active, None).await;
             }
             Ok(())
         }
@@ -477,7 +477,7 @@ pub(crate) async fn snapshot(
         lifecycle: SessionLifecycle::Ready,
         creation_error: None,
         server_tools: None,
-        active_clients: host.active_clients.of(&id),
+        active_clients: host.active_clients.of(&id).await,
         chats,
         default_chat: Some(chat_uri(&id)),
         config: None,
