@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use turnstone_engine::protocol::{
-    Content, ContentPart, DraftMessage, Effort, ErrorCode, LlmRequest, LlmResponse, LlmTool, ReasoningConfig,
-    Role, StreamDelta, ToolCall,
+    CacheTtl, Content, ContentPart, DraftMessage, Effort, ErrorCode, LlmRequest, LlmResponse, LlmTool,
+    PromptCache, ReasoningConfig, Role, StreamDelta, ToolCall,
 };
 use turnstone_runtime::llm::{
     AnthropicProvider, ModelProvider, OpenAiProvider, ProviderError, ProviderKind, ProviderSetupError,
@@ -1021,4 +1021,19 @@ async fn anthropic_budgeted_thinking_with_tools_asks_for_interleaved_thinking() 
         result.unwrap_or_else(|e| panic!("{model}: {e}"));
         assert_eq!(fake.last_request().header("anthropic-beta").as_deref(), beta, "{model}, tools {tools}");
     }
+}
+
+/// A compatible server behind `type = "openai"` is not sent OpenAI's `prompt_cache_key` (it
+/// may refuse a field it does not know); the rest of a cached request is as ever.
+#[tokio::test]
+async fn a_compatible_server_is_not_sent_the_prompt_cache_key() {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("ok"));
+    let mut req = request("gpt-4o-mini");
+    req.cache = Some(PromptCache { key: "s-1".into(), ttl: CacheTtl::FiveMinutes });
+    let (result, _) = run(&openai(&fake), &req, false, PLENTY).await;
+    result.unwrap();
+    let sent = fake.last_request().body;
+    assert!(sent.get("prompt_cache_key").is_none(), "{sent}");
+    assert_eq!(sent["model"], "gpt-4o-mini");
 }

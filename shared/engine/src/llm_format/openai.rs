@@ -11,8 +11,8 @@
 //!   `max_tokens`, `enabled` and `exclude` are not sent.
 //! - Prompt caching: OpenAI caches prompt prefixes of 1,024 tokens and more by itself; a
 //!   request with [`LlmRequest::cache`] names its conversation as `prompt_cache_key` so that
-//!   its steps reach the same cache. Compatible servers ignore the field (`prompt_cache =
-//!   "off"` leaves it out).
+//!   its steps reach the same cache. The Chat Completions provider leaves it out for servers
+//!   other than OpenAI's own, which may refuse a field they do not know.
 //! - Responses: a `refusal` becomes the content (when there is no other text) and turns the
 //!   finish reason into `content_filter`, so [`LlmResponse::is_refused`] sees it. Empty text is
 //!   no content. Reasoning text (`reasoning_content` / `reasoning`) is streamed as

@@ -1,7 +1,8 @@
 //! OpenAI Chat Completions (and compatible servers: vLLM, Ollama, llama.cpp, OpenRouter, ...).
 //!
 //! POST `{base_url}/chat/completions` with `Authorization: Bearer <key>` (left out without a
-//! key, for local servers), the body of [`llm_format::openai::request`]; the answer is read by
+//! key, for local servers), the body of [`llm_format::openai::request`] (without
+//! `prompt_cache_key` for a server other than OpenAI's own); the answer is read by
 //! [`llm_format::openai::response`] or, streamed, chunk by chunk through
 //! [`llm_format::openai::StreamAccumulator`] until `data: [DONE]`.
 //!
@@ -28,6 +29,9 @@ impl Wire for Openai {
 /// A model served over the OpenAI Chat Completions API.
 pub type OpenAiProvider = HttpProvider<Openai>;
 
+/// The host of OpenAI's own API.
+const OPENAI_HOST: &str = "api.openai.com";
+
 impl HttpProvider<Openai> {
     /// OpenAI's own API.
     pub const DEFAULT_BASE_URL: &'static str = "https://api.openai.com/v1";
@@ -41,6 +45,10 @@ impl HttpProvider<Openai> {
         if let Some(key) = &api_key {
             set_header(&mut headers, AUTHORIZATION.as_str(), &format!("Bearer {key}"), true)?;
         }
-        Self::from_parts(url, api_key, headers)
+        // `prompt_cache_key` is OpenAI's own: a compatible server (Mistral's, Groq's, ...) may
+        // refuse a field it does not know, so only OpenAI's API is sent it.
+        let official = url.host_str() == Some(OPENAI_HOST);
+        let provider = Self::from_parts(url, api_key, headers)?;
+        Ok(if official { provider } else { provider.leaving_out(&["prompt_cache_key"]) })
     }
 }

@@ -36,6 +36,9 @@ pub struct HttpProvider<W> {
     url: reqwest::Url,
     api_key: Option<String>,
     headers: HeaderMap,
+    /// Body fields left out for this server: the format's extensions a compatible server may
+    /// refuse as unknown (OpenAI's `prompt_cache_key`, to servers other than OpenAI's own).
+    left_out: &'static [&'static str],
     wire: PhantomData<W>,
 }
 
@@ -46,6 +49,7 @@ impl<W> Clone for HttpProvider<W> {
             url: self.url.clone(),
             api_key: self.api_key.clone(),
             headers: self.headers.clone(),
+            left_out: self.left_out,
             wire: PhantomData,
         }
     }
@@ -59,7 +63,13 @@ impl<W: Wire> HttpProvider<W> {
         api_key: Option<String>,
         headers: HeaderMap,
     ) -> Result<Self, ProviderSetupError> {
-        Ok(HttpProvider { client: http_client()?, url, api_key, headers, wire: PhantomData })
+        Ok(HttpProvider { client: http_client()?, url, api_key, headers, left_out: &[], wire: PhantomData })
+    }
+
+    /// The same provider leaving `fields` out of every request body.
+    pub(super) fn leaving_out(mut self, fields: &'static [&'static str]) -> Self {
+        self.left_out = fields;
+        self
     }
 
     /// The same provider on another HTTP client (which should keep `tcp_nodelay(true)`).
@@ -102,8 +112,13 @@ impl<W: Wire> ModelProvider for HttpProvider<W> {
     ) -> Result<LlmResponse, ProviderError> {
         let classifier = Classifier { provider: W::PROVIDER, secret: self.api_key.as_deref() };
         // A request the format cannot carry fails, terminally, before anything is sent.
-        let body = llm_format::request(W::FORMAT, request, stream)
+        let mut body = llm_format::request(W::FORMAT, request, stream)
             .map_err(|e| classifier.request(&e.to_string()))?;
+        if let Some(fields) = body.as_object_mut() {
+            for field in self.left_out {
+                fields.remove(*field);
+            }
+        }
         let extra = W::request_headers(&body);
         let mut headers = std::borrow::Cow::Borrowed(&self.headers);
         for (name, value) in extra {
@@ -116,5 +131,20 @@ impl<W: Wire> ModelProvider for HttpProvider<W> {
 
     fn name(&self) -> &'static str {
         W::PROVIDER
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::OpenAiProvider;
+
+    /// `prompt_cache_key` goes to OpenAI's own API only: a compatible server may refuse a
+    /// field it does not know.
+    #[test]
+    fn only_openais_own_api_is_sent_the_cache_key() {
+        let official = OpenAiProvider::new("https://api.openai.com/v1", None).unwrap();
+        assert!(official.left_out.is_empty());
+        let local = OpenAiProvider::new("http://localhost:11434/v1", None).unwrap();
+        assert_eq!(local.left_out, ["prompt_cache_key"]);
     }
 }
