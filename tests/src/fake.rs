@@ -198,6 +198,14 @@ impl Reply {
         }
     }
 
+    /// The answering model: the reply's, else the request's, else `default`.
+    pub(crate) fn model_for(&self, request: &Value, default: &str) -> String {
+        self.model
+            .clone()
+            .or_else(|| request.get("model").and_then(Value::as_str).map(str::to_owned))
+            .unwrap_or_else(|| default.to_owned())
+    }
+
     /// `(prompt, completion)` tokens.
     pub(crate) fn tokens(&self) -> (u64, u64) {
         self.usage.unwrap_or_else(|| {

@@ -59,11 +59,7 @@ fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
     if let ReplyKind::Raw { status, content_type, body } = &reply.kind {
         return Rendered::Raw { status: *status, content_type: content_type.clone(), body: body.clone() };
     }
-    let model = reply
-        .model
-        .clone()
-        .or_else(|| request.get("model").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| "claude-fake".to_owned());
+    let model = reply.model_for(request, "claude-fake");
     let id = format!("msg_fake{serial}");
     let (text, calls) = reply.answer();
     let stop =

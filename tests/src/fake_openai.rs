@@ -56,11 +56,7 @@ fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
     if let crate::fake::ReplyKind::Raw { status, content_type, body } = &reply.kind {
         return Rendered::Raw { status: *status, content_type: content_type.clone(), body: body.clone() };
     }
-    let model = reply
-        .model
-        .clone()
-        .or_else(|| request.get("model").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| "gpt-fake".to_owned());
+    let model = reply.model_for(request, "gpt-fake");
     let id = format!("chatcmpl-fake{serial}");
     let (text, calls) = reply.answer();
     let finish =
@@ -156,7 +152,8 @@ fn error_kind(status: u16) -> (&'static str, Value) {
     }
 }
 
-fn error_body(status: u16, kind: Option<&str>, message: &str) -> Value {
+/// OpenAI's error body for a status (Chat Completions and Responses alike).
+pub(crate) fn error_body(status: u16, kind: Option<&str>, message: &str) -> Value {
     let (default_kind, code) = error_kind(status);
     json!({"error": {"message": message, "type": kind.unwrap_or(default_kind), "param": null, "code": code}})
 }

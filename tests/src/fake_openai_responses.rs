@@ -46,7 +46,7 @@ impl FakeOpenAiResponses {
             request_id_header: "x-request-id",
             render,
             stream_error,
-            error_body,
+            error_body: crate::fake_openai::error_body,
             refuse,
             prompt: Some(prompt),
         };
@@ -102,11 +102,7 @@ fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {
     if let ReplyKind::Raw { status, content_type, body } = &reply.kind {
         return Rendered::Raw { status: *status, content_type: content_type.clone(), body: body.clone() };
     }
-    let model = reply
-        .model
-        .clone()
-        .or_else(|| request.get("model").and_then(Value::as_str).map(str::to_owned))
-        .unwrap_or_else(|| "gpt-fake".to_owned());
+    let model = reply.model_for(request, "gpt-fake");
     let (text, calls) = reply.answer();
     let (prompt, completion) = reply.tokens();
     // The input as the prompt cache served it, unless the test set the usage itself.
@@ -300,22 +296,6 @@ impl Events {
         data["sequence_number"] = json!(self.sse.len());
         self.sse.push(sse(Some(kind), &data.to_string()));
     }
-}
-
-/// OpenAI's error type and code for a status.
-fn error_kind(status: u16) -> (&'static str, Value) {
-    match status {
-        401 => ("invalid_request_error", json!("invalid_api_key")),
-        404 => ("invalid_request_error", json!("model_not_found")),
-        429 => ("requests", json!("rate_limit_exceeded")),
-        500..=599 => ("server_error", Value::Null),
-        _ => ("invalid_request_error", Value::Null),
-    }
-}
-
-fn error_body(status: u16, kind: Option<&str>, message: &str) -> Value {
-    let (default_kind, code) = error_kind(status);
-    json!({"error": {"message": message, "type": kind.unwrap_or(default_kind), "param": null, "code": code}})
 }
 
 /// A stream's `error` event (https://platform.openai.com/docs/api-reference/responses-streaming/error).

@@ -8,32 +8,10 @@ use turnstone_engine::protocol::{
     CacheTtl, LlmRequest, LlmResponse, PromptCache, StreamDelta, ToolCall, ToolCallDelta, UrlRef,
 };
 
-fn req(value: Value) -> LlmRequest {
-    serde_json::from_value(value).expect("a valid LlmRequest")
-}
+#[path = "common/llm.rs"]
+mod llm;
 
-fn text_delta(text: &str) -> StreamDelta {
-    StreamDelta { text: Some(text.to_owned()), ..StreamDelta::default() }
-}
-
-fn reasoning_delta(text: &str) -> StreamDelta {
-    StreamDelta { reasoning: Some(text.to_owned()), ..StreamDelta::default() }
-}
-
-fn finish_delta(reason: &str) -> StreamDelta {
-    StreamDelta { finish_reason: Some(reason.to_owned()), ..StreamDelta::default() }
-}
-
-fn call_delta(id: &str, name: Option<&str>, arguments: Option<&str>) -> StreamDelta {
-    StreamDelta {
-        tool_calls: Some(vec![ToolCallDelta {
-            id: id.into(),
-            name: name.map(str::to_owned),
-            arguments: arguments.map(str::to_owned),
-        }]),
-        ..StreamDelta::default()
-    }
-}
+use llm::{call_delta, finish_delta, reasoning_delta, req, text_delta};
 
 /// A conversation using every message kind: system, user (text and parts), assistant tool calls, tool results.
 fn conversation() -> Value {

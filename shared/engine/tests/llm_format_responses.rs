@@ -5,15 +5,14 @@
 
 use serde_json::{Value, json};
 use turnstone_engine::llm_format::{self, FormatError, LlmFormat, anthropic, openai, openai_responses};
-use turnstone_engine::protocol::{
-    CacheTtl, LlmRequest, LlmResponse, PromptCache, StreamDelta, ToolCall, ToolCallDelta,
-};
+use turnstone_engine::protocol::{CacheTtl, LlmResponse, PromptCache, StreamDelta, ToolCall};
 
 use openai_responses::{StreamAccumulator, request, response};
 
-fn req(value: Value) -> LlmRequest {
-    serde_json::from_value(value).expect("a valid LlmRequest")
-}
+#[path = "common/llm.rs"]
+mod llm;
+
+use llm::{call_delta, finish_delta, reasoning_delta, req, text_delta};
 
 fn weather_tool() -> Value {
     json!({
@@ -443,7 +442,7 @@ fn done(index: u64, item: Value) -> Value {
     json!({ "type": "response.output_item.done", "output_index": index, "item": item })
 }
 
-fn text_delta(index: u64, delta: &str) -> Value {
+fn output_text_event(index: u64, delta: &str) -> Value {
     json!({ "type": "response.output_text.delta", "item_id": "msg_1", "output_index": index,
             "content_index": 0, "delta": delta, "logprobs": [] })
 }
@@ -462,29 +461,6 @@ fn finished(kind: &str, response: Value) -> Value {
     json!({ "type": kind, "response": response })
 }
 
-fn text(text: &str) -> StreamDelta {
-    StreamDelta { text: Some(text.into()), ..StreamDelta::default() }
-}
-
-fn reasoning(text: &str) -> StreamDelta {
-    StreamDelta { reasoning: Some(text.into()), ..StreamDelta::default() }
-}
-
-fn fragment(id: &str, name: Option<&str>, arguments: Option<&str>) -> StreamDelta {
-    StreamDelta {
-        tool_calls: Some(vec![ToolCallDelta {
-            id: id.into(),
-            name: name.map(str::to_owned),
-            arguments: arguments.map(str::to_owned),
-        }]),
-        ..StreamDelta::default()
-    }
-}
-
-fn finish(reason: &str) -> StreamDelta {
-    StreamDelta { finish_reason: Some(reason.into()), ..StreamDelta::default() }
-}
-
 /// Text streams word by word; the answer is the completed response.
 #[test]
 fn stream_text() {
@@ -495,9 +471,9 @@ fn stream_text() {
         added(0, message),
         json!({ "type": "response.content_part.added", "output_index": 0, "content_index": 0,
                 "part": { "type": "output_text", "text": "", "annotations": [] } }),
-        text_delta(0, "Hello"),
-        text_delta(0, ""),
-        text_delta(0, " there."),
+        output_text_event(0, "Hello"),
+        output_text_event(0, ""),
+        output_text_event(0, " there."),
         json!({ "type": "response.output_text.done", "output_index": 0, "content_index": 0, "text": "Hello there." }),
         done(0, message_item("Hello there.")),
         finished(
@@ -505,7 +481,7 @@ fn stream_text() {
             completed(json!([message_item("Hello there.")]), "completed", Value::Null),
         ),
     ]);
-    assert_eq!(deltas, vec![text("Hello"), text(" there."), finish("stop")]);
+    assert_eq!(deltas, vec![text_delta("Hello"), text_delta(" there."), finish_delta("stop")]);
     let answer = acc.finish().expect("complete");
     assert_eq!(answer.content.as_deref(), Some("Hello there."));
     assert_eq!(answer.usage.unwrap()["total_tokens"], 15);
@@ -548,15 +524,15 @@ fn stream_reasoning_summary_and_parallel_tool_calls() {
     assert_eq!(
         deltas,
         vec![
-            reasoning("Two "),
-            reasoning("cities."),
-            reasoning("\n\nBoth now."),
-            fragment("call_a", Some("get_weather"), None),
-            fragment("call_b", Some("get_weather"), None),
-            fragment("call_a", None, Some("{\"city\":")),
-            fragment("call_b", None, Some("{\"city\":\"Rome\"}")),
-            fragment("call_a", None, Some("\"Paris\"}")),
-            finish("tool_calls"),
+            reasoning_delta("Two "),
+            reasoning_delta("cities."),
+            reasoning_delta("\n\nBoth now."),
+            call_delta("call_a", Some("get_weather"), None),
+            call_delta("call_b", Some("get_weather"), None),
+            call_delta("call_a", None, Some("{\"city\":")),
+            call_delta("call_b", None, Some("{\"city\":\"Rome\"}")),
+            call_delta("call_a", None, Some("\"Paris\"}")),
+            finish_delta("tool_calls"),
         ]
     );
     let answer = acc.finish().expect("complete");
@@ -586,7 +562,7 @@ fn stream_without_output_in_completed_and_incomplete() {
     let (_, acc) = feed(&[
         created(),
         added(0, message),
-        text_delta(0, "Hi."),
+        output_text_event(0, "Hi."),
         added(1, call),
         arguments_delta(1, "{}"),
         finished("response.completed", json!({ "status": "completed", "output": [] })),
@@ -599,13 +575,13 @@ fn stream_without_output_in_completed_and_incomplete() {
     let (deltas, acc) = feed(&[
         created(),
         added(0, json!({ "id": "msg_1", "type": "message", "role": "assistant", "content": [] })),
-        text_delta(0, "Once"),
+        output_text_event(0, "Once"),
         finished(
             "response.incomplete",
             completed(json!([message_item("Once")]), "incomplete", json!({ "reason": "max_output_tokens" })),
         ),
     ]);
-    assert_eq!(deltas.last(), Some(&finish("length")));
+    assert_eq!(deltas.last(), Some(&finish_delta("length")));
     assert!(acc.finish().unwrap().is_truncated());
 }
 
@@ -616,9 +592,9 @@ fn stream_separate_messages_join_like_the_answer() {
     let (deltas, acc) = feed(&[
         created(),
         added(0, message("msg_1")),
-        text_delta(0, "One."),
+        output_text_event(0, "One."),
         added(1, message("msg_2")),
-        text_delta(1, "Two."),
+        output_text_event(1, "Two."),
         finished(
             "response.completed",
             completed(json!([message_item("One."), message_item("Two.")]), "completed", Value::Null),
@@ -646,11 +622,11 @@ fn stream_errors() {
     assert_eq!(acc.push("", &failed).unwrap_err(), FormatError::new("error", "server_error: boom"));
 
     let (_, acc) =
-        feed(&[created(), added(0, json!({ "type": "message", "content": [] })), text_delta(0, "Hi")]);
+        feed(&[created(), added(0, json!({ "type": "message", "content": [] })), output_text_event(0, "Hi")]);
     assert_eq!(acc.finish().unwrap_err().path, "response.completed");
 
     let mut acc = StreamAccumulator::new();
-    let err = acc.push("response.output_text.delta", &text_delta(3, "x")).unwrap_err();
+    let err = acc.push("response.output_text.delta", &output_text_event(3, "x")).unwrap_err();
     assert_eq!(err.path, "response.output_text.delta.output_index");
     let err = acc.push("response.function_call_arguments.delta", &arguments_delta(0, "{")).unwrap_err();
     assert_eq!(err.path, "response.function_call_arguments.delta.output_index");

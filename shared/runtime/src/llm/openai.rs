@@ -10,11 +10,10 @@
 //! [`llm_format::openai::response`]: turnstone_engine::llm_format::openai::response
 //! [`llm_format::openai::StreamAccumulator`]: turnstone_engine::llm_format::openai::StreamAccumulator
 
-use reqwest::header::{AUTHORIZATION, HeaderMap};
 use turnstone_engine::llm_format::LlmFormat;
 
+use super::ProviderSetupError;
 use super::provider::{HttpProvider, Wire};
-use super::{ProviderSetupError, endpoint_url, set_header, usable_key};
 
 /// The OpenAI Chat Completions wire format.
 #[derive(Debug, Clone, Copy)]
@@ -39,16 +38,10 @@ impl HttpProvider<Openai> {
     /// A provider at `base_url` (e.g. `https://api.openai.com/v1`), sending `api_key` as a
     /// bearer token when there is one; uses the shared [`super::http_client`].
     pub fn new(base_url: &str, api_key: Option<String>) -> Result<Self, ProviderSetupError> {
-        let url = endpoint_url(base_url, "/chat/completions")?;
-        let api_key = usable_key(api_key);
-        let mut headers = HeaderMap::new();
-        if let Some(key) = &api_key {
-            set_header(&mut headers, AUTHORIZATION.as_str(), &format!("Bearer {key}"), true)?;
-        }
+        let provider = Self::bearer(base_url, "/chat/completions", api_key)?;
         // `prompt_cache_key` is OpenAI's own: a compatible server (Mistral's, Groq's, ...) may
         // refuse a field it does not know, so only OpenAI's API is sent it.
-        let official = url.host_str() == Some(OPENAI_HOST);
-        let provider = Self::from_parts(url, api_key, headers)?;
+        let official = provider.host() == Some(OPENAI_HOST);
         Ok(if official { provider } else { provider.leaving_out(&["prompt_cache_key"]) })
     }
 }

@@ -12,12 +12,11 @@
 //! [`llm_format::openai_responses::response`]: turnstone_engine::llm_format::openai_responses::response
 //! [`llm_format::openai_responses::StreamAccumulator`]: turnstone_engine::llm_format::openai_responses::StreamAccumulator
 
-use reqwest::header::{AUTHORIZATION, HeaderMap};
 use serde_json::{Value, json};
 use turnstone_engine::llm_format::LlmFormat;
 
+use super::ProviderSetupError;
 use super::provider::{HttpProvider, Wire};
-use super::{ProviderSetupError, endpoint_url, set_header, usable_key};
 
 /// The OpenAI Responses wire format.
 #[derive(Debug, Clone, Copy)]
@@ -34,18 +33,12 @@ pub type OpenAiResponsesProvider = HttpProvider<OpenaiResponses>;
 
 impl HttpProvider<OpenaiResponses> {
     /// OpenAI's own API.
-    pub const DEFAULT_BASE_URL: &'static str = "https://api.openai.com/v1";
+    pub const DEFAULT_BASE_URL: &'static str = super::OpenAiProvider::DEFAULT_BASE_URL;
 
     /// A provider at `base_url` (e.g. `<https://api.openai.com/v1`>), sending `api_key` as a
     /// bearer token when there is one; uses the shared [`super::http_client`].
     pub fn new(base_url: &str, api_key: Option<String>) -> Result<Self, ProviderSetupError> {
-        let url = endpoint_url(base_url, "/responses")?;
-        let api_key = usable_key(api_key);
-        let mut headers = HeaderMap::new();
-        if let Some(key) = &api_key {
-            set_header(&mut headers, AUTHORIZATION.as_str(), &format!("Bearer {key}"), true)?;
-        }
-        Self::from_parts(url, api_key, headers)
+        Self::bearer(base_url, "/responses", api_key)
     }
 }
 

@@ -66,6 +66,27 @@ impl<W: Wire> HttpProvider<W> {
         Ok(HttpProvider { client: http_client()?, url, api_key, headers, left_out: &[], wire: PhantomData })
     }
 
+    /// A provider at `base_url` plus `path`, sending `api_key` (when there is a usable one)
+    /// as a bearer token, as OpenAI's APIs take it.
+    pub(super) fn bearer(
+        base_url: &str,
+        path: &str,
+        api_key: Option<String>,
+    ) -> Result<Self, ProviderSetupError> {
+        let url = super::endpoint_url(base_url, path)?;
+        let api_key = super::usable_key(api_key);
+        let mut headers = HeaderMap::new();
+        if let Some(key) = &api_key {
+            set_header(
+                &mut headers,
+                reqwest::header::AUTHORIZATION.as_str(),
+                &format!("Bearer {key}"),
+                true,
+            )?;
+        }
+        Self::from_parts(url, api_key, headers)
+    }
+
     /// The same provider leaving `fields` out of every request body.
     pub(super) fn leaving_out(mut self, fields: &'static [&'static str]) -> Self {
         self.left_out = fields;
@@ -88,6 +109,11 @@ impl<W: Wire> HttpProvider<W> {
     /// The endpoint requests go to.
     pub fn url(&self) -> &str {
         self.url.as_str()
+    }
+
+    /// The endpoint's host.
+    pub(super) fn host(&self) -> Option<&str> {
+        self.url.host_str()
     }
 }
 
