@@ -59,7 +59,10 @@ fn request(model: &str) -> LlmRequest {
             assistant,
             DraftMessage::tool_result("call_prev", "get_weather", "18C, sunny"),
             DraftMessage::user("And in Rome?"),
-        ],
+        ]
+        .into_iter()
+        .map(Arc::new)
+        .collect(),
         tools: Some(vec![weather_tool(), time_tool()]),
         temperature: Some(0.5),
         max_completion_tokens: Some(256),
@@ -693,12 +696,12 @@ async fn anthropic_unparseable_body_is_terminal_and_names_the_field() {
 async fn anthropic_request_it_cannot_carry_fails_before_sending() {
     let fake = FakeAnthropic::start().await;
     let mut req = request("claude-test");
-    req.messages.push(DraftMessage {
+    req.messages.push(Arc::new(DraftMessage {
         content: Some(Content::Parts(vec![ContentPart::VideoUrl {
             video_url: turnstone_engine::protocol::UrlRef { url: "https://v/x.mp4".into() },
         }])),
         ..DraftMessage::user("")
-    });
+    }));
     let (result, _) = run(&anthropic(&fake), &req, false, PLENTY).await;
     let err = result.unwrap_err();
     assert_error(&err, ErrorCode::ProviderError, false);
@@ -754,7 +757,8 @@ async fn provider_for_builds_each_kind() {
         let kind: ProviderKind = kind.parse().unwrap();
         let provider: Arc<dyn ModelProvider> =
             provider_for(kind, base_url.as_deref(), Some("k".into())).unwrap();
-        let req = LlmRequest { messages: vec![DraftMessage::user("hi")], tools: None, ..request("m") };
+        let req =
+            LlmRequest { messages: vec![Arc::new(DraftMessage::user("hi"))], tools: None, ..request("m") };
         let (result, _) = run(provider.as_ref(), &req, false, PLENTY).await;
         assert_eq!(result.unwrap().content.as_deref(), Some(want), "{kind}");
     }
@@ -772,7 +776,7 @@ async fn provider_for_builds_each_kind() {
 fn scripted_request(messages: Vec<DraftMessage>) -> LlmRequest {
     LlmRequest {
         model: "scripted-1".into(),
-        messages,
+        messages: messages.into_iter().map(Arc::new).collect(),
         tools: Some(vec![
             weather_tool(),
             time_tool(),

@@ -3,6 +3,7 @@
 // The helpers are test code too: a failure there must fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -195,13 +196,13 @@ async fn reasoning_items_round_trip() {
         let item = kept.blocks[0].clone();
         assert_eq!(item["encrypted_content"], seal(item["id"].as_str().unwrap(), &expected_thought));
 
-        req.messages.push(DraftMessage {
+        req.messages.push(Arc::new(DraftMessage {
             content: first.content.clone().map(Content::Text),
             tool_calls: first.tool_calls.clone(),
             provider_blocks: first.provider_blocks.clone(),
             ..DraftMessage::text(Role::Assistant, "")
-        });
-        req.messages.push(DraftMessage::tool_result("call_1", "get_weather", "21C"));
+        }));
+        req.messages.push(Arc::new(DraftMessage::tool_result("call_1", "get_weather", "21C")));
         let (result, _) = run(&provider, &req, stream).await;
         assert_eq!(result.unwrap().content.as_deref(), Some("21C in Rome."));
         let input = fake.last_request().body["input"].clone();
@@ -211,7 +212,7 @@ async fn reasoning_items_round_trip() {
         assert_eq!(input[1], item, "sent back unchanged");
 
         let mut changed = req.clone();
-        changed.messages[2].provider_blocks.as_mut().unwrap().blocks[0]["encrypted_content"] =
+        Arc::make_mut(&mut changed.messages[2]).provider_blocks.as_mut().unwrap().blocks[0]["encrypted_content"] =
             json!(format!("{}0", item["encrypted_content"].as_str().unwrap()));
         let (result, _) = run(&provider, &changed, stream).await;
         let err = result.unwrap_err();
@@ -219,7 +220,7 @@ async fn reasoning_items_round_trip() {
         assert!(err.message.contains("could not be verified"), "{}", err.message);
 
         let mut dropped = req.clone();
-        dropped.messages[2].provider_blocks.as_mut().unwrap().blocks[0]
+        Arc::make_mut(&mut dropped.messages[2]).provider_blocks.as_mut().unwrap().blocks[0]
             .as_object_mut()
             .unwrap()
             .remove("encrypted_content");
@@ -228,7 +229,8 @@ async fn reasoning_items_round_trip() {
 
         // Another provider's blocks are not sent: the reasoning is missing, which the fake sees.
         let mut foreign = req.clone();
-        foreign.messages[2].provider_blocks.as_mut().unwrap().provider = "anthropic".into();
+        Arc::make_mut(&mut foreign.messages[2]).provider_blocks.as_mut().unwrap().provider =
+            "anthropic".into();
         let (result, _) = run(&provider, &foreign, stream).await;
         assert!(result.unwrap_err().message.contains("without its required 'reasoning' item"));
     }

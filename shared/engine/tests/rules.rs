@@ -4,6 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+use std::sync::Arc;
+
 use common::*;
 use serde_json::json;
 use turnstone_engine::protocol::*;
@@ -260,7 +262,7 @@ fn explicit_messages_on_llm_call_suppress_the_system_prompt() {
     });
     h.answer(respond(vec![call]));
     let request = h.session.llm_request(&h.session.calls()[0]).unwrap();
-    assert_eq!(request.messages, vec![DraftMessage::user("only this")]);
+    assert_eq!(request.messages, vec![Arc::new(DraftMessage::user("only this"))]);
 }
 
 /// The times of a call's and a decision's steps, which the console's turn timeline draws.

@@ -41,7 +41,7 @@ use crate::protocol::{
 pub fn request(req: &LlmRequest, stream: bool) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(req.model));
-    body.insert("messages".into(), req.messages.iter().map(message).collect());
+    body.insert("messages".into(), req.messages.iter().map(|m| message(m)).collect());
     if let Some(tools) = req.tools.as_ref().filter(|t| !t.is_empty()) {
         body.insert("tools".into(), tools.iter().map(tool).collect());
     }

@@ -1,5 +1,7 @@
 //! The provider-neutral LLM request and response, and streaming deltas.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -13,7 +15,9 @@ use crate::ids::CallId;
 pub struct LlmRequest {
     pub model: String,
     /// The conversation, system prompt first when the agent has one.
-    pub messages: Vec<DraftMessage>,
+    // Shared: a session's transcript keeps each message's draft once, so building a request
+    // at turn 1,000 copies pointers, not the conversation.
+    pub messages: Vec<Arc<DraftMessage>>,
     /// The tools the model may call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<LlmTool>>,

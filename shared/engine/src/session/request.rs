@@ -2,6 +2,7 @@
 //! decision and the `LlmRequest` of an LLM call.
 
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -151,11 +152,11 @@ impl Session {
             None => (system.clone(), action.tools.clone()),
         };
         let messages = match &action.messages {
-            Some(explicit) => explicit.clone(),
+            Some(explicit) => explicit.iter().cloned().map(Arc::new).collect(),
             None => {
-                let mut messages: Vec<DraftMessage> =
-                    system.into_iter().map(|s| DraftMessage::text(Role::System, s)).collect();
-                messages.extend(self.tree.path_to(call.anchor.as_ref()).into_iter().map(Message::to_draft));
+                let mut messages: Vec<Arc<DraftMessage>> =
+                    system.into_iter().map(|s| Arc::new(DraftMessage::text(Role::System, s))).collect();
+                messages.extend(self.tree.path_drafts(call.anchor.as_ref()));
                 messages
             }
         };

@@ -7,7 +7,7 @@
 //! `tool_call_id`, no id) folds onto the recorded node instead of forking.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +50,10 @@ struct Meta {
     /// answers, in path order: `(tool_call_id, tool name)`. Shared with the parent's unless
     /// the node opens or answers one.
     open: Arc<[(CallId, String)]>,
+    /// The node's message as a draft, made the first time a model request takes it and
+    /// shared by every request after (a cell shared by copies of the tree, filled once with
+    /// the same value whichever fills it).
+    draft: OnceLock<Arc<DraftMessage>>,
 }
 
 /// A tree serializes as its head only: messages are immutable and a store keeps them apart
@@ -130,7 +134,8 @@ impl Tree {
 
     /// Appends a node (its parent is already in the tree, or it is a root).
     fn push(&mut self, node: Arc<TreeNode>) {
-        self.bytes += crate::json_len(&*node);
+        // Twice the node: once for the message, once for its draft (see `Meta::draft`).
+        self.bytes += 2 * crate::json_len(&*node);
         let at = self.nodes.len();
         let parent = node.parent_id.as_ref().and_then(|p| self.index.get(p.as_str()).copied());
         let (depth, jump, mut open) = match parent.map(|p| (p, &self.meta[p])) {
@@ -172,7 +177,7 @@ impl Tree {
             _ => {}
         }
         self.index.insert(Arc::from(message.id.as_str()), at);
-        self.meta.push_back(Meta { depth, parent, jump, open });
+        self.meta.push_back(Meta { depth, parent, jump, open, draft: OnceLock::new() });
         self.nodes.push_back(node);
     }
 
@@ -282,6 +287,19 @@ impl Tree {
         while let Some(i) = at {
             path.push(&self.nodes[i].message);
             at = self.meta[i].parent;
+        }
+        path.reverse();
+        path
+    }
+
+    /// The path from the root to `node` as drafts, shared with every request made before.
+    pub fn path_drafts(&self, node: Option<&MessageId>) -> Vec<Arc<DraftMessage>> {
+        let mut at = node.and_then(|n| self.index.get(n.as_str()).copied());
+        let mut path = Vec::with_capacity(at.map_or(0, |i| self.meta[i].depth as usize + 1));
+        while let Some(i) = at {
+            let meta = &self.meta[i];
+            path.push(Arc::clone(meta.draft.get_or_init(|| Arc::new(self.nodes[i].message.to_draft()))));
+            at = meta.parent;
         }
         path.reverse();
         path

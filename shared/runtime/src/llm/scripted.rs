@@ -34,6 +34,7 @@
 //! answer's text, tool names and arguments. The cost is `"0"` and the model is the request's.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -147,7 +148,7 @@ fn reply(request: &LlmRequest) -> Result<Reply, ProviderError> {
 }
 
 /// The name of the tool a tool message answers.
-fn tool_name(messages: &[DraftMessage], result: &DraftMessage) -> String {
+fn tool_name(messages: &[Arc<DraftMessage>], result: &DraftMessage) -> String {
     if let Some(name) = result.name.as_deref().filter(|n| !n.is_empty()) {
         return name.to_owned();
     }
