@@ -22,7 +22,7 @@ export type Approval = "always" | "never";
 /**
  * Where a tool call runs.
  */
-export type ToolHandler = "worker" | "client";
+export type ToolHandler = "worker" | "client" | "server";
 /**
  * A session; chosen by the client (or `<decision id>-<tool call id>` for a child the
  * engine's proposal spawns).
@@ -667,6 +667,10 @@ export interface AgentTool {
    */
   input?: unknown;
   /**
+   * For a tool the engine runs (`handler: "server"`): the MCP server and tool it calls.
+   */
+  mcp?: McpToolSource | null;
+  /**
    * The tool's name, as the model sees it.
    */
   name: string;
@@ -674,6 +678,30 @@ export interface AgentTool {
    * JSON Schema results must satisfy; a violating result settles as a terminal error.
    */
   output?: unknown;
+}
+/**
+ * Where a tool the engine runs comes from: a tool of an MCP server (an extension of the
+ * protocol, set by the engine on the tools it lists from the agent's servers).
+ */
+export interface McpToolSource {
+  /**
+   * The server says repeating a call is harmless (MCP's `idempotentHint`): a call whose
+   * outcome is unknown (the host stopped after sending it) may be sent again. Otherwise such
+   * a call fails saying it may have run, and is never sent twice.
+   */
+  idempotent?: boolean;
+  /**
+   * The server's name in the agent's configuration (the tool's name is `<server>__<tool>`).
+   */
+  server: string;
+  /**
+   * The longest wait for one call.
+   */
+  timeout_secs: number;
+  /**
+   * The tool's own name on that server.
+   */
+  tool: string;
 }
 /**
  * A call as a decision sees it.

@@ -169,6 +169,7 @@ impl Deployment {
             }
             (None, None) => Config::demo()?,
         };
+        config.check_for_functions()?;
         let stored = match &settings.secrets_arn {
             Some(arn) => read_secrets(sdk, arn).await?,
             None => BTreeMap::new(),

@@ -45,6 +45,7 @@ fn worker_agent_with_tools() -> AgentConfig {
             output: None,
             handler: None,
             approval: None,
+            mcp: None,
         },
         AgentTool {
             name: "time".into(),
@@ -53,6 +54,7 @@ fn worker_agent_with_tools() -> AgentConfig {
             output: None,
             handler: None,
             approval: None,
+            mcp: None,
         },
     ]);
     a
@@ -161,6 +163,7 @@ fn client_tool(name: &str) -> AgentTool {
         output: None,
         handler: Some(ToolHandler::Client),
         approval: None,
+        mcp: None,
     }
 }
 

@@ -422,7 +422,7 @@ fn unknown_fields_are_refused() {
     assert_error::<DecisionRequest>(
         &with(request(), "/agent/tools/0/defer", json!(true)),
         "agent.tools[0].defer",
-        "unknown field `defer`, expected one of `name`, `description`, `input`, `output`, `handler`, `approval`",
+        "unknown field `defer`, expected one of `name`, `description`, `input`, `output`, `handler`, `approval`, `mcp`",
     );
     assert_error::<DecisionRequest>(
         &with(request(), "/calls/0/tool_call_id", json!("c0")),
@@ -487,9 +487,9 @@ fn wrong_types_deep_in_a_request() {
         "unknown variant `bot`, expected one of `system`, `user`, `assistant`, `tool`",
     );
     assert_error::<DecisionRequest>(
-        &with(request(), "/agent/tools/0/handler", json!("server")),
+        &with(request(), "/agent/tools/0/handler", json!("engine")),
         "agent.tools[0].handler",
-        "unknown variant `server`, expected `worker` or `client`",
+        "unknown variant `engine`, expected one of `worker`, `client`, `server`",
     );
     assert_error::<DecisionRequest>(
         &with(request(), "/proposed/actions/0/retry/timeout_secs", json!("30s")),
@@ -788,7 +788,7 @@ fn unknown_fields_in_a_worker_answer_are_ignored_and_named() {
 fn unknown_variants_in_a_worker_answer_still_fail_with_their_path() {
     let cases = [
         with(response(), "/actions/0/type", json!("tool.cal")),
-        with(response(), "/actions/1/handler", json!("server")),
+        with(response(), "/actions/1/handler", json!("engine")),
         with(response(), "/actions/0/reasoning/effort", json!("extreme")),
         with(response(), "/messages", json!([{ "role": "robot" }])),
         with(response(), "/messages", json!([{ "role": "user", "content": [{ "type": "audio" }] }])),

@@ -948,7 +948,8 @@ fn agent_tool_and_sub_agent() {
             input: None,
             output: None,
             handler: None,
-            approval: None
+            approval: None,
+            mcp: None
         }
     );
     let full: AgentTool = load("agent.json", "AgentTool", "full");

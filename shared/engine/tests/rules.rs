@@ -31,6 +31,7 @@ fn tool(name: &str) -> AgentTool {
         output: None,
         handler: None,
         approval: None,
+        mcp: None,
     }
 }
 

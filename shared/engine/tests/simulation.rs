@@ -67,6 +67,7 @@ fn root_agent() -> AgentConfig {
             output: None,
             handler: None,
             approval: None,
+            mcp: None,
         },
         AgentTool {
             name: "weather".into(),
@@ -75,6 +76,7 @@ fn root_agent() -> AgentConfig {
             output: Some(json!({"type":"string"})),
             handler: None,
             approval: None,
+            mcp: None,
         },
         AgentTool {
             name: "pick".into(),
@@ -83,6 +85,7 @@ fn root_agent() -> AgentConfig {
             output: None,
             handler: Some(ToolHandler::Client),
             approval: None,
+            mcp: None,
         },
         AgentTool {
             name: "delete".into(),
@@ -91,6 +94,21 @@ fn root_agent() -> AgentConfig {
             output: None,
             handler: None,
             approval: Some(Approval::Always),
+            mcp: None,
+        },
+        AgentTool {
+            name: "files__read".into(),
+            description: None,
+            input: None,
+            output: None,
+            handler: Some(ToolHandler::Server),
+            approval: None,
+            mcp: Some(McpToolSource {
+                server: "files".into(),
+                tool: "read".into(),
+                timeout_secs: 30.0,
+                idempotent: false,
+            }),
         },
     ]);
     a.sub_agents = Some(vec![SubAgent { id: "helper".into(), description: None }]);
@@ -107,8 +125,9 @@ fn model_answer(rng: &mut Rng, n: &mut u64) -> Result<LlmResponse, CallError> {
         let k = 1 + rng.below(3);
         let calls: Vec<(String, String, String)> = (0..k)
             .map(|i| {
-                let (name, args) = match rng.below(7) {
+                let (name, args) = match rng.below(8) {
                     0 => ("time", "{}".to_owned()),
+                    6 => ("files__read", r#"{"path":"a"}"#.to_owned()),
                     1 => ("weather", r#"{"city":"Oslo"}"#.to_owned()),
                     2 => ("weather", r#"{"town":1}"#.to_owned()),
                     3 => ("pick", "{}".to_owned()),
@@ -407,6 +426,20 @@ fn run(seed: u64, steps: usize) {
                         }
                         let outcome = model_answer(&mut rng, &mut answers);
                         let cmd = Command::LlmCallFinished { call_id, attempt, outcome };
+                        h.exec(cmd.clone());
+                        pending_duplicate = Some((id.clone(), cmd));
+                    }
+                    Effect::RunToolCall { call_id, attempt } => {
+                        h.exec(Command::ClaimToolCall { call_id: call_id.clone(), attempt });
+                        if rng.chance(10) {
+                            continue; // the host crashed mid-call: the deadline settles it
+                        }
+                        let outcome = match rng.below(4) {
+                            0 => Err(CallError { retryable: true, ..CallError::terminal("not sent") }),
+                            1 => Err(CallError::terminal("the tool failed")),
+                            _ => Ok(format!("contents of {call_id}")),
+                        };
+                        let cmd = Command::ToolCallFinished { call_id, attempt, outcome };
                         h.exec(cmd.clone());
                         pending_duplicate = Some((id.clone(), cmd));
                     }

@@ -55,6 +55,8 @@ pub struct AgentRuntime {
     /// How models take thinking where their id does not say, by model-name prefix
     /// (`[llm.<id>] thinking`).
     pub thinking_forms: BTreeMap<String, ThinkingForm>,
+    /// Its MCP servers (`[[agent.<id>.mcp]]`), whose tools the engine offers and runs.
+    pub mcp: Option<Arc<turnstone_mcp::AgentServers>>,
 }
 
 impl AgentRuntime {
@@ -403,13 +405,30 @@ impl App {
         Ok(())
     }
 
-    /// The init of a new session for `agent_id`.
+    /// Lists the tools of agent `agent_id`'s MCP servers where the last listing is stale, so
+    /// that the sessions [`App::session_init`] starts next offer them.
+    pub(crate) async fn list_mcp_tools(&self, agent_id: &str) {
+        if let Some(mcp) = self.agents.get(agent_id).and_then(|a| a.mcp.as_ref()) {
+            mcp.refresh().await;
+        }
+    }
+
+    /// The init of a new session for `agent_id`. Its declared config holds the tools of the
+    /// agent's MCP servers as last listed ([`App::list_mcp_tools`]): what a session's model is
+    /// offered is in its log, and a replay offers the same.
     pub(crate) fn session_init(&self, agent_id: &str, identity: WorkerIdentity) -> Result<SessionInit> {
         let agent = self.agents.get(agent_id).ok_or_else(|| Error::UnknownAgent(agent_id.to_owned()))?;
+        let mut declared = agent.declared.clone();
+        if let Some(mcp) = &agent.mcp {
+            let tools = mcp.tools();
+            if !tools.is_empty() {
+                declared.tools.get_or_insert_with(Vec::new).extend(tools);
+            }
+        }
         Ok(SessionInit {
             agent_id: agent_id.to_owned(),
             identity,
-            declared: Some(agent.declared.clone()),
+            declared: Some(declared),
             has_worker: agent.worker.is_some(),
             parent: None,
             ancestry: Vec::new(),
@@ -737,6 +756,9 @@ impl App {
             },
         };
         let not_found = || Error::SessionNotFound(session_id.to_owned());
+        if let Some(agent_id) = input.agent_id() {
+            self.list_mcp_tools(agent_id).await;
+        }
         let build = |session: &Session| {
             let mut commands = Vec::new();
             if session.is_created() {
@@ -818,6 +840,7 @@ impl App {
         caller: &Caller,
     ) -> Result<Executed> {
         let owner = caller.owner().ok_or_else(|| Error::SessionNotFound(session_id.to_owned()))?;
+        self.list_mcp_tools(agent_id).await;
         let init = self.session_init(agent_id, owner)?;
         self.execute(session_id, |_| Ok(vec![Command::Create { init: Box::new(init.clone()) }])).await
     }
@@ -1079,6 +1102,9 @@ pub(crate) fn claim_command(effect: &Effect) -> Command {
         Effect::DeliverDecision { decision_id, attempt } => {
             Command::ClaimDecision { decision_id: decision_id.clone(), attempt: *attempt }
         }
+        Effect::RunToolCall { call_id, attempt } => {
+            Command::ClaimToolCall { call_id: call_id.clone(), attempt: *attempt }
+        }
         // Not claimable; `claimable` never returns these.
         Effect::Tick | Effect::Route { .. } => Command::Tick,
     }
@@ -1087,7 +1113,7 @@ pub(crate) fn claim_command(effect: &Effect) -> Command {
 /// Whether `effect` is still claimed in `session` at its attempt (and so still to perform).
 pub(crate) fn still_claimed(session: &Session, effect: &Effect) -> bool {
     match effect {
-        Effect::RunLlmCall { call_id, attempt } => {
+        Effect::RunLlmCall { call_id, attempt } | Effect::RunToolCall { call_id, attempt } => {
             session.call(call_id).is_some_and(|c| c.is_pending() && c.attempt == *attempt)
         }
         Effect::DeliverDecision { decision_id, attempt } => {

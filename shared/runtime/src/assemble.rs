@@ -83,10 +83,52 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
                 reasoning,
                 prompt_cache,
                 thinking_forms,
+                mcp: mcp_servers(id, &def.mcp, secrets),
             };
             (id.clone(), agent)
         })
         .collect())
+}
+
+/// Agent `agent`'s MCP servers, `None` when it has none.
+fn mcp_servers(
+    agent: &str,
+    servers: &[crate::config::McpServerConfig],
+    secrets: &Secrets,
+) -> Option<Arc<turnstone_mcp::AgentServers>> {
+    use crate::config::McpApprove;
+    use turnstone_mcp::{AgentServer, Approve, ServerSpec, Transport};
+    if servers.is_empty() {
+        return None;
+    }
+    let servers = servers
+        .iter()
+        .map(|server| {
+            let transport = match (&server.url, &server.command) {
+                (Some(url), _) => Transport::Http {
+                    url: url.clone(),
+                    headers: secrets.mcp_headers(agent, &server.name).to_vec(),
+                },
+                // The configuration's checks leave one of the two.
+                (None, command) => Transport::Stdio { command: command.clone().unwrap_or_default() },
+            };
+            AgentServer {
+                spec: ServerSpec {
+                    name: server.name.clone(),
+                    transport,
+                    timeout: std::time::Duration::from_secs_f64(server.timeout_secs),
+                },
+                include: server.tools.include.clone(),
+                exclude: server.tools.exclude.clone(),
+                approve: match server.approve {
+                    McpApprove::Never => Approve::Never,
+                    McpApprove::Destructive => Approve::Destructive,
+                    McpApprove::Always => Approve::Always,
+                },
+            }
+        })
+        .collect();
+    Some(Arc::new(turnstone_mcp::AgentServers::new(servers)))
 }
 
 /// Where a host's parts run.

@@ -11,7 +11,7 @@ use tracing::{Instrument, Span};
 use turnstone_engine::ids::{CallId, DecisionId, SessionId};
 use turnstone_engine::protocol::{PromptCache, StreamDelta, Trigger};
 use turnstone_engine::session::{
-    CallSpec, Command, Effect, OutboxItem, Rejection, Route, Session, child_failed, route,
+    CallError, CallSpec, Command, Effect, OutboxItem, Rejection, Route, Session, child_failed, route,
 };
 use turnstone_engine::time::Timestamp;
 
@@ -203,7 +203,7 @@ impl Dispatcher {
                 self.app.command_with(session_id, Some(known), IN_RUN, Command::Tick).await.map(Some)
             }
             Effect::Route { seq, item } => self.route(session_id, seq, item).await.map(|()| None),
-            Effect::DeliverDecision { .. } | Effect::RunLlmCall { .. } => {
+            Effect::DeliverDecision { .. } | Effect::RunLlmCall { .. } | Effect::RunToolCall { .. } => {
                 let claim =
                     self.app.command_with(session_id, Some(known), IN_RUN, claim_command(&effect)).await?;
                 let state = (claim.session, claim.version);
@@ -227,6 +227,9 @@ impl Dispatcher {
             }
             Effect::RunLlmCall { call_id, attempt } => {
                 self.run_llm_call(session_id, call_id, attempt, claimed, deadline).await
+            }
+            Effect::RunToolCall { call_id, attempt } => {
+                self.run_tool_call(session_id, call_id, attempt, claimed, deadline).await
             }
             Effect::Tick | Effect::Route { .. } => Ok(None),
         }
@@ -373,6 +376,42 @@ impl Dispatcher {
         }
     }
 
+    /// Runs an attempt of a server tool call: a call of one of the agent's MCP servers' tools.
+    async fn run_tool_call(
+        &self,
+        session_id: &str,
+        call_id: CallId,
+        attempt: u32,
+        claimed: (Session, u64),
+        deadline: Option<Timestamp>,
+    ) -> Result<Option<Executed>> {
+        let session = &claimed.0;
+        let Some(call) = session.call(&call_id) else { return Ok(None) };
+        let CallSpec::ToolCall { name, arguments, .. } = &call.spec else { return Ok(None) };
+        let source = session.tool_declaration(name, call.turn_id.as_ref()).and_then(|t| t.mcp);
+        let servers = self.app.agent(session.agent_id()).and_then(|a| a.mcp.clone());
+        let outcome = match (source, servers) {
+            (Some(source), Some(servers)) => servers.call(&source, arguments).await,
+            (Some(source), None) => Err(CallError::terminal(format!(
+                "tool {name:?}: agent {:?} has no MCP server {:?} in this host's configuration",
+                session.agent_id(),
+                source.server
+            ))),
+            (None, _) => {
+                Err(CallError::terminal(format!("tool {name:?} is no tool of the agent's MCP servers")))
+            }
+        };
+        if let Err(e) = &outcome {
+            tracing::info!(session_id, call_id = %call_id, attempt, tool = %name, error = %e.error, "MCP tool call failed");
+        }
+        let command = Command::ToolCallFinished { call_id, attempt, outcome };
+        match self.outcome(session_id, claimed, command, deadline).await {
+            // The attempt timed out or was voided meanwhile: its result is refused, rightly.
+            Err(Error::Rejected(_)) => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
     /// Delivers outbox work to another session, then acknowledges it. What each item becomes
     /// is the engine's [`route`]; both sides are idempotent, so a crash between them
     /// only repeats a no-op.
@@ -383,6 +422,7 @@ impl Dispatcher {
                 // A session that already has the child's id is left alone unless it is this
                 // delegation's own child (a redelivered spawn).
                 let mut refused: Option<String> = None;
+                self.app.list_mcp_tools(&spawn.agent_id).await;
                 // A sub-agent's session is one of its owner's sessions: it counts toward
                 // `sessions_per_owner` as any other (the creating commit is refused past it).
                 let created = self
@@ -445,7 +485,9 @@ pub(crate) fn fits(session: &Session, effect: &Effect, now: Timestamp, deadline:
     let bound = match effect {
         Effect::Tick | Effect::Route { .. } => Some(0),
         Effect::DeliverDecision { .. } => session.delivery_timeout_ms(),
-        Effect::RunLlmCall { call_id, .. } => session.call(call_id).and_then(|c| c.policy.timeout_ms()),
+        Effect::RunLlmCall { call_id, .. } | Effect::RunToolCall { call_id, .. } => {
+            session.call(call_id).and_then(|c| c.policy.timeout_ms())
+        }
     };
     bound.is_some_and(|ms| {
         let margin = DEADLINE_MARGIN.as_millis() as u64;

@@ -58,6 +58,7 @@ impl App {
         let source = self.replay_through(source_id, &turn_id, fork_id).await?;
         let origin = ForkOrigin { session_id: source_id.into(), turn_id: turn_id.clone() };
         let owner = caller.owner().ok_or_else(not_found)?;
+        self.list_mcp_tools(&source.agent_id).await;
         let mut init = self.session_init(&source.agent_id, owner)?;
         init.fork = Some(origin.clone());
         let history = source.history;

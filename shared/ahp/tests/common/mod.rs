@@ -163,6 +163,7 @@ pub fn agent_with_tools() -> AgentConfig {
             output: None,
             handler: None,
             approval: None,
+            mcp: None,
         },
         AgentTool {
             name: "pick".into(),
@@ -171,6 +172,7 @@ pub fn agent_with_tools() -> AgentConfig {
             output: None,
             handler: Some(ToolHandler::Client),
             approval: None,
+            mcp: None,
         },
     ]);
     a

@@ -51,7 +51,15 @@ pub struct Outcome {
 }
 
 fn tool(name: &str, handler: Option<ToolHandler>) -> AgentTool {
-    AgentTool { name: name.into(), description: None, input: None, output: None, handler, approval: None }
+    AgentTool {
+        name: name.into(),
+        description: None,
+        input: None,
+        output: None,
+        handler,
+        approval: None,
+        mcp: None,
+    }
 }
 
 fn agents(world: &Arc<World>, life: &Arc<Life>) -> BTreeMap<String, AgentRuntime> {
@@ -77,6 +85,7 @@ fn agents(world: &Arc<World>, life: &Arc<Life>) -> BTreeMap<String, AgentRuntime
         reasoning: None,
         prompt_cache: None,
         thinking_forms: Default::default(),
+        mcp: None,
     };
     BTreeMap::from([
         (

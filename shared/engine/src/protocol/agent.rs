@@ -47,6 +47,29 @@ pub enum ToolHandler {
     Worker,
     /// The client runs it and answers with a `tool.result` / `tool.error` input.
     Client,
+    /// The engine runs it: a tool of an MCP server the agent lists (an extension of the
+    /// protocol; the tool's declaration names the server in `mcp`).
+    Server,
+}
+
+/// Where a tool the engine runs comes from: a tool of an MCP server (an extension of the
+/// protocol, set by the engine on the tools it lists from the agent's servers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct McpToolSource {
+    /// The server's name in the agent's configuration (the tool's name is `<server>__<tool>`).
+    pub server: String,
+    /// The tool's own name on that server.
+    pub tool: String,
+    /// The longest wait for one call.
+    #[serde(serialize_with = "super::number::compact_f64")]
+    pub timeout_secs: f64,
+    /// The server says repeating a call is harmless (MCP's `idempotentHint`): a call whose
+    /// outcome is unknown (the host stopped after sending it) may be sent again. Otherwise such
+    /// a call fails saying it may have run, and is never sent twice.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub idempotent: bool,
 }
 
 /// Whether a person must approve a tool's calls before they run (an extension of the
@@ -68,6 +91,7 @@ impl From<ToolHandler> for Handler {
         match h {
             ToolHandler::Worker => Handler::Worker,
             ToolHandler::Client => Handler::Client,
+            ToolHandler::Server => Handler::Server,
         }
     }
 }
@@ -155,6 +179,22 @@ impl AgentConfig {
                     format!("duplicate tool {:?}", tool.name),
                 ));
             }
+            // The engine runs only the tools of MCP servers: what to call is in `mcp`.
+            match (tool.handler == Some(ToolHandler::Server), &tool.mcp) {
+                (true, None) => {
+                    return Err(ProtocolError::new(
+                        format!("tools[{i}].mcp"),
+                        "handler \"server\" is for the tools of the agent's MCP servers: name the server and tool",
+                    ));
+                }
+                (false, Some(_)) => {
+                    return Err(ProtocolError::new(
+                        format!("tools[{i}].handler"),
+                        "must be \"server\" with mcp",
+                    ));
+                }
+                _ => {}
+            }
         }
         for (i, sub) in self.sub_agents().iter().enumerate() {
             if !seen.insert(sub.id.as_str()) {
@@ -193,6 +233,9 @@ pub struct AgentTool {
     /// Whether its calls wait for a person's approval (default never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
+    /// For a tool the engine runs (`handler: "server"`): the MCP server and tool it calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpToolSource>,
 }
 
 impl AgentTool {

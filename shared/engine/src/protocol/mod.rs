@@ -26,7 +26,8 @@ pub use action::{
     SubAgentSpawnAction, ToolCallAction, ToolResultAction,
 };
 pub use agent::{
-    AgentConfig, AgentTool, Approval, Handler, LlmFormat, LlmHandler, RetryPolicy, SubAgent, ToolHandler,
+    AgentConfig, AgentTool, Approval, Handler, LlmFormat, LlmHandler, McpToolSource, RetryPolicy, SubAgent,
+    ToolHandler,
 };
 pub use client_input::{
     ClientActionInput, ClientInput, ClientMessageInput, ClientMessagesInput, InterruptResumeInput,

@@ -215,7 +215,7 @@ impl Tx {
             };
             return Err(Rejection::invalid("type", format!("call {id:?} is {kind}")));
         }
-        if call.is_server_llm() {
+        if call.is_engine_run() {
             return Err(Rejection::invalid(
                 "id",
                 format!("call {id:?} is run by the engine, not the worker"),
@@ -308,6 +308,22 @@ impl Tx {
         Ok(())
     }
 
+    /// The runtime starts attempt `attempt` of a server tool call (an MCP tool).
+    pub(super) fn claim_tool_call(&mut self, call_id: &CallId, attempt: u32) -> Result<(), Rejection> {
+        let call = self.session.call(call_id).filter(|c| {
+            c.is_server_tool()
+                && c.status == CallStatus::Queued
+                && !c.awaiting_approval
+                && c.attempt + 1 == attempt
+        });
+        let Some(call) = call else {
+            return Err(Rejection::StaleClaim(format!("tool call {call_id} attempt {attempt}")));
+        };
+        let deadline = call.policy.timeout_ms().map(|ms| self.now.plus_ms(ms));
+        self.emit(Event::CallDispatched { call_id: call_id.clone(), attempt, deadline, at: Some(self.now) });
+        Ok(())
+    }
+
     pub(super) fn delivery_failed(
         &mut self,
         decision_id: &DecisionId,
@@ -378,7 +394,8 @@ impl Tx {
             .map(|c| (c.id.clone(), c.attempt))
             .collect();
         for (id, attempt) in expired {
-            let _ = self.settle(&id, Some(attempt), Err(CallError::deadline_exceeded(attempt)), Fence::Drop);
+            let error = self.expired_attempt_error(&id, attempt);
+            let _ = self.settle(&id, Some(attempt), Err(error), Fence::Drop);
             self.withdraw_execute_decision(&id, attempt);
         }
         let due: Vec<CallRecord> = self
@@ -391,6 +408,30 @@ impl Tx {
         for call in due {
             self.emit(Event::CallRequeued { call_id: call.id.clone() });
             self.start_queued_call(&call);
+        }
+    }
+
+    /// Why attempt `attempt` of call `id` ended at its deadline. A server tool call's host
+    /// stopped after claiming it (the host reports its own timeouts before the deadline): the
+    /// call may have reached the tool, so it is sent again only when the tool says repeating it
+    /// is harmless; any other call's attempt is retried by its policy.
+    fn expired_attempt_error(&self, id: &CallId, attempt: u32) -> CallError {
+        let Some(CallSpec::ToolCall { name, handler: ToolHandler::Server, .. }) =
+            self.session.call(id).map(|c| &c.spec)
+        else {
+            return CallError::deadline_exceeded(attempt);
+        };
+        let turn_id = self.session.call(id).and_then(|c| c.turn_id.clone());
+        let source = self.session.tool_declaration(name, turn_id.as_ref()).and_then(|t| t.mcp);
+        match source {
+            Some(source) if source.idempotent => CallError::deadline_exceeded(attempt),
+            _ => CallError {
+                code: Some(ErrorCode::DeadlineExceeded),
+                ..CallError::terminal(format!(
+                    "tool {name:?} attempt {attempt}: the host stopped after sending the call, so it may have run; \
+                     it is not sent again because the tool does not say repeating it is harmless"
+                ))
+            },
         }
     }
 
@@ -445,7 +486,9 @@ impl Tx {
                 }
                 return;
             }
-            CallSpec::LlmCall { handler: LlmHandler::Server, .. } => return,
+            // Server runs wait for the runtime's claim (`Effect::RunLlmCall`, `RunToolCall`).
+            CallSpec::LlmCall { handler: LlmHandler::Server, .. }
+            | CallSpec::ToolCall { handler: ToolHandler::Server, .. } => return,
         };
         self.emit(Event::TriggerQueued { trigger: PendingTrigger { source, turn_id: call.turn_id.clone() } });
     }

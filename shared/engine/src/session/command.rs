@@ -93,6 +93,14 @@ pub enum Command {
         /// The model's response or the failure.
         outcome: Result<LlmResponse, CallError>,
     },
+    /// The runtime starts an attempt of a server tool call, an MCP tool (claims the effect).
+    ClaimToolCall {
+        call_id: CallId,
+        /// The attempt it starts.
+        attempt: u32,
+    },
+    /// A server tool call attempt ended: the tool's result as text, or the failure.
+    ToolCallFinished { call_id: CallId, attempt: u32, outcome: Result<String, CallError> },
     /// A worker settles a deferred call (`tool.result`, `tool.error`, `llm.result`, `llm.error`
     /// with an `id`), fenced by attempt.
     Settle { action: Action },

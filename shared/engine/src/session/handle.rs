@@ -114,6 +114,10 @@ impl Tx {
             Command::LlmCallFinished { call_id, attempt, outcome } => {
                 self.settle(&call_id, Some(attempt), outcome.map(CallValue::Llm), Fence::Reject)?
             }
+            Command::ClaimToolCall { call_id, attempt } => self.claim_tool_call(&call_id, attempt)?,
+            Command::ToolCallFinished { call_id, attempt, outcome } => {
+                self.settle(&call_id, Some(attempt), outcome.map(CallValue::Text), Fence::Reject)?
+            }
             Command::Settle { action } => self.external_settle(action)?,
             Command::SubAgentFinished { tool_call_id, session_id, ok, result, error, retryable, turn_id } => {
                 let report = ChildReport { ok, result, error, retryable, turn_id };

@@ -23,6 +23,13 @@ pub enum Effect {
         /// The attempt to start.
         attempt: u32,
     },
+    /// Run an attempt of a server tool call, an MCP tool (claim it with `ClaimToolCall`
+    /// first). Several run at once.
+    RunToolCall {
+        call_id: CallId,
+        /// The attempt to start.
+        attempt: u32,
+    },
     /// Deliver work to another session, then acknowledge with `OutboxDelivered`.
     Route {
         /// The outbox sequence number.
@@ -77,6 +84,12 @@ impl Session {
                 self.calls.iter().find(|c| c.is_server_llm() && c.status == CallStatus::Queued)
         {
             plan.effects.push(Effect::RunLlmCall { call_id: call.id.clone(), attempt: call.attempt + 1 });
+        }
+        for call in self.calls.iter().filter(|c| c.is_server_tool() && c.status == CallStatus::Queued) {
+            if !call.awaiting_approval {
+                plan.effects
+                    .push(Effect::RunToolCall { call_id: call.id.clone(), attempt: call.attempt + 1 });
+            }
         }
         for (&seq, item) in &self.outbox {
             plan.effects.push(Effect::Route { seq, item: item.clone() });

@@ -237,6 +237,17 @@ impl CallRecord {
         matches!(self.spec, CallSpec::LlmCall { handler: LlmHandler::Server, .. })
     }
 
+    /// Whether it is a tool call the engine runs (an MCP tool).
+    pub fn is_server_tool(&self) -> bool {
+        matches!(self.spec, CallSpec::ToolCall { handler: ToolHandler::Server, .. })
+    }
+
+    /// Whether the engine runs it (a server LLM call or an MCP tool's call): no worker or
+    /// client may settle it.
+    pub fn is_engine_run(&self) -> bool {
+        self.is_server_llm() || self.is_server_tool()
+    }
+
     /// Whether it is a client tool call.
     pub fn is_client_tool(&self) -> bool {
         matches!(self.spec, CallSpec::ToolCall { handler: ToolHandler::Client, .. })

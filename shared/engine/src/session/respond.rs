@@ -16,6 +16,10 @@ const ABANDONED: &str = "error: no result: the conversation continued from an ea
 /// The result of a tool call recorded after its turn ended, which nothing will run.
 const NOT_RUN: &str = "error: not run: its turn had ended";
 
+/// What a server tool call's deadline adds to its MCP server's timeout: the host reports its
+/// own timeouts within it, so the deadline passes only when the host stopped.
+const SERVER_TOOL_REPORT_SECS: f64 = 30.0;
+
 impl Tx {
     /// Resolves the live decision with `response`, whose messages follow the path `base`
     /// when given (a proposal kept by reference, or a windowed request's answer). An invalid
@@ -453,12 +457,28 @@ impl Tx {
                 self.check_fresh(&id)?;
                 let declared = self.session.tool_declaration(&a.name, turn_id.as_ref());
                 let handler = a.handler.or(declared.as_ref().and_then(|t| t.handler)).unwrap_or_default();
+                if handler == ToolHandler::Server && declared.as_ref().and_then(|t| t.mcp.as_ref()).is_none()
+                {
+                    return Err(format!(
+                        "tool {:?} has handler \"server\" but is no tool of the agent's MCP servers",
+                        a.name
+                    ));
+                }
                 let defaults = self.session.defaults();
+                let agent_retry = self.session.current_agent().and_then(|c| c.retry);
                 let policy = a.retry.unwrap_or(match handler {
                     ToolHandler::Client => defaults.client_tool,
-                    ToolHandler::Worker => {
-                        self.session.current_agent().and_then(|c| c.retry).unwrap_or(defaults.tool)
-                    }
+                    ToolHandler::Worker => agent_retry.unwrap_or(defaults.tool),
+                    // The agent's retries (a call that never reached its server is tried
+                    // again), bounded by the server's timeout plus the time the host takes to
+                    // report: the deadline is for a host that stopped, not a slow server.
+                    ToolHandler::Server => RetryPolicy {
+                        timeout_secs: declared
+                            .as_ref()
+                            .and_then(|t| t.mcp.as_ref())
+                            .map(|m| m.timeout_secs + SERVER_TOOL_REPORT_SECS),
+                        ..agent_retry.unwrap_or(defaults.llm)
+                    },
                 });
                 let arguments = match &a.arguments {
                     Value::String(raw) => raw.clone(),
@@ -586,7 +606,7 @@ impl Tx {
         if (call.kind() == CallKind::LlmCall) != want_llm {
             return Err(format!("call {id:?} is of kind {:?}", call.kind()));
         }
-        if call.is_server_llm() {
+        if call.is_engine_run() {
             return Err(format!("call {id:?} is run by the engine, not the worker"));
         }
         self.settle_checked(id, attempt, outcome).map_err(|r| r.to_string())

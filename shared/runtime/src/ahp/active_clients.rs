@@ -212,6 +212,7 @@ impl ActiveClients {
                 output: tool.output_schema.as_ref().and_then(|s| serde_json::to_value(s).ok()),
                 handler: Some(ToolHandler::Client),
                 approval: None,
+                mcp: None,
             })
             .collect();
         (!tools.is_empty()).then(|| ClientContext {

@@ -74,6 +74,7 @@ pub(super) struct RawAgent {
     pub(super) worker_messages: Option<usize>,
     pub(super) max_cost: Option<RawMoney>,
     pub(super) max_llm_calls: Option<u64>,
+    pub(super) mcp: Option<Vec<McpServerConfig>>,
 }
 
 /// Dollars, as a TOML string (`"0.50"`, exact) or number (`0.5`).
@@ -340,6 +341,8 @@ pub(super) fn build_agent(
         problems.add(at("max_llm_calls"), "must be at least 1 (leave it out for no limit)");
     }
     let budget = Budget { max_cost_picodollars, max_llm_calls: raw.max_llm_calls };
+    let mcp = raw.mcp.unwrap_or_default();
+    check_mcp(&mcp, &config, &at, problems);
     AgentDef {
         id,
         config,
@@ -348,6 +351,63 @@ pub(super) fn build_agent(
         worker_secret_env: raw.worker_secret_env,
         worker_messages,
         budget,
+        mcp,
+    }
+}
+
+/// `[[agent.<id>.mcp]]`: names that make tool names no other tool has, one way to reach each
+/// server, header values from named variables, a positive timeout.
+fn check_mcp(
+    servers: &[McpServerConfig],
+    config: &AgentConfig,
+    at: &dyn Fn(&str) -> Vec<Seg>,
+    problems: &mut Problems<'_>,
+) {
+    let mut names = std::collections::HashSet::new();
+    for (i, server) in servers.iter().enumerate() {
+        let field = |f: &str| at(&format!("mcp[{i}].{f}"));
+        let name = &server.name;
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            problems.add(
+                field("name"),
+                format!("invalid MCP server name {name:?}: use only letters, digits, '_' and '-'"),
+            );
+        } else if name.contains("__") {
+            problems.add(
+                field("name"),
+                format!("{name:?} must not contain \"__\", which ends the name in its tools' names"),
+            );
+        } else if !names.insert(name.as_str()) {
+            problems.add(field("name"), format!("duplicate MCP server {name:?}"));
+        }
+        let prefix = format!("{name}__");
+        if let Some(tool) = config.tools().iter().find(|t| t.name.starts_with(&prefix)) {
+            problems
+                .add(field("name"), format!("the tool {:?} would clash with this server's tools", tool.name));
+        }
+        match (&server.url, &server.command) {
+            (Some(url), None) => {
+                if let Err(m) = check_url(url) {
+                    problems.add(field("url"), m);
+                }
+            }
+            (None, Some(command)) => {
+                if command.first().is_none_or(|p| p.trim().is_empty()) {
+                    problems.add(field("command"), "must name the program to start, then its arguments");
+                }
+                if !server.headers_env.is_empty() {
+                    problems.add(field("headers_env"), "a stdio server (command) takes no HTTP headers");
+                }
+            }
+            _ => problems
+                .add(field("url"), "give either url (Streamable HTTP) or command (stdio), one of them"),
+        }
+        for (header, var) in &server.headers_env {
+            check_env_name(var, field(&format!("headers_env.{header}")), problems);
+        }
+        if !(server.timeout_secs.is_finite() && server.timeout_secs > 0.0) {
+            problems.add(field("timeout_secs"), "must be a positive number of seconds");
+        }
     }
 }
 

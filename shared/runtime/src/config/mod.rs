@@ -470,6 +470,62 @@ pub struct AgentDef {
     /// Per-turn limits (`max_cost` in dollars, `max_llm_calls`): a turn past one fails with
     /// `budget_exceeded`.
     pub budget: Budget,
+    /// The MCP servers whose tools the engine offers and runs (`[[agent.<id>.mcp]]`).
+    pub mcp: Vec<McpServerConfig>,
+}
+
+/// One MCP server of an agent (`[[agent.<id>.mcp]]`): its tools are offered to the model as
+/// `<name>__<tool>` and run by the engine.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// The prefix of its tools' names.
+    pub name: String,
+    /// Its Streamable HTTP endpoint; or `command`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The program and arguments of a stdio server (the local host only); or `url`.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// HTTP headers, each value read from the named environment variable at start.
+    #[serde(default)]
+    pub headers_env: BTreeMap<String, String>,
+    /// Which of its tools are offered.
+    #[serde(default)]
+    pub tools: McpToolFilter,
+    /// Which calls wait for a person's approval: `never`, `destructive` (the default: tools
+    /// that do not say they only read), `always`.
+    #[serde(default)]
+    pub approve: McpApprove,
+    /// The longest wait for one call (default 60).
+    #[serde(default = "default_mcp_timeout")]
+    pub timeout_secs: f64,
+}
+
+fn default_mcp_timeout() -> f64 {
+    60.0
+}
+
+/// `tools = { include = [...], exclude = [...] }`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolFilter {
+    /// Only these (all when left out).
+    #[serde(default)]
+    pub include: Option<Vec<String>>,
+    /// Never these.
+    #[serde(default)]
+    pub exclude: Vec<String>,
+}
+
+/// `approve`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum McpApprove {
+    Never,
+    #[default]
+    Destructive,
+    Always,
 }
 
 impl AgentDef {
@@ -607,6 +663,22 @@ impl Config {
         self.llms.get(id)
     }
 
+    /// Checks what only a long-lived process can run: a stdio MCP server is a child process
+    /// of the local host, and a Lambda function keeps none between invocations.
+    pub fn check_for_functions(&self) -> Result<(), ConfigError> {
+        for (id, agent) in &self.agents {
+            if let Some(i) = agent.mcp.iter().position(|server| server.command.is_some()) {
+                return Err(ConfigError::at(
+                    &self.file,
+                    format!("agent.{id}.mcp[{i}].command"),
+                    "a stdio MCP server runs only on the local host (turnstone serve); on AWS give the \
+                     server's url (Streamable HTTP)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Reads every secret the file names from `env` (e.g. `|k| std::env::var(k).ok()`).
     /// A variable that is unset or empty is an error naming the variable and who needs it.
     pub fn resolve_secrets(&self, env: impl Fn(&str) -> Option<String>) -> Result<Secrets, ConfigError> {
@@ -631,6 +703,15 @@ impl Config {
             if let Some(var) = &agent.worker_secret_env {
                 let secret = read(var, format!("agent.{id}.worker_secret_env"), format!("agent {id:?}"))?;
                 secrets.worker_secrets.insert(id.clone(), secret);
+            }
+            for (i, server) in agent.mcp.iter().enumerate() {
+                let mut headers = Vec::new();
+                for (header, var) in &server.headers_env {
+                    let path = format!("agent.{id}.mcp[{i}].headers_env.{header}");
+                    let who = format!("MCP server {:?} of agent {id:?}", server.name);
+                    headers.push((header.clone(), read(var, path, who)?));
+                }
+                secrets.mcp_headers.insert((id.clone(), server.name.clone()), headers);
             }
         }
         if let Some(auth) = &self.auth {

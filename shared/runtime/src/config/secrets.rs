@@ -7,6 +7,8 @@ use super::*;
 pub struct Secrets {
     pub(super) llm_keys: BTreeMap<String, String>,
     pub(super) worker_secrets: BTreeMap<String, String>,
+    /// MCP servers' header values by (agent, server name), `(header, value)`.
+    pub(super) mcp_headers: BTreeMap<(String, String), Vec<(String, String)>>,
     pub(super) auth: Option<AuthSecrets>,
 }
 
@@ -28,6 +30,11 @@ impl Secrets {
     /// The HMAC secret of agent `id`'s worker, if its section names one.
     pub fn worker_secret(&self, agent: &str) -> Option<&str> {
         self.worker_secrets.get(agent).map(String::as_str)
+    }
+
+    /// The HTTP headers of agent `agent`'s MCP server `server`, values resolved.
+    pub fn mcp_headers(&self, agent: &str, server: &str) -> &[(String, String)] {
+        self.mcp_headers.get(&(agent.to_owned(), server.to_owned())).map_or(&[], Vec::as_slice)
     }
 
     /// Whether callers must authenticate (`[auth]` is configured).

@@ -233,6 +233,7 @@ fn a_full_example_parses_to_every_field() {
                 output: Some(json!({"type": "string"})),
                 handler: Some(ToolHandler::Worker),
                 approval: None,
+                mcp: None,
             },
             AgentTool {
                 name: "ask".into(),
@@ -241,6 +242,7 @@ fn a_full_example_parses_to_every_field() {
                 output: None,
                 handler: Some(ToolHandler::Client),
                 approval: None,
+                mcp: None,
             },
         ]),
         sub_agents: Some(vec![SubAgent { id: "helper".into(), description: Some("Helps.".into()) }]),
@@ -255,6 +257,7 @@ fn a_full_example_parses_to_every_field() {
             worker_secret_env: Some("MAIN_WORKER_SECRET".into()),
             worker_messages: Transcript::Whole,
             budget: Budget::default(),
+            mcp: Vec::new(),
         }
     );
     assert!(main.has_worker());
@@ -309,14 +312,14 @@ fn unknown_keys_are_named_where_they_are() {
         err(&with_llm("[agent.demo]\nmodel = \"x\"\nmodle = \"y\"\n")),
         "turnstone.toml:6:1: agent.demo.modle: unknown key \"modle\" (did you mean \"model\"?); \
          expected one of: model, system, stream, handler, format, retry, tools, sub_agents, llm, \
-         worker, worker_secret_env, worker_messages, max_cost, max_llm_calls"
+         worker, worker_secret_env, worker_messages, max_cost, max_llm_calls, mcp"
     );
     assert_eq!(
         err(&with_llm(
             "[agent.demo]\nmodel = \"x\"\ntools = [{ name = \"a\", handler = \"client\", inptu = {} }]\n"
         )),
         "turnstone.toml:6:44: agent.demo.tools[0].inptu: unknown key \"inptu\" (did you mean \"input\"?); \
-         expected one of: name, description, input, output, handler, approval"
+         expected one of: name, description, input, output, handler, approval, mcp"
     );
     assert_eq!(
         err(&with_llm("[agent.demo]\nmodel = \"x\"\n\n[[agent.demo.sub_agents]]\nid = \"demo\"\nwhy = 1\n")),
@@ -853,4 +856,73 @@ fn caching_and_thinking_forms_reach_the_agents() {
     );
     let agents = crate::assemble::agents(&off.unwrap(), &Secrets::default()).unwrap();
     assert_eq!(agents["a"].prompt_cache, None);
+}
+
+// ----- MCP servers ---------------------------------------------------------------------------
+
+#[test]
+fn mcp_servers_parse_with_their_defaults_and_header_secrets() {
+    let config = Config::parse(
+        &with_llm(
+            r#"[agent.demo]
+model = "m"
+
+[[agent.demo.mcp]]
+name = "files"
+url = "http://127.0.0.1:9100/mcp"
+headers_env = { Authorization = "FILES_MCP_TOKEN" }
+tools = { include = ["read_file"] }
+
+[[agent.demo.mcp]]
+name = "local"
+command = ["python3", "server.py"]
+approve = "never"
+timeout_secs = 5
+"#,
+        ),
+        "turnstone.toml",
+    )
+    .unwrap();
+    let servers = &config.agents["demo"].mcp;
+    assert_eq!(servers.len(), 2);
+    assert_eq!(
+        (servers[0].approve, servers[0].timeout_secs, servers[0].tools.include.clone()),
+        (McpApprove::Destructive, 60.0, Some(vec!["read_file".to_owned()]))
+    );
+    assert_eq!((servers[1].approve, servers[1].timeout_secs), (McpApprove::Never, 5.0));
+    let secrets = config.resolve_secrets(env(&[("FILES_MCP_TOKEN", "Bearer t")])).unwrap();
+    assert_eq!(secrets.mcp_headers("demo", "files"), [("Authorization".to_owned(), "Bearer t".to_owned())]);
+    let missing = config.resolve_secrets(env(&[])).unwrap_err().to_string();
+    assert!(missing.contains("agent.demo.mcp[0].headers_env.Authorization"), "{missing}");
+    assert!(missing.contains("FILES_MCP_TOKEN is not set"), "{missing}");
+    let functions = config.check_for_functions().unwrap_err().to_string();
+    assert!(
+        functions.contains("agent.demo.mcp[1].command") && functions.contains("local host"),
+        "{functions}"
+    );
+}
+
+#[test]
+fn mcp_server_mistakes_are_named_with_their_line_and_field() {
+    let bad = |server: &str| {
+        err(&with_llm(&format!("[agent.demo]\nmodel = \"m\"\n\n[[agent.demo.mcp]]\n{server}")))
+    };
+    let both = bad("name = \"files\"\nurl = \"http://h/mcp\"\ncommand = [\"x\"]\n");
+    assert!(both.contains("agent.demo.mcp[0].url") && both.contains("either url"), "{both}");
+    let neither = bad("name = \"files\"\n");
+    assert!(neither.contains("either url"), "{neither}");
+    let name = bad("name = \"a__b\"\nurl = \"http://h/mcp\"\n");
+    assert!(name.contains("agent.demo.mcp[0].name") && name.contains("__"), "{name}");
+    let timeout = bad("name = \"f\"\nurl = \"http://h/mcp\"\ntimeout_secs = 0\n");
+    assert!(timeout.contains("timeout_secs") && timeout.contains("positive"), "{timeout}");
+    let approve = bad("name = \"f\"\nurl = \"http://h/mcp\"\napprove = \"sometimes\"\n");
+    assert!(approve.contains("approve") && approve.contains("sometimes"), "{approve}");
+    let unknown = bad("name = \"f\"\nurl = \"http://h/mcp\"\nheaders = { A = \"b\" }\n");
+    assert!(unknown.starts_with("turnstone.toml:10:1: agent.demo.mcp[0].headers: unknown key"), "{unknown}");
+    let url = bad("name = \"f\"\nurl = \"ftp://h/mcp\"\n");
+    assert!(url.contains("agent.demo.mcp[0].url"), "{url}");
+    let twice = err(&with_llm(
+        "[agent.demo]\nmodel = \"m\"\n\n[[agent.demo.mcp]]\nname = \"f\"\nurl = \"http://h/mcp\"\n\n[[agent.demo.mcp]]\nname = \"f\"\nurl = \"http://h/mcp\"\n",
+    ));
+    assert!(twice.contains("duplicate MCP server"), "{twice}");
 }

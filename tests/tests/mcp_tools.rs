@@ -1,0 +1,154 @@
+//! MCP tools end to end: an agent lists a real MCP server (the official Python SDK's, over
+//! Streamable HTTP with a bearer token), its model (the scripted one) calls the server's tools
+//! with `/tool <server>__<tool> {…}`, and the engine runs each call durably. Through the HTTP
+//! API of a host in this process (SQLite, or with TURNSTONE_TEST_BACKEND the AWS backends).
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use turnstone_engine::session::TurnStatus;
+use turnstone_mcp::testing::{HttpServer, Log, free_port};
+use turnstone_tests::TestHost;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+const TOKEN: &str = "files-token";
+
+/// The `demo` agent on the scripted model with MCP server `files` at `port`: its token from
+/// `FILES_MCP_TOKEN`, destructive tools approved by a person, retries quick.
+fn config(port: u16) -> String {
+    format!(
+        r#"
+[llm.scripted]
+type = "scripted"
+
+[agent.demo]
+model = "scripted-1"
+retry = {{ timeout_secs = 30, max_retries = 3, backoff_base_secs = 0.5, backoff_max_secs = 1 }}
+
+[[agent.demo.mcp]]
+name = "files"
+url = "http://127.0.0.1:{port}/mcp"
+headers_env = {{ Authorization = "FILES_MCP_TOKEN" }}
+tools = {{ exclude = ["slow"] }}
+approve = "destructive"
+timeout_secs = 5
+"#
+    )
+}
+
+async fn host(port: u16) -> (TestHost, TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let env = |name: &str| (name == "FILES_MCP_TOKEN").then(|| format!("Bearer {TOKEN}"));
+    let host = TestHost::start_with_env(&config(port), dir.path(), env).await;
+    (host, dir)
+}
+
+fn message(text: &str) -> Value {
+    json!({"type": "client.message", "agent_id": "demo", "message": {"role": "user", "content": text}})
+}
+
+/// Waits for a call awaiting approval in `session` and approves it.
+async fn approve_waiting_call(host: &TestHost, session: &str) {
+    let summary = host.wait_summary(session, PATIENCE, |s| !s.awaiting_approval.is_empty()).await;
+    let waiting = serde_json::to_value(&summary.awaiting_approval).unwrap();
+    let call_id = waiting[0]["id"].as_str().unwrap().to_owned();
+    let approve = json!({"type": "tool.approval", "id": call_id, "approved": true});
+    let (status, body) = host.submit(session, &approve).await;
+    assert_eq!(status, 202, "{body}");
+}
+
+/// The content of the session's last tool message.
+async fn last_tool_result(host: &TestHost, session: &str) -> String {
+    let messages = host.messages(session).await;
+    let tool = messages.iter().rev().find(|m| m["role"] == "tool").expect("a tool message");
+    tool["content"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_model_calls_a_tool_of_an_mcp_server_and_reads_its_result() {
+    let port = free_port();
+    let _server = HttpServer::python(port, Some(TOKEN), None);
+    let (host, _dir) = host(port).await;
+
+    let turn = host.submit_ok("s-echo", &message(r#"/tool files__echo {"text": "hello from MCP"}"#)).await;
+    assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    assert_eq!(last_tool_result(&host, "s-echo").await, "hello from MCP");
+    let messages = host.messages("s-echo").await;
+    assert_eq!(messages.last().unwrap()["content"], "files__echo returned: hello from MCP");
+
+    // Structured content, and a tool's own failure (isError), which the model reads.
+    // Tools that do not say they only read are asked about (`approve = "destructive"`).
+    let turn = host.submit_ok("s-echo", &message(r#"/tool files__add {"a": 2, "b": 3}"#)).await;
+    approve_waiting_call(&host, "s-echo").await;
+    assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    assert!(
+        last_tool_result(&host, "s-echo").await.contains("5"),
+        "{}",
+        last_tool_result(&host, "s-echo").await
+    );
+    let turn = host.submit_ok("s-echo", &message(r#"/tool files__fail {"message": "disk on fire"}"#)).await;
+    approve_waiting_call(&host, "s-echo").await;
+    assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    assert!(last_tool_result(&host, "s-echo").await.contains("disk on fire"));
+
+    // An excluded tool is not offered: the scripted model says it does not know it.
+    let turn = host.submit_ok("s-echo", &message(r#"/tool files__slow {"seconds": 0, "marker": "x"}"#)).await;
+    let ended = host.wait_turn_within("s-echo", &turn, PATIENCE).await;
+    assert_eq!(ended.status, TurnStatus::Completed);
+    let said = host.messages("s-echo").await.last().unwrap()["content"].as_str().unwrap().to_owned();
+    assert!(said.starts_with("Unknown tool \"files__slow\"") && said.contains("files__echo"), "{said}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_destructive_tool_runs_only_once_a_person_approves_it() {
+    let port = free_port();
+    let _server = HttpServer::python(port, Some(TOKEN), None);
+    let (host, _dir) = host(port).await;
+
+    let turn = host.submit_ok("s-delete", &message(r#"/tool files__delete_note {"id": "n1"}"#)).await;
+    approve_waiting_call(&host, "s-delete").await;
+    assert_eq!(host.wait_turn_within("s-delete", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    assert_eq!(last_tool_result(&host, "s-delete").await, "deleted n1");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_to_a_server_that_is_down_is_sent_again_once_it_is_back() {
+    let port = free_port();
+    let server = HttpServer::python(port, Some(TOKEN), None);
+    let (host, _dir) = host(port).await;
+    // The session lists the server's tools while it is up.
+    let turn = host.submit_ok("s-down", &message(r#"/tool files__echo {"text": "first"}"#)).await;
+    assert_eq!(host.wait_turn_within("s-down", &turn, PATIENCE).await.status, TurnStatus::Completed);
+
+    server.kill();
+    let turn = host.submit_ok("s-down", &message(r#"/tool files__echo {"text": "second"}"#)).await;
+    // The first attempt finds nothing listening: never sent, so retried by the agent's policy.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _back = HttpServer::python(port, Some(TOKEN), None);
+    assert_eq!(host.wait_turn_within("s-down", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    assert_eq!(last_tool_result(&host, "s-down").await, "second");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_refuses_the_token_fails_the_call_saying_so_and_the_turn_goes_on() {
+    let port = free_port();
+    let server = HttpServer::python(port, Some(TOKEN), None);
+    let (host, _dir) = host(port).await;
+    let turn = host.submit_ok("s-401", &message(r#"/tool files__echo {"text": "listed"}"#)).await;
+    assert_eq!(host.wait_turn_within("s-401", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    server.kill();
+    let log = Log::new("token");
+    let _other = HttpServer::python(port, Some("another-token"), Some(&log.0));
+    let turn = host.submit_ok("s-401", &message(r#"/tool files__echo {"text": "refused"}"#)).await;
+    assert_eq!(host.wait_turn_within("s-401", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    let error = last_tool_result(&host, "s-401").await;
+    assert!(error.contains("files") && error.contains("401"), "{error}");
+    host.stop().await;
+}
