@@ -56,6 +56,14 @@ async fn approve_waiting_call(host: &TestHost, session: &str) {
     let summary = host.wait_summary(session, PATIENCE, |s| !s.awaiting_approval.is_empty()).await;
     let waiting = serde_json::to_value(&summary.awaiting_approval).unwrap();
     let call_id = waiting[0]["id"].as_str().unwrap().to_owned();
+    // The session shows it as a call of the MCP server, not yet sent.
+    let mcp = serde_json::to_value(&summary.mcp_calls).unwrap();
+    assert_eq!(mcp[0]["id"], call_id.as_str(), "{mcp}");
+    assert_eq!(
+        (&mcp[0]["server"], &mcp[0]["status"], &mcp[0]["attempt"]),
+        (&json!("files"), &json!("queued"), &json!(0))
+    );
+    assert_eq!(mcp[0]["awaiting_approval"], true);
     let approve = json!({"type": "tool.approval", "id": call_id, "approved": true});
     let (status, body) = host.submit(session, &approve).await;
     assert_eq!(status, 202, "{body}");

@@ -86,6 +86,7 @@ async fn summary(State(fake): State<Fake>, Path(id): Path<String>) -> Response {
         open_interrupts: Vec::new(),
         pending_client_calls: Vec::new(),
         awaiting_approval: Vec::new(),
+        mcp_calls: Vec::new(),
         usage: UsageSummary {
             llm_calls: 0,
             tokens: Default::default(),

@@ -330,6 +330,47 @@ async fn kill_9_during_a_model_call_then_restart() {
     timings.print();
 }
 
+/// An MCP tool call is in flight (the Python SDK's server runs `slow`) when the host is killed.
+/// After the restart the claimed call passes its deadline: the call may have reached the tool,
+/// which does not say repeating it is harmless, so it is not sent again; the model is told it
+/// may have run, and the turn finishes. The server's log shows one run.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_an_mcp_tool_call_then_restart() {
+    use turnstone_mcp::testing::{HttpServer, Log, free_port};
+    let dir = tempfile::tempdir().unwrap();
+    let runs = Log::new("crash");
+    let port = free_port();
+    let _server = HttpServer::python(port, None, Some(&runs.0));
+    let config = format!(
+        "[llm.scripted]\ntype = \"scripted\"\n\n[agent.demo]\nmodel = \"scripted-1\"\n\n\
+         [[agent.demo.mcp]]\nname = \"files\"\nurl = \"http://127.0.0.1:{port}/mcp\"\n\
+         approve = \"never\"\ntimeout_secs = 3\n"
+    );
+    let config_file = dir.path().join("turnstone.toml");
+    std::fs::write(&config_file, config).unwrap();
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+
+    let first = Server::start(&config_file, &data, log.clone()).await;
+    let input = json!({"type": "client.message", "agent_id": "demo", "turn_id": "turn-mcp",
+        "message": {"role": "user", "content": r#"/tool files__slow {"seconds": 2.5, "marker": "once"}"#}});
+    first.api.submit_ok("s-mcp", &input).await;
+    assert!(runs.wait_for("once", PATIENCE).await, "the tool never ran:\n{}", first.log());
+    first.kill();
+
+    let second = Server::start(&config_file, &data, log.clone()).await;
+    let turn = second.api.wait_turn("s-mcp", "turn-mcp").await;
+    assert_eq!(turn.status, TurnStatus::Completed, "{turn:?}\n{}", second.log());
+    let messages = second.api.messages("s-mcp").await;
+    let tool = messages.iter().find(|m| m["role"] == "tool").expect("the call was answered");
+    let answer = tool["content"].as_str().unwrap();
+    assert!(answer.contains("may have run") && answer.contains("not sent again"), "{answer}");
+    // Long enough for a second run to have logged: the tool ran once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(runs.lines(), ["once"], "{}", second.log());
+    second.kill();
+}
+
 /// Sessions started before each kill.
 const SESSIONS_PER_ROUND: usize = 6;
 /// Kills (and restarts) per run.

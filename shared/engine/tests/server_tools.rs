@@ -70,7 +70,7 @@ fn a_server_tool_call_is_claimed_then_its_result_answers_the_model() {
     let call = h.session.call(&call_id).unwrap();
     assert!(call.is_pending());
     // The server's timeout plus the time the host has to report.
-    assert_eq!(call.deadline.map(|d| d.0 - h.now.0), Some(40_000));
+    assert_eq!(call.deadline.map(|d| d.0 - h.now.0), Some(20_000));
     assert!(due_tool(&h).is_none(), "a claimed call is not due again");
     assert_eq!(
         h.try_exec(Command::ClaimToolCall { call_id: call_id.clone(), attempt }).unwrap_err().code(),
@@ -105,7 +105,7 @@ fn a_call_whose_host_stopped_after_claiming_it_is_not_sent_twice() {
     let mut h = at_a_server_tool_call(mcp_tool("write", false, None));
     claim_tool(&mut h);
     // The host died: nothing reports; the deadline passes.
-    h.advance(41_000);
+    h.advance(21_000);
     h.exec(Command::Tick);
     let text = h.path_texts().last().cloned().unwrap_or_default();
     assert!(text.starts_with("Tool:"), "the model is answered: {text}");
@@ -119,7 +119,7 @@ fn a_call_whose_host_stopped_after_claiming_it_is_not_sent_twice() {
 fn an_idempotent_tool_whose_host_stopped_is_sent_again() {
     let mut h = at_a_server_tool_call(mcp_tool("read", true, None));
     claim_tool(&mut h);
-    h.advance(41_000);
+    h.advance(21_000);
     h.exec(Command::Tick);
     assert_eq!(h.session.call(&"c1".into()).unwrap().status, CallStatus::RetryScheduled);
     h.advance(5_000);

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use turnstone_engine::ids::{CallId, InterruptId, MessageId, SessionId, TurnId};
 use turnstone_engine::llm_format::usage::TokenCounts;
-use turnstone_engine::protocol::{Message, MessageTree, StreamDelta};
+use turnstone_engine::protocol::{CallStatus, Message, MessageTree, StreamDelta};
 use turnstone_engine::session::{CallRecord, CallSpec, Event, ForkOrigin, ParentLink, Session};
 use turnstone_engine::time::Timestamp;
 
@@ -166,6 +166,9 @@ pub struct SessionSummary {
     /// Tool calls waiting for a person's `tool.approval`.
     #[serde(default)]
     pub awaiting_approval: Vec<PendingClientCall>,
+    /// Open calls of the agent's MCP servers' tools, which the engine runs.
+    #[serde(default)]
+    pub mcp_calls: Vec<McpCall>,
     pub usage: UsageSummary,
     /// The sequence number of the last durable event (resume the event stream after it).
     pub last_seq: u64,
@@ -213,6 +216,26 @@ pub struct PendingClientCall {
     pub arguments: String,
     /// The attempt a `tool.result` answers.
     pub attempt: u32,
+}
+
+/// An open call of an MCP server's tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(schemars::JsonSchema))]
+pub struct McpCall {
+    pub id: CallId,
+    /// The name the model called it by, `<server>__<tool>`.
+    pub name: String,
+    /// The MCP server, as the agent's configuration names it.
+    pub server: String,
+    /// The tool's own name on that server.
+    pub tool: String,
+    /// `queued` (waiting for approval or its turn to be sent), `pending` (sent), or
+    /// `retry_scheduled`.
+    pub status: CallStatus,
+    /// The current attempt (0 before the first).
+    pub attempt: u32,
+    /// Waiting for a person's `tool.approval`.
+    pub awaiting_approval: bool,
 }
 
 /// A session's model usage.
@@ -267,6 +290,24 @@ impl SessionSummary {
         };
         let pending_client_calls = tool_calls(|c| c.is_client_tool() && c.is_pending());
         let awaiting_approval = tool_calls(|c| c.awaiting_approval);
+        let mcp_calls = s
+            .calls()
+            .iter()
+            .filter(|c| c.is_server_tool())
+            .filter_map(|c| {
+                let name = c.name()?;
+                let source = s.tool_declaration(name, c.turn_id.as_ref())?.mcp?;
+                Some(McpCall {
+                    id: c.id.clone(),
+                    name: name.to_owned(),
+                    server: source.server,
+                    tool: source.tool,
+                    status: c.status,
+                    attempt: c.attempt,
+                    awaiting_approval: c.awaiting_approval,
+                })
+            })
+            .collect();
         let open_interrupts: Vec<OpenInterrupt> = s
             .interrupts()
             .iter()
@@ -283,6 +324,7 @@ impl SessionSummary {
             open_interrupts,
             pending_client_calls,
             awaiting_approval,
+            mcp_calls,
             usage: UsageSummary {
                 llm_calls: s.usage().llm_calls,
                 tokens: s.usage().tokens.clone(),

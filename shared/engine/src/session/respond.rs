@@ -18,7 +18,7 @@ const NOT_RUN: &str = "error: not run: its turn had ended";
 
 /// What a server tool call's deadline adds to its MCP server's timeout: the host reports its
 /// own timeouts within it, so the deadline passes only when the host stopped.
-const SERVER_TOOL_REPORT_SECS: f64 = 30.0;
+const SERVER_TOOL_REPORT_SECS: f64 = 10.0;
 
 impl Tx {
     /// Resolves the live decision with `response`, whose messages follow the path `base`
