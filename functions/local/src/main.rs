@@ -22,6 +22,7 @@ async fn main() -> ExitCode {
         Command::Sessions(list) => cli::sessions::run(&args.global, list).await,
         Command::Events(events) => cli::events::run(&args.global, events).await,
         Command::Smoke(smoke) => cli::smoke::run(&args.global, smoke).await,
+        Command::McpNotes => cli::mcp_notes::run().await,
     };
     // The spans of the last turns go out before the process ends.
     telemetry.shutdown().await;

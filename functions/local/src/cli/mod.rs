@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 pub mod chat;
 pub mod client;
 pub mod events;
+pub mod mcp_notes;
 pub mod render;
 pub mod serve;
 pub mod sessions;
@@ -67,6 +68,9 @@ pub enum Command {
     Sessions(SessionsArgs),
     /// Print a session's events as `SEQ NAME JSON`, one per line.
     Events(EventsArgs),
+    /// Serve a small notepad as an MCP server on stdin and stdout (the bundled demo agent's
+    /// `notes` server).
+    McpNotes,
     /// Check a deployment end to end (after `sam deploy`: `--url $ApiUrl --stream-url
     /// $StreamUrl`): one turn, its event stream, and the session disposed.
     Smoke(SmokeArgs),

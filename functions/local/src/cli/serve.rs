@@ -4,7 +4,7 @@
 use anyhow::Context;
 use turnstone_aws::{AwsConfig, QueueSettings};
 use turnstone_runtime::assemble::{self, Topology};
-use turnstone_runtime::config::{Backend, Config};
+use turnstone_runtime::config::{Backend, Config, McpApprove, McpServerConfig};
 use turnstone_runtime::host::Backing;
 
 use super::{BackendArg, ServeArgs};
@@ -12,11 +12,33 @@ use super::{BackendArg, ServeArgs};
 /// The target of the host's own notices (listening, exporting), logged at `info` by default.
 pub const LOG_TARGET: &str = "turnstone::serve";
 
+/// The bundled demo on this host: its agent also lists `notes`, an MCP server over stdio that
+/// is this binary (`turnstone mcp-notes`). Not in `Config::demo` itself: a Lambda function
+/// (which runs that configuration when given none) keeps no child process.
+fn with_demo_notes(mut config: Config) -> Config {
+    let Ok(exe) = std::env::current_exe() else {
+        tracing::warn!(target: LOG_TARGET, "cannot tell this program's path: the demo runs without its notes MCP server");
+        return config;
+    };
+    if let Some(demo) = config.agents.get_mut("demo") {
+        demo.mcp.push(McpServerConfig {
+            name: "notes".to_owned(),
+            url: None,
+            command: Some(vec![exe.display().to_string(), "mcp-notes".to_owned()]),
+            headers_env: Default::default(),
+            tools: Default::default(),
+            approve: McpApprove::Destructive,
+            timeout_secs: 30.0,
+        });
+    }
+    config
+}
+
 /// Runs the host until Ctrl-C / SIGTERM.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
-        None => Config::demo()?,
+        None => with_demo_notes(Config::demo()?),
     };
     apply_flags(&mut config, &args);
     let secrets = config.resolve_secrets(|name| std::env::var(name).ok())?;
