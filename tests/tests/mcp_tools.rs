@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use turnstone_engine::session::TurnStatus;
 use turnstone_mcp::testing::{HttpServer, Log, free_port};
-use turnstone_tests::TestHost;
+use turnstone_tests::host::BACKEND_ENV;
+use turnstone_tests::{FakeWorker, TestHost};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const TOKEN: &str = "files-token";
@@ -158,5 +159,72 @@ async fn a_server_that_refuses_the_token_fails_the_call_saying_so_and_the_turn_g
     assert_eq!(host.wait_turn_within("s-401", &turn, PATIENCE).await.status, TurnStatus::Completed);
     let error = last_tool_result(&host, "s-401").await;
     assert!(error.contains("files") && error.contains("401"), "{error}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tool_the_server_adds_is_offered_from_the_next_turn_of_the_same_session() {
+    let port = free_port();
+    let _server = HttpServer::python(port, Some(TOKEN), None);
+    let (host, _dir) = host(port).await;
+    let turn = host.submit_ok("s-extra", &message("/tool files__enable_extra {}")).await;
+    approve_waiting_call(&host, "s-extra").await;
+    assert_eq!(host.wait_turn_within("s-extra", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    assert_eq!(last_tool_result(&host, "s-extra").await, "extra enabled");
+
+    // On the template's functions the notice went to the dispatch function's connection (MCP
+    // notifies the session that asked), and the API function, which lists for new turns, keeps
+    // its listing until it is five minutes old: the next turn still offers the old list.
+    if std::env::var(BACKEND_ENV).as_deref() == Ok("topology") {
+        let turn = host.submit_ok("s-extra", &message("/tool files__extra {}")).await;
+        assert_eq!(host.wait_turn_within("s-extra", &turn, PATIENCE).await.status, TurnStatus::Completed);
+        let said = host.messages("s-extra").await.last().unwrap()["content"].as_str().unwrap().to_owned();
+        assert!(said.starts_with("Unknown tool \"files__extra\""), "{said}");
+        host.stop().await;
+        return;
+    }
+    // The server said tools/list_changed: the next turn lists again and offers `extra`.
+    let turn = host.submit_ok("s-extra", &message("/tool files__extra {}")).await;
+    approve_waiting_call(&host, "s-extra").await;
+    assert_eq!(host.wait_turn_within("s-extra", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    assert_eq!(last_tool_result(&host, "s-extra").await, "extra");
+    // The session's log says what the model was offered from then on.
+    let written =
+        host.events("s-extra", 0).await.into_iter().filter(|e| e.event["type"] == "agent_written").count();
+    assert_eq!(written, 1);
+    host.stop().await;
+}
+
+/// An agent with a worker: the worker sees the MCP tools in `DecisionRequest.agent`, the calls
+/// it accepts (or proposes) are run by the engine, never sent to it as `tool.execute`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workers_agent_offers_mcp_tools_and_the_engine_runs_the_calls_it_accepts() {
+    let port = free_port();
+    let _server = HttpServer::python(port, Some(TOKEN), None);
+    let worker = FakeWorker::accept_all(None).await;
+    let config =
+        config(port).replace("[agent.demo]\n", &format!("[agent.demo]\nworker = \"{}\"\n", worker.url()));
+    let dir = tempfile::tempdir().unwrap();
+    let env = |name: &str| (name == "FILES_MCP_TOKEN").then(|| format!("Bearer {TOKEN}"));
+    let host = TestHost::start_with_env(&config, dir.path(), env).await;
+
+    let turn = host.submit_ok("s-worker", &message(r#"/tool files__echo {"text": "via the worker"}"#)).await;
+    assert_eq!(host.wait_turn_within("s-worker", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    assert_eq!(last_tool_result(&host, "s-worker").await, "via the worker");
+    let records = worker.records();
+    // The declared config, MCP tools included, as the worker sees it (in `proposed` at
+    // `session.start`, then as the session's config).
+    let offered = |r: &turnstone_tests::WorkerRecord| {
+        let agent = r.request.agent.as_ref().or(r.request.proposed.agent.as_ref())?;
+        agent.tools().iter().find(|t| t.name == "files__echo").cloned()
+    };
+    let echo = records.iter().find_map(offered).expect("the worker was shown the MCP tool");
+    let source = echo.mcp.unwrap();
+    assert_eq!((source.server.as_str(), source.tool.as_str()), ("files", "echo"));
+    assert!(
+        records.iter().all(|r| r.trigger_name() != "tool.execute"),
+        "{:?}",
+        records.iter().map(|r| r.trigger_name()).collect::<Vec<_>>()
+    );
     host.stop().await;
 }

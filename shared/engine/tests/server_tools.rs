@@ -154,3 +154,43 @@ fn an_agent_config_says_which_server_runs_a_server_tool() {
     config.tools = Some(vec![AgentTool { handler: None, ..mcp_tool("read", false, None) }]);
     assert_eq!(config.validate().unwrap_err().path, "tools[0].handler");
 }
+
+#[test]
+fn a_new_listing_of_mcp_tools_becomes_a_config_version_when_it_changes_anything() {
+    let own = AgentTool {
+        name: "own".into(),
+        handler: Some(ToolHandler::Client),
+        mcp: None,
+        ..mcp_tool("x", false, None)
+    };
+    let mut config = agent("m");
+    config.tools = Some(vec![own, mcp_tool("read", false, None)]);
+    let mut h = harness("s", init("demo", Some(config), false));
+    let same = vec![mcp_tool("read", false, None)];
+    assert!(h.exec(Command::McpToolsListed { tools: same }).is_empty(), "nothing changed");
+    let more = vec![mcp_tool("read", false, None), mcp_tool("extra", false, None)];
+    assert_eq!(names(&h.exec(Command::McpToolsListed { tools: more })), ["agent.written"]);
+    let names_now: Vec<&str> =
+        h.session.current_agent().unwrap().tools().iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names_now, ["own", "files__read", "files__extra"], "the agent's own tools first, kept");
+    // The next model call offers the new tool.
+    h.exec(message("demo", "go"));
+    let (call_id, _) = h.claim_llm();
+    let call = h.session.call(&call_id).unwrap().clone();
+    let offered: Vec<String> =
+        h.session.llm_request(&call).unwrap().tools.unwrap().into_iter().map(|t| t.name).collect();
+    assert!(offered.contains(&"files__extra".to_owned()), "{offered:?}");
+}
+
+#[test]
+fn a_listing_that_would_clash_with_another_tool_is_not_taken() {
+    let mut config = agent("m");
+    config.tools = Some(vec![mcp_tool("read", false, None)]);
+    config.sub_agents = Some(vec![SubAgent { id: "files__write".into(), description: None }]);
+    let mut h = harness("s", init("demo", Some(config), false));
+    let clash = vec![mcp_tool("read", false, None), mcp_tool("write", false, None)];
+    assert!(h.exec(Command::McpToolsListed { tools: clash }).is_empty());
+    // A worker's session that wrote no config yet has none to change.
+    let mut w = harness("w", init("w", None, true));
+    assert!(w.exec(Command::McpToolsListed { tools: vec![mcp_tool("read", false, None)] }).is_empty());
+}

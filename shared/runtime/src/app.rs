@@ -405,8 +405,10 @@ impl App {
         Ok(())
     }
 
-    /// Lists the tools of agent `agent_id`'s MCP servers where the last listing is stale, so
-    /// that the sessions [`App::session_init`] starts next offer them.
+    /// Lists the tools of agent `agent_id`'s MCP servers where the last listing is stale
+    /// (the server said `tools/list_changed`, a connection was reopened, or five minutes
+    /// passed), so that the sessions [`App::session_init`] starts next offer them, and the
+    /// turns [`App::submit`] starts in existing sessions (a new agent config version).
     pub(crate) async fn list_mcp_tools(&self, agent_id: &str) {
         if let Some(mcp) = self.agents.get(agent_id).and_then(|a| a.mcp.as_ref()) {
             mcp.refresh().await;
@@ -764,6 +766,10 @@ impl App {
             if session.is_created() {
                 if !caller.may(Access::Drive, session) {
                     return Err(not_found());
+                }
+                // What its MCP servers offer now (a no-op when the session offers it already).
+                if let Some(mcp) = self.agent(session.agent_id()).and_then(|a| a.mcp.as_ref()) {
+                    commands.push(Command::McpToolsListed { tools: mcp.tools() });
                 }
             } else {
                 let agent_id = input.agent_id().ok_or_else(not_found)?;

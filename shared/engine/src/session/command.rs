@@ -6,7 +6,7 @@ use super::records::{CallError, SessionInit, TurnOrigin};
 use super::request::Transcript;
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
 use crate::protocol::{
-    Action, CallStatus, ClientInput, ClientMessageInput, DecisionResponse, LlmResponse, Message,
+    Action, AgentTool, CallStatus, ClientInput, ClientMessageInput, DecisionResponse, LlmResponse, Message,
     ProtocolError,
 };
 
@@ -101,6 +101,10 @@ pub enum Command {
     },
     /// A server tool call attempt ended: the tool's result as text, or the failure.
     ToolCallFinished { call_id: CallId, attempt: u32, outcome: Result<String, CallError> },
+    /// The tools of the agent's MCP servers as the runtime listed them now: they replace the
+    /// MCP tools of the current agent config (a new config version at the head when they
+    /// differ), so the next model call offers what the servers offer.
+    McpToolsListed { tools: Vec<AgentTool> },
     /// A worker settles a deferred call (`tool.result`, `tool.error`, `llm.result`, `llm.error`
     /// with an `id`), fenced by attempt.
     Settle { action: Action },

@@ -84,6 +84,27 @@ impl Tx {
         }
     }
 
+    /// The agent's MCP tools are now `tools`: the current config's MCP tools are replaced (its
+    /// other tools kept, first), written as a config version when that changes anything. A
+    /// session with no config (a worker's, before it wrote one) has no tools to replace.
+    fn mcp_tools_listed(&mut self, tools: Vec<AgentTool>) {
+        let Some(current) = self.session.current_agent() else { return };
+        let listed: Vec<AgentTool> =
+            current.tools().iter().filter(|t| t.mcp.is_none()).cloned().chain(tools).collect();
+        if listed == current.tools() {
+            return;
+        }
+        let mut config = current.clone();
+        config.tools = (!listed.is_empty()).then_some(listed);
+        // A listed name that another tool or a sub-agent already has: the config would be
+        // refused as a worker's would; the session keeps the tools it has.
+        if config.validate().is_err() {
+            return;
+        }
+        let anchor = self.session.tree.head().cloned();
+        self.emit(Event::AgentWritten { anchor, config });
+    }
+
     pub fn run(&mut self, command: Command) -> Result<(), Rejection> {
         match command {
             Command::Create { init } => return self.create(*init),
@@ -95,6 +116,7 @@ impl Tx {
             Command::Rename { title } => self.rename(&title)?,
             Command::Rewind { head } => self.rewind(head)?,
             Command::Reorder { order } => self.reorder(order)?,
+            Command::McpToolsListed { tools } => self.mcp_tools_listed(tools),
             Command::Forked { into, turn_id } => {
                 self.emit(Event::Forked { session_id: into, turn_id });
             }
