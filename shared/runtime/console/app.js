@@ -610,6 +610,12 @@ function conversation(messages, ctx) {
   return nodes;
 }
 
+/** ` of MCP server <name>` for a call the engine runs on one of the agent's MCP servers. */
+function mcpServerOf(sum, callId) {
+  const mcp = (sum.mcp_calls || []).find((m) => m.id === callId);
+  return mcp ? [" of MCP server ", h("code", {}, mcp.server)] : [];
+}
+
 /** The forms that answer what a session waits for: client tool calls, approvals, interrupts. */
 function pendingForms(id, sum, after) {
   const submit = (errorSlot, body) =>
@@ -688,7 +694,7 @@ function pendingForms(id, sum, after) {
             submit(errorSlot, body);
           },
         },
-        h("h3", { id: title }, "Tool call ", h("code", {}, c.name), " awaits approval"),
+        h("h3", { id: title }, "Tool call ", h("code", {}, c.name), ...mcpServerOf(sum, c.id), " awaits approval"),
         h("pre", { "aria-label": "Arguments" }, c.arguments),
         h("label", { class: "wide" }, "Reason (optional; a denial tells it to the model)", reason),
         h(
@@ -1179,7 +1185,9 @@ function timelineRows(evs, turn) {
       case "call_created": {
         const spec = e.call.spec;
         const kind = spec.kind === "llm_call" ? "llm" : spec.kind === "tool_call" ? "tool" : "subagent";
-        const label = kind === "llm" ? "model call" : kind === "tool" ? `tool ${spec.name}` : `sub-agent ${spec.agent_id}`;
+        // A tool the engine runs is an MCP server's (`<server>__<tool>`).
+        const tool = spec.handler === "server" ? `MCP tool ${spec.name}` : `tool ${spec.name}`;
+        const label = kind === "llm" ? "model call" : kind === "tool" ? tool : `sub-agent ${spec.agent_id}`;
         const row = { kind, label, callId: e.call.id, child: spec.session_id, start: t, approx: ax, attempts: [], status: "queued", approval: Boolean(e.call.awaiting_approval) };
         callRows.set(e.call.id, row);
         rows.push(row);

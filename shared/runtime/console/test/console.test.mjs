@@ -230,6 +230,16 @@ async function run() {
   await deployCall.getByRole("button", { name: "Send result" }).click();
   await assistant("deploy returned: deployed to staging").waitFor({ timeout: TIMEOUT });
 
+  step = "approve a call of the demo's MCP server: the form names the server, the engine runs it";
+  await page.fill("#composer-input", '/tool notes__add_note {"text": "from the console"}');
+  await page.getByRole("button", { name: "Send" }).click();
+  approval = page.locator("#pending form.approval", { hasText: "notes__add_note" });
+  await approval.waitFor({ timeout: TIMEOUT });
+  check((await approval.locator("h3").textContent()).includes("of MCP server notes"), "the approval form does not name the MCP server");
+  await approval.getByRole("button", { name: "Approve" }).click();
+  await assistant("notes__add_note returned: noted").waitFor({ timeout: TIMEOUT });
+  await approval.waitFor({ state: "detached", timeout: TIMEOUT });
+
   step = "a sub-agent call links to the child session, which links back";
   await page.fill("#composer-input", "/agent researcher find the answer");
   await page.getByRole("button", { name: "Send" }).click();
