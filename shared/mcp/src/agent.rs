@@ -18,6 +18,8 @@ pub const NAME_SEPARATOR: &str = "__";
 
 /// How long a listing is reused without a `notifications/tools/list_changed`.
 const LISTING_TTL: Duration = Duration::from_secs(300);
+/// The longest a listing may hold up the request that needs it.
+const LISTING_WAIT: Duration = Duration::from_secs(10);
 /// How long a server that could not be listed is left alone before it is tried again, so
 /// that a server that is down does not slow every new session.
 const FAILED_LISTING_TTL: Duration = Duration::from_secs(30);
@@ -116,7 +118,18 @@ impl AgentServers {
                 continue;
             }
             // The generation read before listing: a change notified meanwhile lists again.
-            let listing = match self.pool.list_tools(name).await {
+            // Bounded apart from the server's own timeout: a listing holds up a client's request
+            // (a new session, a turn), and an API gateway gives up on those within seconds.
+            let listed = tokio::time::timeout(LISTING_WAIT, self.pool.list_tools(name)).await;
+            let listed = listed.unwrap_or_else(|_| {
+                Err(McpError::Timeout {
+                    server: name.clone(),
+                    method: "tools/list",
+                    after: LISTING_WAIT,
+                    delivery: Delivery::MaybeSent,
+                })
+            });
+            let listing = match listed {
                 Ok(tools) => {
                     let tools = tools.iter().filter(|t| server.offers(&t.name)).map(|t| server.agent_tool(t));
                     Listing { generation, at: Instant::now(), tools: tools.collect(), ok: true }
