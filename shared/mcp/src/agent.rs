@@ -108,40 +108,45 @@ impl AgentServers {
     }
 
     /// Lists the tools of every server whose last listing is stale (a `list_changed` came, a
-    /// connection was opened again, or [`LISTING_TTL`] passed). A server that cannot be listed
-    /// keeps its last listing, or offers nothing; the reason is logged with its name.
+    /// connection was opened again, or [`LISTING_TTL`] passed), all at once, within
+    /// [`LISTING_WAIT`]. A server that cannot be listed keeps its last listing, or offers
+    /// nothing; the reason is logged with its name.
     pub async fn refresh(&self) {
-        for server in &self.servers {
-            let name = &server.spec.name;
-            let generation = self.pool.tools_generation(name);
-            if self.listings().get(name).is_some_and(|l| l.is_fresh(generation)) {
-                continue;
+        let stale = self.servers.iter().filter(|server| {
+            let generation = self.pool.tools_generation(&server.spec.name);
+            !self.listings().get(&server.spec.name).is_some_and(|l| l.is_fresh(generation))
+        });
+        futures_util::future::join_all(stale.map(|server| self.list(server))).await;
+    }
+
+    /// Lists one server's tools and keeps them.
+    async fn list(&self, server: &AgentServer) {
+        let name = &server.spec.name;
+        // The generation read before listing: a change notified meanwhile lists again.
+        let generation = self.pool.tools_generation(name);
+        // Bounded apart from the server's own timeout: a listing holds up a client's request
+        // (a new session, a turn), and an API gateway gives up on those within seconds.
+        let listed = tokio::time::timeout(LISTING_WAIT, self.pool.list_tools(name)).await;
+        let listed = listed.unwrap_or_else(|_| {
+            Err(McpError::Timeout {
+                server: name.clone(),
+                method: "tools/list",
+                after: LISTING_WAIT,
+                delivery: Delivery::MaybeSent,
+            })
+        });
+        let listing = match listed {
+            Ok(tools) => {
+                let tools = tools.iter().filter(|t| server.offers(&t.name)).map(|t| server.agent_tool(t));
+                Listing { generation, at: Instant::now(), tools: tools.collect(), ok: true }
             }
-            // The generation read before listing: a change notified meanwhile lists again.
-            // Bounded apart from the server's own timeout: a listing holds up a client's request
-            // (a new session, a turn), and an API gateway gives up on those within seconds.
-            let listed = tokio::time::timeout(LISTING_WAIT, self.pool.list_tools(name)).await;
-            let listed = listed.unwrap_or_else(|_| {
-                Err(McpError::Timeout {
-                    server: name.clone(),
-                    method: "tools/list",
-                    after: LISTING_WAIT,
-                    delivery: Delivery::MaybeSent,
-                })
-            });
-            let listing = match listed {
-                Ok(tools) => {
-                    let tools = tools.iter().filter(|t| server.offers(&t.name)).map(|t| server.agent_tool(t));
-                    Listing { generation, at: Instant::now(), tools: tools.collect(), ok: true }
-                }
-                Err(e) => {
-                    tracing::warn!(server = %name, "cannot list the tools of MCP server: {e}");
-                    let last = self.listings().get(name).map(|l| l.tools.clone()).unwrap_or_default();
-                    Listing { generation, at: Instant::now(), tools: last, ok: false }
-                }
-            };
-            self.listings().insert(name.clone(), listing);
-        }
+            Err(e) => {
+                tracing::warn!(server = %name, "cannot list the tools of MCP server: {e}");
+                let last = self.listings().get(name).map(|l| l.tools.clone()).unwrap_or_default();
+                Listing { generation, at: Instant::now(), tools: last, ok: false }
+            }
+        };
+        self.listings().insert(name.clone(), listing);
     }
 
     /// The tools of the last listings, in the servers' order.
@@ -243,6 +248,36 @@ mod tests {
             server(Approve::Always).agent_tool(&tool("r", Hints { read_only: true, ..Hints::default() }));
         assert_eq!(always.approval, Some(Approval::Always));
         assert!(!s.offers("secret") && s.offers("read"));
+    }
+
+    /// A server that takes the connection and never answers holds a new session up for
+    /// [`LISTING_WAIT`], not for its call timeout, and is then left out; a listed server is
+    /// not held up by it.
+    #[tokio::test]
+    async fn a_server_that_never_answers_holds_a_listing_up_for_the_listing_wait_only() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/mcp", silent.local_addr().unwrap());
+        let spec = ServerSpec {
+            name: "silent".into(),
+            transport: Transport::Http { url, headers: Vec::new() },
+            timeout: Duration::from_secs(600),
+        };
+        let servers = AgentServers::new(vec![AgentServer {
+            spec,
+            include: None,
+            exclude: Vec::new(),
+            approve: Approve::Never,
+        }]);
+        let started = Instant::now();
+        servers.refresh().await;
+        let waited = started.elapsed();
+        assert!(waited >= LISTING_WAIT && waited < LISTING_WAIT + Duration::from_secs(5), "{waited:?}");
+        assert!(servers.tools().is_empty());
+        // Left alone for a while: the next session is not held up again.
+        let started = Instant::now();
+        servers.refresh().await;
+        assert!(started.elapsed() < Duration::from_secs(1));
+        drop(silent);
     }
 
     #[test]
