@@ -209,15 +209,14 @@ pub(crate) fn plan(
         puts.push((items::key(session_id, items::used_key(id)), Role::Used(id.clone())));
     }
     if messages > tail.stored_messages {
-        let nodes: Vec<_> = session.tree().nodes().skip(tail.stored_messages as usize).collect();
+        let nodes = session.tree().nodes_from(tail.stored_messages as usize);
         let sk = items::messages_key(messages - 1);
         let batch = batch_item(session_id, &sk, tail.stored_messages, &nodes, &mut chunk_items)?;
         puts.push((batch, Role::Data));
     }
     let versions = session.version_entry_count() as u64;
     if versions > tail.stored_versions {
-        let entries: Vec<_> =
-            session.version_entries().into_iter().skip(tail.stored_versions as usize).collect();
+        let entries = session.newest_version_entries((versions - tail.stored_versions) as usize);
         let sk = items::versions_key(entries.last().map_or(0, |e| e.seq));
         let batch = batch_item(session_id, &sk, tail.stored_versions, &entries, &mut chunk_items)?;
         puts.push((batch, Role::Data));

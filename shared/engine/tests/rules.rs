@@ -793,6 +793,31 @@ fn state_is_branch_scoped_and_a_fork_sees_the_state_of_its_point() {
     assert_eq!(req.state, json!(1));
 }
 
+/// What a store keeps of each version comes in log order, states and agent configs
+/// interleaved; the newest `k` (what a commit has not stored yet) are the tail of all of them.
+#[test]
+fn the_newest_version_entries_are_the_tail_of_all_of_them_in_log_order() {
+    let mut h = harness("s", init("w", Some(agent("m")), true));
+    h.accept();
+    for turn in 0..6 {
+        h.exec(message("w", &format!("turn {turn}")));
+        let response = DecisionResponse {
+            state: Some(json!(turn)),
+            agent: (turn % 2 == 0).then(|| agent(&format!("m{turn}"))),
+            actions: Some(vec![Action::Done(DoneAction::default())]),
+            ..Default::default()
+        };
+        h.answer(response);
+        let all = h.session.version_entries();
+        assert_eq!(h.session.version_entry_count(), all.len());
+        for k in 0..=all.len() + 1 {
+            let tail = &all[all.len().saturating_sub(k)..];
+            assert_eq!(h.session.newest_version_entries(k), tail, "k = {k}");
+        }
+    }
+    assert!(h.session.version_entry_count() >= 9, "both kinds written");
+}
+
 #[test]
 fn an_agent_in_a_response_supplies_the_defaults_of_its_own_actions() {
     let mut h = harness("s", init("w", Some(agent("old")), true));

@@ -450,6 +450,25 @@ impl Session {
         entries
     }
 
+    /// The newest `n` of [`Session::version_entries`], in log order: what a store has not kept
+    /// yet, at the cost of those `n`, not of every version of a long session.
+    pub fn newest_version_entries(&self, n: usize) -> Vec<VersionEntry> {
+        let mut states = self.states.entries_newest_first(VersionKind::State).peekable();
+        let mut agents = self.agents.entries_newest_first(VersionKind::Agent).peekable();
+        let mut newest = Vec::with_capacity(n);
+        while newest.len() < n {
+            let next = match (states.peek(), agents.peek()) {
+                (Some(s), Some(a)) if s.seq > a.seq => states.next(),
+                (Some(_), Some(_)) | (None, Some(_)) => agents.next(),
+                (Some(_), None) => states.next(),
+                (None, None) => break,
+            };
+            newest.extend(next);
+        }
+        newest.reverse();
+        newest
+    }
+
     /// How many entries [`Session::version_entries`] holds.
     pub fn version_entry_count(&self) -> usize {
         self.states.kept_apart() + self.agents.kept_apart()

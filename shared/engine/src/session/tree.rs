@@ -267,6 +267,12 @@ impl Tree {
         self.nodes.iter().map(|n| &**n)
     }
 
+    /// The recorded nodes from index `start` on, in tree order: what a store has not written
+    /// yet, found without a walk over the ones before (`Iterator::skip` would step through them).
+    pub fn nodes_from(&self, start: usize) -> Vec<Arc<TreeNode>> {
+        self.nodes.skip(start.min(self.nodes.len())).into_iter().collect()
+    }
+
     /// The ids from the root to `node`, inclusive.
     pub fn path_ids_to(&self, node: Option<&MessageId>) -> Vec<MessageId> {
         let mut ids = Vec::new();
@@ -479,6 +485,22 @@ mod tests {
 
     fn ids(tree: &Tree) -> Vec<MessageId> {
         tree.active_path().iter().map(|m| m.id.clone()).collect()
+    }
+
+    #[test]
+    fn nodes_from_an_index_are_the_tail_in_tree_order() {
+        let mut tree = Tree::default();
+        let drafts: Vec<DraftMessage> =
+            ["a", "b", "c"].iter().map(|id| DraftMessage::user("x").with_id(*id)).collect();
+        let r = tree.reconcile(&drafts, &mut IdMinter::new(1));
+        apply(&mut tree, &r);
+        let from = |i: usize| -> Vec<String> {
+            tree.nodes_from(i).iter().map(|n| n.message.id.as_str().to_owned()).collect()
+        };
+        assert_eq!(from(0), ["a", "b", "c"]);
+        assert_eq!(from(1), ["b", "c"]);
+        assert_eq!(from(3), Vec::<String>::new());
+        assert_eq!(from(9), Vec::<String>::new());
     }
 
     #[test]

@@ -182,9 +182,20 @@ impl<T: Clone> Versions<T> {
         });
     }
 
-    /// How many entries a store keeps ([`Versions::entries`]).
+    /// How many entries a store keeps ([`Versions::entries`]): every version but the legacy
+    /// ones, which come first (counting them, not the kept ones, costs no walk of a long
+    /// session's versions on each commit).
     pub fn kept_apart(&self) -> usize {
-        self.written.iter().filter(|w| w.seq > 0).count()
+        self.written.len() - self.written.iter().take_while(|w| w.seq == 0).count()
+    }
+
+    /// [`Versions::entries`], newest first.
+    pub fn entries_newest_first(&self, kind: VersionKind) -> impl Iterator<Item = VersionEntry> + '_ {
+        self.written.iter().rev().take_while(|w| w.seq > 0).map(move |w| VersionEntry {
+            kind,
+            seq: w.seq,
+            anchor: w.anchor.clone(),
+        })
     }
 
     /// The entries a store keeps (legacy ones, whose values the head holds, are not its).
