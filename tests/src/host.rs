@@ -353,6 +353,13 @@ impl ApiClient {
         pages.iter().flat_map(|page| page["messages"].as_array().cloned().unwrap_or_default()).collect()
     }
 
+    /// The content of the last tool message on the session's active path.
+    pub async fn last_tool_result(&self, session: &str) -> String {
+        let messages = self.messages(session).await;
+        let tool = messages.iter().rev().find(|m| m["role"] == "tool").expect("a tool message");
+        tool["content"].as_str().unwrap_or_default().to_owned()
+    }
+
     /// `GET /v1/sessions/{session}/messages?tree=1`: the whole message tree, every page of it
     /// (`{"nodes": [...], "head_id": ...}`).
     pub async fn message_tree(&self, session: &str) -> Value {

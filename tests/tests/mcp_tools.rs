@@ -70,13 +70,6 @@ async fn approve_waiting_call(host: &TestHost, session: &str) {
     assert_eq!(status, 202, "{body}");
 }
 
-/// The content of the session's last tool message.
-async fn last_tool_result(host: &TestHost, session: &str) -> String {
-    let messages = host.messages(session).await;
-    let tool = messages.iter().rev().find(|m| m["role"] == "tool").expect("a tool message");
-    tool["content"].as_str().unwrap_or_default().to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_model_calls_a_tool_of_an_mcp_server_and_reads_its_result() {
     let port = free_port();
@@ -85,7 +78,7 @@ async fn the_model_calls_a_tool_of_an_mcp_server_and_reads_its_result() {
 
     let turn = host.submit_ok("s-echo", &message(r#"/tool files__echo {"text": "hello from MCP"}"#)).await;
     assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&host, "s-echo").await, "hello from MCP");
+    assert_eq!(host.last_tool_result("s-echo").await, "hello from MCP");
     let messages = host.messages("s-echo").await;
     assert_eq!(messages.last().unwrap()["content"], "files__echo returned: hello from MCP");
 
@@ -94,15 +87,11 @@ async fn the_model_calls_a_tool_of_an_mcp_server_and_reads_its_result() {
     let turn = host.submit_ok("s-echo", &message(r#"/tool files__add {"a": 2, "b": 3}"#)).await;
     approve_waiting_call(&host, "s-echo").await;
     assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    assert!(
-        last_tool_result(&host, "s-echo").await.contains("5"),
-        "{}",
-        last_tool_result(&host, "s-echo").await
-    );
+    assert!(host.last_tool_result("s-echo").await.contains("5"), "{}", host.last_tool_result("s-echo").await);
     let turn = host.submit_ok("s-echo", &message(r#"/tool files__fail {"message": "disk on fire"}"#)).await;
     approve_waiting_call(&host, "s-echo").await;
     assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    assert!(last_tool_result(&host, "s-echo").await.contains("disk on fire"));
+    assert!(host.last_tool_result("s-echo").await.contains("disk on fire"));
 
     // An excluded tool is not offered: the scripted model says it does not know it.
     let turn = host.submit_ok("s-echo", &message(r#"/tool files__slow {"seconds": 0, "marker": "x"}"#)).await;
@@ -122,7 +111,7 @@ async fn a_destructive_tool_runs_only_once_a_person_approves_it() {
     let turn = host.submit_ok("s-delete", &message(r#"/tool files__delete_note {"id": "n1"}"#)).await;
     approve_waiting_call(&host, "s-delete").await;
     assert_eq!(host.wait_turn_within("s-delete", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&host, "s-delete").await, "deleted n1");
+    assert_eq!(host.last_tool_result("s-delete").await, "deleted n1");
     host.stop().await;
 }
 
@@ -141,7 +130,7 @@ async fn a_call_to_a_server_that_is_down_is_sent_again_once_it_is_back() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _back = HttpServer::python(port, Some(TOKEN), None);
     assert_eq!(host.wait_turn_within("s-down", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&host, "s-down").await, "second");
+    assert_eq!(host.last_tool_result("s-down").await, "second");
     host.stop().await;
 }
 
@@ -157,7 +146,7 @@ async fn a_server_that_refuses_the_token_fails_the_call_saying_so_and_the_turn_g
     let _other = HttpServer::python(port, Some("another-token"), Some(&log.0));
     let turn = host.submit_ok("s-401", &message(r#"/tool files__echo {"text": "refused"}"#)).await;
     assert_eq!(host.wait_turn_within("s-401", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    let error = last_tool_result(&host, "s-401").await;
+    let error = host.last_tool_result("s-401").await;
     assert!(error.contains("files") && error.contains("401"), "{error}");
     host.stop().await;
 }
@@ -170,7 +159,7 @@ async fn a_tool_the_server_adds_is_offered_from_the_next_turn_of_the_same_sessio
     let turn = host.submit_ok("s-extra", &message("/tool files__enable_extra {}")).await;
     approve_waiting_call(&host, "s-extra").await;
     assert_eq!(host.wait_turn_within("s-extra", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&host, "s-extra").await, "extra enabled");
+    assert_eq!(host.last_tool_result("s-extra").await, "extra enabled");
 
     // On the template's functions the notice went to the dispatch function's connection (MCP
     // notifies the session that asked), and the API function, which lists for new turns, keeps
@@ -187,7 +176,7 @@ async fn a_tool_the_server_adds_is_offered_from_the_next_turn_of_the_same_sessio
     let turn = host.submit_ok("s-extra", &message("/tool files__extra {}")).await;
     approve_waiting_call(&host, "s-extra").await;
     assert_eq!(host.wait_turn_within("s-extra", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&host, "s-extra").await, "extra");
+    assert_eq!(host.last_tool_result("s-extra").await, "extra");
     // The session's log says what the model was offered from then on.
     let written =
         host.events("s-extra", 0).await.into_iter().filter(|e| e.event["type"] == "agent_written").count();
@@ -210,7 +199,7 @@ async fn a_workers_agent_offers_mcp_tools_and_the_engine_runs_the_calls_it_accep
 
     let turn = host.submit_ok("s-worker", &message(r#"/tool files__echo {"text": "via the worker"}"#)).await;
     assert_eq!(host.wait_turn_within("s-worker", &turn, PATIENCE).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&host, "s-worker").await, "via the worker");
+    assert_eq!(host.last_tool_result("s-worker").await, "via the worker");
     let records = worker.records();
     // The declared config, MCP tools included, as the worker sees it (in `proposed` at
     // `session.start`, then as the session's config).

@@ -50,12 +50,6 @@ async fn turn(api: &ApiClient, session: &str, text: &str) -> String {
     api.submit_ok(session, &input).await
 }
 
-async fn last_tool_result(api: &ApiClient, session: &str) -> String {
-    let messages = api.messages(session).await;
-    let tool = messages.iter().rev().find(|m| m["role"] == "tool").expect("a tool message");
-    tool["content"].as_str().unwrap().to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_demo_agent_calls_the_tools_of_its_notes_mcp_server() {
     let dir = tempfile::tempdir().unwrap();
@@ -63,7 +57,7 @@ async fn the_demo_agent_calls_the_tools_of_its_notes_mcp_server() {
 
     let id = turn(&api, "s-notes", r#"/tool notes__count_words {"text": "one two three"}"#).await;
     assert_eq!(api.wait_turn("s-notes", &id).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&api, "s-notes").await, "3");
+    assert_eq!(api.last_tool_result("s-notes").await, "3");
 
     // Writing a note is not read-only: a person approves it first.
     let id = turn(&api, "s-notes", r#"/tool notes__add_note {"text": "buy milk"}"#).await;
@@ -75,9 +69,9 @@ async fn the_demo_agent_calls_the_tools_of_its_notes_mcp_server() {
         api.submit("s-notes", &json!({"type": "tool.approval", "id": call_id, "approved": true})).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(api.wait_turn("s-notes", &id).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&api, "s-notes").await, "noted (1 in all)");
+    assert_eq!(api.last_tool_result("s-notes").await, "noted (1 in all)");
 
     let id = turn(&api, "s-notes", "/tool notes__list_notes {}").await;
     assert_eq!(api.wait_turn("s-notes", &id).await.status, TurnStatus::Completed);
-    assert_eq!(last_tool_result(&api, "s-notes").await, "1. buy milk");
+    assert_eq!(api.last_tool_result("s-notes").await, "1. buy milk");
 }

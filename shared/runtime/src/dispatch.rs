@@ -369,11 +369,7 @@ impl Dispatcher {
         trace::record_outcome(&span, failure.as_ref().map_or(Ok(()), |(code, error)| Err((code, error))));
         drop(span);
         let command = Command::LlmCallFinished { call_id, attempt, outcome };
-        match self.outcome(session_id, claimed, command, deadline).await {
-            // The attempt timed out or was voided meanwhile: its result is refused, rightly.
-            Err(Error::Rejected(_)) => Ok(None),
-            other => other.map(Some),
-        }
+        self.call_finished(session_id, claimed, command, deadline).await
     }
 
     /// Runs an attempt of a server tool call: a call of one of the agent's MCP servers' tools.
@@ -405,8 +401,19 @@ impl Dispatcher {
             tracing::info!(session_id, call_id = %call_id, attempt, tool = %name, error = %e.error, "MCP tool call failed");
         }
         let command = Command::ToolCallFinished { call_id, attempt, outcome };
+        self.call_finished(session_id, claimed, command, deadline).await
+    }
+
+    /// Commits a call attempt's outcome ([`Dispatcher::outcome`]). The attempt may have timed
+    /// out or been voided meanwhile: its result is then refused, rightly, and nothing follows.
+    async fn call_finished(
+        &self,
+        session_id: &str,
+        claimed: (Session, u64),
+        command: Command,
+        deadline: Option<Timestamp>,
+    ) -> Result<Option<Executed>> {
         match self.outcome(session_id, claimed, command, deadline).await {
-            // The attempt timed out or was voided meanwhile: its result is refused, rightly.
             Err(Error::Rejected(_)) => Ok(None),
             other => other.map(Some),
         }
