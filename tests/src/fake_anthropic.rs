@@ -246,7 +246,9 @@ fn sign(thinking: &str) -> String {
     format!("fake-sig-{hash:016x}")
 }
 
-/// What Anthropic refuses of a request while thinking is on (the rules of "Thinking with tool
+/// What Anthropic refuses of a request: always, misplaced `cache_control` marks
+/// ([`refuse_cache_control`]) and tool results carrying blocks it does not take
+/// ([`refuse_tool_result_content`]); while thinking is on (the rules of "Thinking with tool
 /// use" and "Preserving thinking blocks",
 /// https://platform.claude.com/docs/build-with-claude/thinking-tool-workflows and
 /// https://docs.claude.com/en/docs/build-with-claude/extended-thinking):
@@ -262,7 +264,7 @@ fn sign(thinking: &str) -> String {
 ///   https://docs.aws.amazon.com/bedrock/latest/userguide/claude-messages-adaptive-thinking.html);
 ///   `output_config.effort` is one of `low`, `medium`, `high`, `max`.
 fn refuse(request: &Value) -> Option<String> {
-    if let Some(reason) = refuse_cache_control(request) {
+    if let Some(reason) = refuse_cache_control(request).or_else(|| refuse_tool_result_content(request)) {
         return Some(reason);
     }
     let model = request.get("model").and_then(Value::as_str).unwrap_or_default();
@@ -321,6 +323,33 @@ fn refuse(request: &Value) -> Option<String> {
              from previous turns. To avoid this requirement, disable `thinking`. Please consult our documentation \
              at https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
         ));
+    }
+    None
+}
+
+/// A `tool_result` whose content has a block other than `text`, `image`, `document` or
+/// `search_result` (the Messages API reference, `tool_result.content`,
+/// https://docs.claude.com/en/api/messages; the message is the API's validation error).
+fn refuse_tool_result_content(request: &Value) -> Option<String> {
+    const ALLOWED: [&str; 4] = ["text", "image", "document", "search_result"];
+    let messages = request.get("messages")?.as_array()?;
+    for (i, message) in messages.iter().enumerate() {
+        for (j, block) in message.get("content").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            if block.get("type") != Some(&json!("tool_result")) {
+                continue;
+            }
+            for (k, inner) in block.get("content").and_then(Value::as_array).into_iter().flatten().enumerate()
+            {
+                let kind = inner.get("type").and_then(Value::as_str).unwrap_or_default();
+                if !ALLOWED.contains(&kind) {
+                    return Some(format!(
+                        "messages.{i}.content.{j}.tool_result.content.{k}.type: Input tag '{kind}' found using \
+                         'type' does not match any of the expected tags: {}",
+                        ALLOWED.map(|t| format!("'{t}'")).join(", ")
+                    ));
+                }
+            }
+        }
     }
     None
 }

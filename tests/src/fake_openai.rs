@@ -32,7 +32,7 @@ impl FakeOpenAi {
             render,
             stream_error,
             error_body,
-            refuse: |_| None,
+            refuse,
             prompt: None,
         };
         FakeOpenAi { server: FakeServer::start(wire).await }
@@ -50,6 +50,28 @@ impl Deref for FakeOpenAi {
     fn deref(&self) -> &FakeServer {
         &self.server
     }
+}
+
+/// What Chat Completions refuses of a request (answered 400, the message OpenAI's): a tool
+/// message whose content has a part other than text ("Create chat completion", the tool
+/// message's `content`: "An array of content parts with a defined type. For tool messages,
+/// only type `text` is supported", https://platform.openai.com/docs/api-reference/chat/create).
+fn refuse(request: &Value) -> Option<String> {
+    let messages = request.get("messages")?.as_array()?;
+    messages.iter().enumerate().find_map(|(i, message)| {
+        if message.get("role") != Some(&json!("tool")) {
+            return None;
+        }
+        let parts = message.get("content").and_then(Value::as_array)?;
+        parts.iter().enumerate().find_map(|(j, part)| {
+            let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
+            (kind != "text").then(|| {
+                format!(
+                    "Invalid value: '{kind}'. Supported values are: 'text'. (messages[{i}].content[{j}].type)"
+                )
+            })
+        })
+    })
 }
 
 fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {

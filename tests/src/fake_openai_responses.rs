@@ -350,8 +350,8 @@ const FIELDS: &[&str] = &[
 ///   missing `tools[i].name`);
 /// - input items: a message role other than `user`, `assistant`, `system`, `developer`;
 ///   content other than `output_text`/`refusal` in an assistant message or other than
-///   `input_text`/`input_image`/`input_file` in the others (the input item list of "Create a
-///   model response");
+///   `input_text`/`input_image`/`input_file` in the others and in a `function_call_output`'s
+///   `output` list (the input item list of "Create a model response");
 /// - with `store: false`, anything referring to a stored item by id only, an `item_reference`
 ///   or `previous_response_id`: nothing was stored ("Conversation state",
 ///   https://platform.openai.com/docs/guides/conversation-state; `store` on "Create a model
@@ -415,6 +415,18 @@ pub fn refuse(request: &Value) -> Option<String> {
     })
 }
 
+/// The parts of a content list (a string has none) whose types are all `allowed`, or the
+/// refusal naming the first that is not, at `path`.
+fn check_parts(content: Option<&Value>, allowed: &[&str], path: &str) -> Option<String> {
+    let parts = content.and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    parts.iter().enumerate().find_map(|(j, part)| {
+        let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
+        (!allowed.contains(&kind)).then(|| {
+            format!("Invalid value: '{kind}'. Supported values are: {allowed:?}. ({path}[{j}].type)")
+        })
+    })
+}
+
 /// The type of an input item (`message` when it only has a role).
 fn item_type(item: &Value) -> &str {
     match item.get("type").and_then(Value::as_str) {
@@ -446,15 +458,17 @@ fn check_items(input: &[Value], stateless: bool) -> Option<String> {
                         ));
                     }
                 };
-                let parts =
-                    item.get("content").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-                for (j, part) in parts.iter().enumerate() {
-                    let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
-                    if !allowed.contains(&kind) {
-                        return Some(format!(
-                            "Invalid value: '{kind}'. Supported values are: {allowed:?}. (input[{i}].content[{j}].type)"
-                        ));
-                    }
+                if let Some(refused) =
+                    check_parts(item.get("content"), allowed, &format!("input[{i}].content"))
+                {
+                    return Some(refused);
+                }
+            }
+            "function_call_output" => {
+                let allowed = &["input_text", "input_image", "input_file"];
+                if let Some(refused) = check_parts(item.get("output"), allowed, &format!("input[{i}].output"))
+                {
+                    return Some(refused);
                 }
             }
             "item_reference" if stateless => {

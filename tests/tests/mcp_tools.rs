@@ -13,7 +13,9 @@ use tempfile::TempDir;
 use turnstone_engine::session::TurnStatus;
 use turnstone_mcp::testing::{HttpServer, Log, free_port};
 use turnstone_tests::host::BACKEND_ENV;
-use turnstone_tests::{FakeWorker, TestHost};
+use turnstone_tests::{
+    FakeAnthropic, FakeOpenAi, FakeOpenAiResponses, FakeToolCall, FakeWorker, Reply, TestHost,
+};
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const TOKEN: &str = "files-token";
@@ -215,5 +217,87 @@ async fn a_workers_agent_offers_mcp_tools_and_the_engine_runs_the_calls_it_accep
         "{:?}",
         records.iter().map(|r| r.trigger_name()).collect::<Vec<_>>()
     );
+    host.stop().await;
+}
+
+/// An MCP tool's image reaches each provider's model in the shape its API takes (the strict
+/// fakes refuse any other, as the APIs do): inside the tool result for Anthropic and the
+/// Responses API, in a user message after the results for Chat Completions, whose tool
+/// messages carry text only. The session keeps the tool message with the image as a part.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_image_an_mcp_tool_returns_reaches_each_providers_model() {
+    let port = free_port();
+    let _server = HttpServer::python(port, Some(TOKEN), None);
+    let chat = FakeOpenAi::start().await;
+    let claude = FakeAnthropic::start().await;
+    let responses = FakeOpenAiResponses::start().await;
+    for fake in [&*chat, &*claude, &*responses] {
+        fake.push(Reply::tool_calls([FakeToolCall::new("call_1", "files__image", "{}")]));
+        fake.push(Reply::text("A red dot."));
+    }
+    let mut config = String::new();
+    for (llm, kind, url) in [
+        ("chat", "openai", chat.base_url()),
+        ("claude", "anthropic", claude.base_url()),
+        ("responses", "openai-responses", responses.base_url()),
+    ] {
+        config.push_str(&format!(
+            r#"
+[llm.{llm}]
+type = "{kind}"
+base_url = "{url}"
+
+[agent.{llm}]
+model = "m-1"
+llm = "{llm}"
+
+[[agent.{llm}.mcp]]
+name = "files"
+url = "http://127.0.0.1:{port}/mcp"
+headers_env = {{ Authorization = "FILES_MCP_TOKEN" }}
+approve = "never"
+"#
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let env = |name: &str| (name == "FILES_MCP_TOKEN").then(|| format!("Bearer {TOKEN}"));
+    let host = TestHost::start_with_env(&config, dir.path(), env).await;
+    for agent in ["chat", "claude", "responses"] {
+        let session = format!("s-image-{agent}");
+        let input = json!({"type": "client.message", "agent_id": agent, "message": {"role": "user", "content": "Draw."}});
+        let turn = host.submit_ok(&session, &input).await;
+        let ended = host.wait_turn_within(&session, &turn, PATIENCE).await;
+        assert_eq!(ended.status, TurnStatus::Completed, "{agent}: {ended:?}");
+        let messages = host.messages(&session).await;
+        let tool = messages.iter().find(|m| m["role"] == "tool").unwrap();
+        assert_eq!(tool["content"][0]["type"], "image_url", "{agent}: {tool}");
+        assert!(
+            tool["content"][0]["image_url"]["url"]
+                .as_str()
+                .unwrap()
+                .starts_with("data:image/png;base64,iVBOR")
+        );
+    }
+    let is_png = |url: &Value| url.as_str().is_some_and(|u| u.starts_with("data:image/png;base64,iVBOR"));
+    // Chat Completions: the tool message says where the image went; a user message carries it.
+    let sent = &chat.requests()[1].body["messages"];
+    let tool = sent.as_array().unwrap().iter().position(|m| m["role"] == "tool").unwrap();
+    assert!(sent[tool]["content"].as_str().unwrap().contains("follows in the next user message"), "{sent}");
+    assert_eq!(sent[tool + 1]["role"], "user", "{sent}");
+    assert!(is_png(&sent[tool + 1]["content"][1]["image_url"]["url"]), "{sent}");
+    // Anthropic: an image block in the tool_result.
+    let sent = &claude.requests()[1].body["messages"];
+    let result = &sent.as_array().unwrap().last().unwrap()["content"][0];
+    assert_eq!(
+        (&result["type"], &result["content"][0]["type"]),
+        (&json!("tool_result"), &json!("image")),
+        "{sent}"
+    );
+    assert_eq!(result["content"][0]["source"]["media_type"], "image/png");
+    // Responses: an input_image in the function_call_output.
+    let sent = &responses.requests()[1].body["input"];
+    let output = sent.as_array().unwrap().iter().find(|i| i["type"] == "function_call_output").unwrap();
+    assert_eq!(output["output"][0]["type"], "input_image", "{sent}");
+    assert!(is_png(&output["output"][0]["image_url"]), "{sent}");
     host.stop().await;
 }

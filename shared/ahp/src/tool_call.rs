@@ -8,10 +8,11 @@ use ahp_types::actions::{
 use ahp_types::common::StringOrMarkdown;
 use ahp_types::state::{
     ToolCallCancellationReason, ToolCallConfirmationReason, ToolCallContributor, ToolCallResult, ToolInput,
-    ToolResultContent, ToolResultSubagentContent, ToolResultTextContent,
+    ToolResultContent, ToolResultEmbeddedResourceContent, ToolResultSubagentContent, ToolResultTextContent,
 };
 use serde_json::json;
 use turnstone_engine::ids::CallId;
+use turnstone_engine::protocol::ContentPart;
 use turnstone_engine::session::{CallOutcome, CallRecord, CallSpec, CallValue};
 
 use crate::uri::chat_uri;
@@ -175,16 +176,37 @@ fn invocation(name: &str) -> StringOrMarkdown {
     StringOrMarkdown::Plain(format!("Running {name}"))
 }
 
+fn text_content(text: String) -> ToolResultContent {
+    ToolResultContent::Text(ToolResultTextContent { text })
+}
+
+/// A result part as AHP shows it: a base64 data-URL image as embedded data, anything else as
+/// its text.
+fn part_content(part: &ContentPart) -> ToolResultContent {
+    if let ContentPart::ImageUrl { image_url } = part
+        && let Some((content_type, data)) =
+            image_url.url.strip_prefix("data:").and_then(|rest| rest.split_once(";base64,"))
+    {
+        return ToolResultContent::EmbeddedResource(ToolResultEmbeddedResourceContent {
+            data: data.to_owned(),
+            content_type: content_type.to_owned(),
+        });
+    }
+    text_content(CallValue::Parts(vec![part.clone()]).text())
+}
+
 fn result(spec: &CallSpec, outcome: &CallOutcome) -> ToolCallResult {
     let name = name(spec).unwrap_or_default();
     let mut content: Vec<ToolResultContent> = subagent(spec).into_iter().collect();
     match outcome {
         Ok(value) => {
-            let text = match value {
-                CallValue::Text(text) => text.clone(),
-                CallValue::Llm(response) => response.content.clone().unwrap_or_default(),
-            };
-            content.push(ToolResultContent::Text(ToolResultTextContent { text }));
+            match value {
+                CallValue::Text(text) => content.push(text_content(text.clone())),
+                CallValue::Parts(parts) => content.extend(parts.iter().map(part_content)),
+                CallValue::Llm(response) => {
+                    content.push(text_content(response.content.clone().unwrap_or_default()))
+                }
+            }
             ToolCallResult {
                 success: true,
                 past_tense_message: StringOrMarkdown::Plain(format!("Ran {name}")),

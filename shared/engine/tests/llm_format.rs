@@ -141,6 +141,58 @@ fn openai_request_passes_every_part_kind_through() {
     );
 }
 
+/// Two tool results, the first with an image (an MCP tool's), then the next user message.
+fn tool_results_with_an_image() -> LlmRequest {
+    req(json!({
+        "model": "m",
+        "messages": [
+            { "role": "assistant", "tool_calls": [
+                { "id": "call_1", "type": "function", "function": { "name": "chart", "arguments": "{}" } },
+                { "id": "call_2", "type": "function", "function": { "name": "now", "arguments": "{}" } }
+            ] },
+            { "role": "tool", "tool_call_id": "call_1", "content": [
+                { "type": "text", "text": "the chart" },
+                { "type": "image_url", "image_url": { "url": "data:image/png;base64,iVBORw0KGgo=" } }
+            ] },
+            { "role": "tool", "tool_call_id": "call_2", "content": "noon" },
+            { "role": "user", "content": "and?" }
+        ]
+    }))
+}
+
+#[test]
+fn openai_request_moves_a_tool_results_image_to_a_user_message_after_the_results() {
+    // Chat Completions takes text only in tool messages; a user message may not stand between
+    // a call and the results that answer it.
+    assert_eq!(
+        openai::request(&tool_results_with_an_image(), false)["messages"].as_array().unwrap()[1..],
+        json!([
+            { "role": "tool", "tool_call_id": "call_1",
+              "content": "the chart\n(more of this result follows in the next user message)" },
+            { "role": "tool", "tool_call_id": "call_2", "content": "noon" },
+            { "role": "user", "content": [
+                { "type": "text", "text": "The result of tool call call_1 includes:" },
+                { "type": "image_url", "image_url": { "url": "data:image/png;base64,iVBORw0KGgo=" } }
+            ] },
+            { "role": "user", "content": "and?" }
+        ])
+        .as_array()
+        .unwrap()[..]
+    );
+}
+
+#[test]
+fn anthropic_request_keeps_a_tool_results_image_in_the_result() {
+    let body = anthropic::request(&tool_results_with_an_image(), false).expect("converts");
+    assert_eq!(
+        body["messages"][1]["content"][0],
+        json!({ "type": "tool_result", "tool_use_id": "call_1", "content": [
+            { "type": "text", "text": "the chart" },
+            { "type": "image", "source": { "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo=" } }
+        ] })
+    );
+}
+
 #[test]
 fn openai_request_sends_every_effort_name() {
     for (effort, name) in [

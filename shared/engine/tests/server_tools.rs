@@ -83,6 +83,36 @@ fn a_server_tool_call_is_claimed_then_its_result_answers_the_model() {
 }
 
 #[test]
+fn a_result_with_an_image_is_recorded_as_parts_and_the_model_reads_them() {
+    let mut h = at_a_server_tool_call(mcp_tool("chart", false, None));
+    let (call_id, attempt) = claim_tool(&mut h);
+    let parts = vec![
+        ContentPart::Text { text: "the chart".into() },
+        ContentPart::ImageUrl { image_url: UrlRef { url: "data:image/png;base64,iVBORw0K".into() } },
+    ];
+    h.exec(Command::ToolCallFinished { call_id, attempt, outcome: Ok(Content::Parts(parts.clone())) });
+    let path = h.session.tree().active_path();
+    let tool = path.last().unwrap();
+    assert_eq!((tool.role, tool.content.clone()), (Role::Tool, Some(Content::Parts(parts.clone()))));
+    let (next, _) = h.claim_llm();
+    let call = h.session.call(&next).unwrap().clone();
+    let request = h.session.llm_request(&call).unwrap();
+    assert_eq!(request.messages.last().unwrap().content, Some(Content::Parts(parts)));
+}
+
+#[test]
+fn a_result_larger_than_a_message_may_be_fails_the_call_saying_so() {
+    let mut h = at_a_server_tool_call(mcp_tool("dump", false, None));
+    let (call_id, attempt) = claim_tool(&mut h);
+    let huge = "x".repeat(Limits::default().message_bytes + 1);
+    h.exec(Command::ToolCallFinished { call_id, attempt, outcome: Ok(huge.into()) });
+    let text = h.path_texts().last().cloned().unwrap_or_default();
+    assert!(text.starts_with("Tool:the result is"), "{text}");
+    assert!(text.contains("over the limit of 262144 (limits.message_bytes)"), "{text}");
+    assert!(h.due_llm().is_some(), "the turn goes on");
+}
+
+#[test]
 fn a_call_that_never_reached_its_server_is_sent_again_and_a_stale_attempt_is_refused() {
     let mut h = at_a_server_tool_call(mcp_tool("read", false, None));
     let (call_id, attempt) = claim_tool(&mut h);

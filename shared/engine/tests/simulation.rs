@@ -434,10 +434,17 @@ fn run(seed: u64, steps: usize) {
                         if rng.chance(10) {
                             continue; // the host crashed mid-call: the deadline settles it
                         }
-                        let outcome = match rng.below(4) {
+                        let outcome = match rng.below(5) {
                             0 => Err(CallError { retryable: true, ..CallError::terminal("not sent") }),
                             1 => Err(CallError::terminal("the tool failed")),
-                            _ => Ok(format!("contents of {call_id}")),
+                            // A result with an image, recorded as parts.
+                            2 => Ok(Content::Parts(vec![
+                                ContentPart::Text { text: format!("chart of {call_id}") },
+                                ContentPart::ImageUrl {
+                                    image_url: UrlRef { url: "data:image/png;base64,AA==".into() },
+                                },
+                            ])),
+                            _ => Ok(format!("contents of {call_id}").into()),
                         };
                         let cmd = Command::ToolCallFinished { call_id, attempt, outcome };
                         h.exec(cmd.clone());

@@ -8,7 +8,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
-use turnstone_engine::protocol::{AgentTool, Approval, McpToolSource, ToolHandler};
+use turnstone_engine::protocol::{AgentTool, Approval, Content, McpToolSource, ToolHandler};
 use turnstone_engine::session::CallError;
 
 use crate::{Delivery, McpError, ServerSpec, Servers, Tool};
@@ -155,13 +155,14 @@ impl AgentServers {
         self.servers.iter().filter_map(|s| listings.get(&s.spec.name)).flat_map(|l| l.tools.clone()).collect()
     }
 
-    /// Runs one call of `source` with `arguments` (the JSON the model wrote): the tool's text,
-    /// or the failure as the engine settles it.
-    pub async fn call(&self, source: &McpToolSource, arguments: &str) -> Result<String, CallError> {
+    /// Runs one call of `source` with `arguments` (the JSON the model wrote): what the model
+    /// is given of the result ([`crate::ToolResult::content`]), or the failure as the engine
+    /// settles it.
+    pub async fn call(&self, source: &McpToolSource, arguments: &str) -> Result<Content, CallError> {
         let arguments = parse_arguments(arguments)?;
         match self.pool.call_tool(&source.server, &source.tool, arguments).await {
             Ok(result) if result.is_error => Err(CallError::terminal(result.text())),
-            Ok(result) => Ok(result.text()),
+            Ok(result) => Ok(result.content()),
             Err(e) => Err(call_error(&e, source)),
         }
     }

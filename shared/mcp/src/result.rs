@@ -1,6 +1,13 @@
 //! A tools/call result: MCP's content kept as it came, and the text a model reads of it.
 
 use serde_json::Value;
+use turnstone_engine::protocol::{Content, ContentPart, UrlRef};
+
+/// The image types a model takes back in a tool result: those Anthropic's Messages API and
+/// OpenAI's APIs both accept (docs.claude.com "Vision": JPEG, PNG, GIF, WebP;
+/// platform.openai.com "Images and vision": PNG, JPEG, WEBP, non-animated GIF). Other images
+/// reach the model as their summary.
+const MODEL_IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 /// A tools/call result, MCP's content kept as it came.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,16 +25,46 @@ impl ToolResult {
     /// What a model reads: the text blocks, joined by newlines; the structured content as JSON
     /// when no block is text; other blocks summarised (`[image image/png, 1234 bytes base64]`).
     pub fn text(&self) -> String {
-        let mut parts = Vec::new();
-        let has_text = self.content.iter().any(|b| kind(b) == "text");
-        if !has_text && let Some(structured) = &self.structured {
-            parts.push(structured.to_string());
-        }
-        for block in &self.content {
-            parts.push(summary(block));
-        }
-        parts.join("\n")
+        self.lines().collect::<Vec<_>>().join("\n")
     }
+
+    /// What a model is given: [`ToolResult::text`], unless a block is an image a model takes
+    /// ([`MODEL_IMAGE_TYPES`]); then parts in the blocks' order, each such image a data-URL
+    /// image part and everything else a text part as `text` reads it.
+    pub fn content(&self) -> Content {
+        if !self.content.iter().any(is_model_image) {
+            return Content::Text(self.text());
+        }
+        let lead = self.structured_text().map(|text| ContentPart::Text { text });
+        let blocks = self.content.iter().map(|block| match model_image(block) {
+            Some(url) => ContentPart::ImageUrl { image_url: UrlRef { url } },
+            None => ContentPart::Text { text: summary(block) },
+        });
+        Content::Parts(lead.into_iter().chain(blocks).collect())
+    }
+
+    /// The result's lines: the structured content when no block is text, then each block.
+    fn lines(&self) -> impl Iterator<Item = String> + '_ {
+        self.structured_text().into_iter().chain(self.content.iter().map(summary))
+    }
+
+    /// The structured content as JSON, when it stands in for text no block gives.
+    fn structured_text(&self) -> Option<String> {
+        let has_text = self.content.iter().any(|b| kind(b) == "text");
+        self.structured.as_ref().filter(|_| !has_text).map(Value::to_string)
+    }
+}
+
+fn is_model_image(block: &Value) -> bool {
+    model_image(block).is_some()
+}
+
+/// An image block a model takes, as a data URL.
+fn model_image(block: &Value) -> Option<String> {
+    let mime = field(block, "mimeType");
+    let data = field(block, "data");
+    (kind(block) == "image" && MODEL_IMAGE_TYPES.contains(&mime) && !data.is_empty())
+        .then(|| format!("data:{mime};base64,{data}"))
 }
 
 impl From<rmcp::model::CallToolResult> for ToolResult {
@@ -82,6 +119,37 @@ fn summary(block: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_image_a_model_takes_makes_the_result_parts_in_order() {
+        let r = result(
+            vec![
+                json!({"type": "text", "text": "a chart"}),
+                json!({"type": "image", "mimeType": "image/png", "data": "iVBORw0K"}),
+                json!({"type": "image", "mimeType": "image/svg+xml", "data": "PHN2Zz4="}),
+            ],
+            None,
+        );
+        let Content::Parts(parts) = r.content() else { panic!("{:?}", r.content()) };
+        assert_eq!(
+            parts,
+            vec![
+                ContentPart::Text { text: "a chart".into() },
+                ContentPart::ImageUrl { image_url: UrlRef { url: "data:image/png;base64,iVBORw0K".into() } },
+                ContentPart::Text { text: "[image image/svg+xml, 8 bytes base64]".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_result_without_such_an_image_is_its_text() {
+        let r = result(
+            vec![json!({"type": "image", "mimeType": "image/svg+xml", "data": "PHN2Zz4="})],
+            Some(json!({"n": 1})),
+        );
+        assert_eq!(r.content(), Content::Text(r.text()));
+        assert_eq!(r.text(), "{\"n\":1}\n[image image/svg+xml, 8 bytes base64]");
+    }
 
     fn result(content: Vec<Value>, structured: Option<Value>) -> ToolResult {
         ToolResult { content, structured, is_error: false }

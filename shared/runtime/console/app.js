@@ -58,6 +58,12 @@ function textOf(content) {
   return content.map((part) => (part.type === "text" ? part.text : `[${part.type}]`)).join("\n");
 }
 
+/** A tool result: its text, then each image it carries as a data URL (an MCP tool's chart). */
+function resultNodes(content) {
+  const images = Array.isArray(content) ? content.filter((p) => p.type === "image_url" && String(p.image_url.url).startsWith("data:image/")) : [];
+  return [h("pre", {}, textOf(content)), ...images.map((p) => h("img", { class: "result-image", src: p.image_url.url, alt: "image from the tool" }))];
+}
+
 function errorBox(err) {
   return h("p", { class: "error", role: "alert" }, String(err && err.message ? err.message : err));
 }
@@ -561,7 +567,7 @@ function conversation(messages, ctx) {
           h("summary", {}, `${call.function.name}(…) `, result ? "· answered" : "· pending"),
           h("div", { class: "muted" }, "arguments"),
           h("pre", {}, call.function.arguments),
-          result ? [h("div", { class: "muted" }, "result"), h("pre", {}, textOf(result.content))] : null,
+          result ? [h("div", { class: "muted" }, "result"), ...resultNodes(result.content)] : null,
         ),
         child
           ? h("p", { class: "subagent" }, `Sub-agent ${call.function.name} runs in session `, h("a", { href: `#/sessions/${enc(child)}`, dataset: { child } }, child))

@@ -281,7 +281,10 @@ fn system_text(content: &Content, path: &str) -> Result<String, FormatError> {
                     other => {
                         return Err(FormatError::new(
                             index(path, j),
-                            format!("an Anthropic system prompt carries only text, not {}", part_kind(other)),
+                            format!(
+                                "an Anthropic system prompt carries only text, not {} parts",
+                                other.kind()
+                            ),
                         ));
                     }
                 }
@@ -349,7 +352,10 @@ fn assistant(m: &DraftMessage, path: &str) -> Result<Value, FormatError> {
                     other => {
                         return Err(FormatError::new(
                             index(&join(path, "content"), j),
-                            format!("Anthropic assistant messages carry only text, not {}", part_kind(other)),
+                            format!(
+                                "Anthropic assistant messages carry only text, not {} parts",
+                                other.kind()
+                            ),
                         ));
                     }
                 }
@@ -376,16 +382,6 @@ fn tool_input(arguments: &str) -> Value {
     match serde_json::from_str::<Value>(arguments) {
         Ok(value @ Value::Object(_)) => value,
         _ => json!({}),
-    }
-}
-
-fn part_kind(part: &ContentPart) -> &'static str {
-    match part {
-        ContentPart::Text { .. } => "text parts",
-        ContentPart::ImageUrl { .. } => "image_url parts",
-        ContentPart::File { .. } => "file parts",
-        ContentPart::InputAudio { .. } => "input_audio parts",
-        ContentPart::VideoUrl { .. } => "video_url parts",
     }
 }
 

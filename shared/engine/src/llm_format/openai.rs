@@ -24,6 +24,7 @@
 //!   `finish_reason` arrived: the stream was cut short.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
@@ -41,7 +42,7 @@ use crate::protocol::{
 pub fn request(req: &LlmRequest, stream: bool) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(req.model));
-    body.insert("messages".into(), req.messages.iter().map(|m| message(m)).collect());
+    body.insert("messages".into(), Value::Array(messages(&req.messages)));
     if let Some(tools) = req.tools.as_ref().filter(|t| !t.is_empty()) {
         body.insert("tools".into(), tools.iter().map(tool).collect());
     }
@@ -84,6 +85,49 @@ fn role_name(role: Role) -> &'static str {
         Role::Assistant => "assistant",
         Role::Tool => "tool",
     }
+}
+
+/// The messages as Chat Completions takes them. A tool message carries text only ("for tool
+/// messages, only type `text` is supported", the API reference's tool message content parts):
+/// a result's other parts (an MCP tool's image) go in a user message after the run of tool
+/// messages, since one may not stand between a call and its results; it names the call each
+/// part came from, and the tool message says where its parts went.
+fn messages(messages: &[Arc<DraftMessage>]) -> Vec<Value> {
+    let mut out = Vec::with_capacity(messages.len());
+    let mut carried: Vec<Value> = Vec::new();
+    for m in messages {
+        if m.role != Role::Tool && !carried.is_empty() {
+            out.push(json!({ "role": "user", "content": std::mem::take(&mut carried) }));
+        }
+        let parts = match &m.content {
+            Some(Content::Parts(parts)) if m.role == Role::Tool => parts,
+            _ => {
+                out.push(message(m));
+                continue;
+            }
+        };
+        let (text, other): (Vec<&ContentPart>, Vec<&ContentPart>) =
+            parts.iter().partition(|p| matches!(p, ContentPart::Text { .. }));
+        if other.is_empty() {
+            out.push(message(m));
+            continue;
+        }
+        let id = m.tool_call_id.as_ref().map_or("", |id| id.as_str());
+        carried.push(json!({ "type": "text", "text": format!("The result of tool call {id} includes:") }));
+        carried.extend(other.iter().map(|p| part(p)));
+        let mut lines: Vec<&str> = text
+            .iter()
+            .filter_map(|p| if let ContentPart::Text { text } = p { Some(text.as_str()) } else { None })
+            .collect();
+        lines.push("(more of this result follows in the next user message)");
+        let mut tool = message(m);
+        tool["content"] = json!(lines.join("\n"));
+        out.push(tool);
+    }
+    if !carried.is_empty() {
+        out.push(json!({ "role": "user", "content": carried }));
+    }
+    out
 }
 
 fn message(m: &DraftMessage) -> Value {

@@ -93,6 +93,19 @@ impl Content {
     }
 }
 
+impl ContentPart {
+    /// The part's `type` on the wire: `text`, `image_url`, `file`, `input_audio`, `video_url`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ContentPart::Text { .. } => "text",
+            ContentPart::ImageUrl { .. } => "image_url",
+            ContentPart::File { .. } => "file",
+            ContentPart::InputAudio { .. } => "input_audio",
+            ContentPart::VideoUrl { .. } => "video_url",
+        }
+    }
+}
+
 impl From<&str> for Content {
     fn from(text: &str) -> Self {
         Content::Text(text.to_owned())
@@ -304,12 +317,13 @@ impl DraftMessage {
     pub fn tool_result(
         tool_call_id: impl Into<CallId>,
         name: impl Into<String>,
-        text: impl Into<String>,
+        content: impl Into<Content>,
     ) -> Self {
         DraftMessage {
             tool_call_id: Some(tool_call_id.into()),
             name: Some(name.into()),
-            ..Self::text(Role::Tool, text)
+            content: Some(content.into()),
+            ..Self::text(Role::Tool, "")
         }
     }
 

@@ -151,6 +151,19 @@ impl Tx {
         )
     }
 
+    /// A server tool's result as the call's value: text, or parts when it carries more (an
+    /// image). One larger than a message may be (`limits.message_bytes`) fails the call, as a
+    /// worker's result that large is refused: it would be recorded as one message.
+    pub(super) fn server_tool_value(&self, content: Content) -> CallOutcome {
+        if let Err(problem) = self.limits.check_value("the result", &content) {
+            return Err(CallError::terminal(problem));
+        }
+        Ok(match content {
+            Content::Text(text) => CallValue::Text(text),
+            Content::Parts(parts) => CallValue::Parts(parts),
+        })
+    }
+
     /// A tool result that violates the tool's output schema settles as a terminal error.
     pub(super) fn check_result(&self, call: &CallRecord, outcome: CallOutcome) -> CallOutcome {
         let (Ok(CallValue::Text(text)), CallSpec::ToolCall { name, .. }) = (&outcome, &call.spec) else {

@@ -6,8 +6,8 @@ use super::records::{CallError, SessionInit, TurnOrigin};
 use super::request::Transcript;
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
 use crate::protocol::{
-    Action, AgentTool, CallStatus, ClientInput, ClientMessageInput, DecisionResponse, LlmResponse, Message,
-    ProtocolError,
+    Action, AgentTool, CallStatus, ClientInput, ClientMessageInput, Content, DecisionResponse, LlmResponse,
+    Message, ProtocolError,
 };
 
 /// Something that asks to change a session.
@@ -99,8 +99,9 @@ pub enum Command {
         /// The attempt it starts.
         attempt: u32,
     },
-    /// A server tool call attempt ended: the tool's result as text, or the failure.
-    ToolCallFinished { call_id: CallId, attempt: u32, outcome: Result<String, CallError> },
+    /// A server tool call attempt ended: the tool's result (text, or parts when it carries
+    /// images), or the failure.
+    ToolCallFinished { call_id: CallId, attempt: u32, outcome: Result<Content, CallError> },
     /// The tools of the agent's MCP servers as the runtime listed them now: they replace the
     /// MCP tools of the current agent config (a new config version at the head when they
     /// differ), so the next model call offers what the servers offer.

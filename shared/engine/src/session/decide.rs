@@ -322,7 +322,7 @@ fn finished_trigger(call: &CallRecord) -> Option<Trigger> {
                 detail: None,
             })
         }
-        (CallSpec::LlmCall { .. }, Ok(CallValue::Text(text))) => {
+        (CallSpec::LlmCall { .. }, Ok(value @ (CallValue::Text(_) | CallValue::Parts(_)))) => {
             // Cannot arise (LLM calls settle with responses); report it as a failure.
             Trigger::LlmFinished(LlmFinishedTrigger {
                 id: call.id.clone(),
@@ -331,7 +331,7 @@ fn finished_trigger(call: &CallRecord) -> Option<Trigger> {
                 truncated: false,
                 usage: None,
                 cost: None,
-                error: Some(format!("an LLM call settled with text instead of a response: {text}")),
+                error: Some(format!("an LLM call settled with text instead of a response: {}", value.text())),
                 code: Some(ErrorCode::ProviderError),
                 detail: None,
             })
@@ -377,10 +377,19 @@ pub(super) fn assistant_message(call_id: &CallId, response: &LlmResponse) -> Dra
 }
 
 impl CallValue {
-    /// The value as text (a model response's content).
+    /// The value as text (a model response's content; a result's text parts, with each
+    /// other part named where it stood, `[image]`).
     pub fn text(&self) -> String {
         match self {
             CallValue::Text(text) => text.clone(),
+            CallValue::Parts(parts) => parts
+                .iter()
+                .map(|part| match part {
+                    ContentPart::Text { text } => text.clone(),
+                    other => format!("[{}]", other.kind()),
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
             CallValue::Llm(response) => response.content.clone().unwrap_or_default(),
         }
     }

@@ -138,7 +138,8 @@ impl Tx {
             }
             Command::ClaimToolCall { call_id, attempt } => self.claim_tool_call(&call_id, attempt)?,
             Command::ToolCallFinished { call_id, attempt, outcome } => {
-                self.settle(&call_id, Some(attempt), outcome.map(CallValue::Text), Fence::Reject)?
+                let outcome = outcome.and_then(|content| self.server_tool_value(content));
+                self.settle(&call_id, Some(attempt), outcome, Fence::Reject)?
             }
             Command::Settle { action } => self.external_settle(action)?,
             Command::SubAgentFinished { tool_call_id, session_id, ok, result, error, retryable, turn_id } => {

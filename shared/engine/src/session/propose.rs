@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::Session;
-use super::records::PathRef;
+use super::records::{CallValue, PathRef};
 use crate::ids::{CallId, DecisionId, SessionId, TurnId};
 use crate::protocol::*;
 
@@ -67,10 +67,17 @@ fn proposal(
             }
         },
         Trigger::ToolFinished(t) => {
-            tool_message(in_turn && pending == 0, &t.id, &t.name, t.result.as_ref(), t.error.as_ref())
+            // The trigger carries a result's text; one with parts (an MCP tool's image) is
+            // recorded with them, from the call.
+            let content = match s.call(&t.id).and_then(|c| c.outcome.as_ref()) {
+                Some(Ok(CallValue::Parts(parts))) => Content::Parts(parts.clone()),
+                _ => Content::Text(t.result.clone().or_else(|| t.error.clone()).unwrap_or_default()),
+            };
+            tool_message(in_turn && pending == 0, &t.id, &t.name, content)
         }
         Trigger::SubAgentFinished(t) => {
-            tool_message(in_turn && pending == 0, &t.id, &t.agent_id, t.result.as_ref(), t.error.as_ref())
+            let text = t.result.clone().or_else(|| t.error.clone()).unwrap_or_default();
+            tool_message(in_turn && pending == 0, &t.id, &t.agent_id, Content::Text(text))
         }
         Trigger::LlmFinished(t) => {
             let usable = t.ok && !t.truncated && t.code != Some(ErrorCode::Refused);
@@ -139,15 +146,8 @@ fn call_actions(
 
 /// Record the tool message; call the model again (`call_model`) once nothing else of the step
 /// is pending.
-fn tool_message(
-    call_model: bool,
-    call_id: &CallId,
-    name: &str,
-    result: Option<&String>,
-    error: Option<&String>,
-) -> DecisionResponse {
-    let text = result.or(error).cloned().unwrap_or_default();
-    let messages = vec![DraftMessage::tool_result(call_id.clone(), name, text)];
+fn tool_message(call_model: bool, call_id: &CallId, name: &str, content: Content) -> DecisionResponse {
+    let messages = vec![DraftMessage::tool_result(call_id.clone(), name, content)];
     let actions = call_model.then(|| vec![llm_call()]);
     DecisionResponse { messages: Some(messages), actions, ..DecisionResponse::default() }
 }

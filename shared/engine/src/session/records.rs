@@ -9,8 +9,9 @@ use super::request::Transcript;
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
 use crate::llm_format::usage::TokenCounts;
 use crate::protocol::{
-    AgentConfig, AgentTool, CallKind, CallStatus, ClientContext, DecisionResponse, DraftMessage, ErrorCode,
-    LlmCallAction, LlmFormat, LlmHandler, LlmResponse, RetryPolicy, ToolHandler, Trigger, WorkerIdentity,
+    AgentConfig, AgentTool, CallKind, CallStatus, ClientContext, ContentPart, DecisionResponse, DraftMessage,
+    ErrorCode, LlmCallAction, LlmFormat, LlmHandler, LlmResponse, RetryPolicy, ToolHandler, Trigger,
+    WorkerIdentity,
 };
 use crate::time::Timestamp;
 
@@ -162,6 +163,9 @@ impl CallError {
 pub enum CallValue {
     /// A tool's result or a sub-agent's output, as text.
     Text(String),
+    /// A server tool's result that is more than text (an MCP tool's images): the parts of
+    /// the tool message that records it.
+    Parts(Vec<ContentPart>),
     /// A model's response.
     Llm(LlmResponse),
 }
