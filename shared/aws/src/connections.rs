@@ -24,9 +24,10 @@
 //! creation finds them all with one strongly consistent query, and checks each caller without
 //! reading its connection. One partition is enough: it is written once per root subscription
 //! (a connection's `initialize`, `subscribe`, `unsubscribe`, `$disconnect`) and read once per
-//! session created, far below a partition's 1,000 writes and 3,000 reads a second for any
-//! number of connections a deployment sees; sharding it (`R#<n>`, queried in parallel) is the
-//! way on if it ever is not.
+//! session created and at a session's status or title change (a turn's start and end, as a
+//! function container sees them), below a partition's 1,000 writes and 3,000 reads a second
+//! until a deployment starts some 1,500 turns a second; sharding it (`R#<n>`, queried in
+//! parallel) is the way on past that.
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use ahp::reducers::{ReduceOutcome, apply_action_to_chat};
 use ahp_types::actions::{ActionEnvelope, ChatTurnStartedAction, StateAction};
 use ahp_types::common::ROOT_RESOURCE_URI;
-use ahp_types::state::{ChatState, Message, MessageKind, MessageOrigin, SnapshotState};
+use ahp_types::state::{ChatState, Message, MessageKind, MessageOrigin, SessionStatus, SnapshotState};
 use aws_lambda_events::apigw::ApiGatewayWebsocketProxyRequest;
 use aws_lambda_events::sqs::SqsEvent;
 use aws_sdk_dynamodb::config::Credentials;
@@ -782,6 +782,59 @@ async fn root_subscribers_hear_of_the_sessions_they_may_read() {
         sessions_added(&world.management.frames_of("root-b")[before.1..]).is_empty(),
         "none after unsubscribe"
     );
+}
+
+/// The `(status, title)` changes of `session` among `frames` (`root/sessionSummaryChanged`).
+fn summary_changes(frames: &[Value], session: &str) -> Vec<(Value, Value)> {
+    frames
+        .iter()
+        .filter(|f| f["method"] == "root/sessionSummaryChanged" && f["params"]["session"] == session)
+        .map(|f| (f["params"]["changes"]["status"].clone(), f["params"]["changes"]["title"].clone()))
+        .collect()
+}
+
+/// `root/sessionSummaryChanged` behind API Gateway: the function whose commit starts or ends a
+/// turn, or titles the session, tells the root subscribers that may read it (another caller's
+/// hears nothing), with `modifiedAt`; the steps between change neither status nor title and
+/// are not told.
+#[tokio::test]
+async fn root_subscribers_hear_a_sessions_status_and_title_change() {
+    let world = World::new().await;
+    let (alice, bob) = (format!("Bearer {KEY}"), format!("Bearer {BOB_KEY}"));
+    for (connection, key) in [("root-a", &alice), ("root-b", &bob), ("creator", &alice)] {
+        assert_eq!(world.event(connect_event(connection, Some(key))).await, 200);
+        world.request(connection, "initialize", initialize()).await;
+    }
+    for connection in ["root-a", "root-b"] {
+        world.request(connection, "subscribe", json!({"channel": ROOT_RESOURCE_URI})).await;
+    }
+    world
+        .request("creator", "createSession", json!({"channel": "ahp-session:/s1", "provider": "helper"}))
+        .await;
+    // The turn starts on the `ahp` function; the `dispatch` function runs it to its end.
+    world.turn("creator", "s1", "t1", "Plan the trip").await;
+    let (idle, running) = (json!(SessionStatus::Idle.bits()), json!(SessionStatus::InProgress.bits()));
+    let frames = world.management.frames_of("root-a");
+    let changes = summary_changes(&frames, "ahp-session:/s1");
+    assert_eq!(
+        changes,
+        [(running, json!("Plan the trip")), (idle.clone(), json!("Plan the trip"))],
+        "the turn's start (by `ahp`, titled by its message) and end (by `dispatch`): {frames:?}"
+    );
+    let told = frames.iter().filter(|f| f["method"] == "root/sessionSummaryChanged");
+    assert!(told.clone().all(|f| f["params"]["changes"]["modifiedAt"].is_string()));
+    assert!(
+        summary_changes(&world.management.frames_of("root-b"), "ahp-session:/s1").is_empty(),
+        "bob may not read it"
+    );
+
+    // A rename (`session/titleChanged`) on the other `ahp` container is told with the new title.
+    let rename = json!({"type": "session/titleChanged", "title": "Trip to Lisbon"});
+    let params = json!({"channel": "ahp-session:/s1", "clientSeq": 2, "action": rename});
+    let renamed = world.request_on(true, "creator", "dispatchAction", params).await;
+    assert!(renamed.get("error").is_none(), "{renamed}");
+    let changes = summary_changes(&world.management.frames_of("root-a"), "ahp-session:/s1");
+    assert_eq!(changes.last(), Some(&(idle, json!("Trip to Lisbon"))), "{changes:?}");
 }
 
 /// A `$connect` event whose URL carries `query` (`?tkn=...`, where a browser's WebSocket puts

@@ -685,8 +685,8 @@ impl App {
         // source's commit (`session.forked`).
         let spawned = created && session.init().is_some_and(|i| i.parent.is_some());
         let changed = (shows || titled || !forks.is_empty()) && !created;
-        if (changed || spawned) && self.changed.receiver_count() > 0 {
-            let _ = self.changed.send(SessionChanged {
+        if changed || spawned {
+            let summary = SessionChanged {
                 session_id: session.id().clone(),
                 agent_id: session.agent_id().to_owned(),
                 owner: session.init().and_then(|i| i.identity.id.clone()),
@@ -696,7 +696,13 @@ impl App {
                 chat_of: chat_of(session),
                 created,
                 at: self.clock.now(),
-            });
+            };
+            if changed {
+                self.notifier.root(crate::notify::RootNotice::SummaryChanged(Box::new(summary.clone())));
+            }
+            if self.changed.receiver_count() > 0 {
+                let _ = self.changed.send(summary);
+            }
         }
         if created {
             // No listener is no error.

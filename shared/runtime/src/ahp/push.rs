@@ -81,7 +81,8 @@ use super::channels::{ChatFeed, ProjectError};
 use super::registry::{Frames, Posted, Registry, RegistryError, Subscriber};
 use super::rpc;
 use super::{AhpHost, expired};
-use crate::app::App;
+use crate::api::SessionStatus;
+use crate::app::{App, SessionChanged};
 use crate::auth::Access;
 use crate::error::Result;
 use crate::notify::{Delta, Notifier, Progress, RootNotice};
@@ -412,6 +413,21 @@ impl Pushes {
                     self.post(&subscriber.connection_id, &frame).await?;
                 }
             }
+            RootNotice::SummaryChanged(changed) => {
+                for subscriber in &subscribers {
+                    if expired(subscriber.caller.expires_at()) {
+                        self.gone(&subscriber.connection_id).await?;
+                        continue;
+                    }
+                    // No memory of what each connection was told: status and title both.
+                    let style = super::sessions::UriStyle::AhpSession;
+                    if let Some(frame) =
+                        super::sessions::summary_changed(&subscriber.caller, style, changed, &mut None)
+                    {
+                        self.post(&subscriber.connection_id, &frame).await?;
+                    }
+                }
+            }
             RootNotice::SessionRemoved(removed) => {
                 for subscriber in &subscribers {
                     if expired(subscriber.caller.expires_at()) {
@@ -677,6 +693,9 @@ pub struct Pusher {
     committed: Mutex<HashMap<SessionId, u64>>,
     /// Pushes running in all.
     busy: Arc<watch::Sender<usize>>,
+    /// The status and title of each session last pushed to root subscribers (cleared with
+    /// `FEEDS` sessions).
+    summaries: Mutex<HashMap<SessionId, (SessionStatus, Option<String>)>>,
 }
 
 /// What waits for a session's running push.
@@ -709,7 +728,29 @@ impl Pusher {
             running: Arc::default(),
             committed: Mutex::default(),
             busy: Arc::new(watch::channel(0).0),
+            summaries: Mutex::default(),
         }
+    }
+
+    /// Whether a summary change is news to root subscribers: its status or title differs from
+    /// what this process last pushed of the session (or it pushed nothing of it yet). So the
+    /// root subscribers are read at a turn's start and end and a title's change, not at every
+    /// step; `modifiedAt` moves with those. A session listed as a chat of another (a
+    /// sub-agent's, a fork) is not at the root.
+    fn summary_news(&self, changed: &SessionChanged) -> bool {
+        if changed.chat_of.is_some() {
+            return false;
+        }
+        let now = (changed.status, changed.title.clone());
+        let mut pushed = self.summaries.lock().unwrap_or_else(|p| p.into_inner());
+        if pushed.get(&changed.session_id) == Some(&now) {
+            return false;
+        }
+        if pushed.len() >= FEEDS {
+            pushed.clear();
+        }
+        pushed.insert(changed.session_id.clone(), now);
+        true
     }
 
     /// Records what `session` waits for (`change`), and starts its push unless one runs.
@@ -829,6 +870,11 @@ impl Notifier for Pusher {
 
     fn root(&self, notice: RootNotice) {
         self.inner.root(notice.clone());
+        if let RootNotice::SummaryChanged(changed) = &notice
+            && !self.summary_news(changed)
+        {
+            return;
+        }
         self.busy.send_modify(|n| *n += 1);
         let (pushes, busy) = (Arc::clone(&self.pushes), Arc::clone(&self.busy));
         tokio::spawn(async move {

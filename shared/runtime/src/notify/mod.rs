@@ -57,10 +57,13 @@ pub trait Notifier: Send + Sync + 'static {
 }
 
 /// A change of the catalog of sessions, as AHP's root channel notifies it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RootNotice {
     /// `root/sessionAdded`: the session's creation is committed.
     SessionAdded(SessionId),
+    /// `root/sessionSummaryChanged`: a commit changed what the session's summary shows (its
+    /// status, its title, its `modifiedAt`).
+    SummaryChanged(Box<crate::app::SessionChanged>),
     /// `root/sessionRemoved`: the session is disposed (it cannot be read any more: the notice
     /// names its owner, for the subscribers that may know).
     SessionRemoved(crate::app::Removed),
