@@ -105,6 +105,15 @@ impl TestHost {
         self.client.url().to_owned()
     }
 
+    /// Where an AHP client connects: the host's `ws://…/v1/ahp`, or on the topology the
+    /// WebSocket API's stage (API Gateway in front of the ahp function).
+    pub fn ahp_url(&self) -> String {
+        match &self.deployed {
+            Some(deployed) => deployed.ahp_url().to_owned(),
+            None => format!("{}/v1/ahp", self.url().replacen("http://", "ws://", 1)),
+        }
+    }
+
     /// Whether the event stream carries the model's live token deltas: not on the topology,
     /// where the stream function serves only the durable log (the deltas are the dispatch
     /// function's, pushed to AHP subscribers; README "Deploy to AWS").

@@ -6,7 +6,9 @@
 //! `browser/agentHostProtocolClient.ts` at 00b8ba12de8e503347652b97f5c4dd9fd5398e5e, the
 //! transport `browser/webSocketClientTransport.ts` at 0f225ea05f1fccb551b832693dc9223b6268ee87;
 //! the section of that document is named at each step). After each step the chat the client
-//! reduced equals `GET /v1/sessions/{id}/chat`.
+//! reduced equals `GET /v1/sessions/{id}/chat`. With `TURNSTONE_TEST_BACKEND=topology` the
+//! socket goes through API Gateway's WebSocket API in front of the ahp function
+//! (`tests/src/topology/websocket.rs`); `scripts/test` runs there the tests that hold on AWS so far.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -84,7 +86,7 @@ impl VsCode {
         host: &TestHost,
         token: Option<&str>,
     ) -> Result<VsCode, tokio_tungstenite::tungstenite::Error> {
-        let mut url = format!("{}/v1/ahp", host.url().replacen("http://", "ws://", 1));
+        let mut url = host.ahp_url();
         if let Some(token) = token {
             url.push_str(&format!("?tkn={}", urlencode(token)));
         }
@@ -559,7 +561,7 @@ async fn the_token_may_be_offered_as_a_subprotocol() {
         (name == "KEYS").then(|| "ana:key-ana".to_owned())
     })
     .await;
-    let url = format!("{}/v1/ahp", host.url().replacen("http://", "ws://", 1));
+    let url = host.ahp_url();
     let offer = |protocols: &str| {
         let mut request = url.clone().into_client_request().unwrap();
         request.headers_mut().insert("sec-websocket-protocol", protocols.parse().unwrap());

@@ -39,7 +39,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use turnstone_engine::ids::SessionId;
 use turnstone_runtime::ahp::registry::{
     CONNECTION_LIFETIME_SECS, ConnectionRecord, Registry, RegistryError, RootSubscriber, SessionActiveClient,
-    Subscriber, caller_from_json, caller_to_json,
+    Subscriber, UriStyle, caller_from_json, caller_to_json,
 };
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::{Clock, SystemClock};
@@ -55,6 +55,8 @@ const SUBSCRIPTION_PREFIX: &str = "W#";
 pub const TTL: &str = "ttl";
 const CALLER: &str = "caller";
 const CLIENT_ID: &str = "client_id";
+/// How the connection's client spells session URIs ([`UriStyle::name`]; absent: the default).
+const URIS: &str = "uris";
 /// The sessions a connection subscribed to (SS).
 const CHATS: &str = "chats";
 /// A subscription's position (N).
@@ -292,19 +294,22 @@ impl Registry for DynamoRegistry {
             Some(AttributeValue::Ss(chats)) => chats.iter().map(|c| SessionId::from(c.as_str())).collect(),
             _ => Vec::new(),
         };
-        Ok(Some(ConnectionRecord { caller, client_id, chats }))
+        let uri_style = UriStyle::named(items::get_s(&item, URIS).unwrap_or_default());
+        Ok(Some(ConnectionRecord { caller, client_id, chats, uri_style }))
     }
 
-    async fn set_client_id(&self, id: &str, client_id: &str) -> Result<(), RegistryError> {
+    async fn set_client(&self, id: &str, client_id: &str, uri_style: UriStyle) -> Result<(), RegistryError> {
         self.client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(Self::connection_key(id)))
-            .update_expression("SET #c = :c")
+            .update_expression("SET #c = :c, #u = :u")
             .condition_expression("attribute_exists(#pk)")
             .expression_attribute_names("#c", CLIENT_ID)
+            .expression_attribute_names("#u", URIS)
             .expression_attribute_names("#pk", PK)
             .expression_attribute_values(":c", items::s(client_id))
+            .expression_attribute_values(":u", items::s(uri_style.name()))
             .send()
             .await
             .map_err(|e| failed("UpdateItem", e))?;
@@ -500,9 +505,15 @@ impl Registry for DynamoRegistry {
         self.unsubscribe_chats(id, chats).await
     }
 
-    async fn subscribe_root(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
+    async fn subscribe_root(
+        &self,
+        id: &str,
+        caller: &Caller,
+        uri_style: UriStyle,
+    ) -> Result<(), RegistryError> {
         let mut item = Self::root_key(id);
         item.insert(CALLER.to_owned(), items::s(caller_to_json(caller)));
+        item.insert(URIS.to_owned(), items::s(uri_style.name()));
         item.insert(TTL.to_owned(), Self::expiry(caller.expires_at()));
         self.put(item).await
     }
@@ -522,8 +533,9 @@ impl Registry for DynamoRegistry {
         let mut subscribers = Vec::new();
         for (connection, item) in self.subscription_items(ROOT.to_owned()).await? {
             if let Some(caller) = items::get_s(&item, CALLER) {
-                subscribers
-                    .push(RootSubscriber { connection_id: connection, caller: caller_from_json(caller)? });
+                let uri_style = UriStyle::named(items::get_s(&item, URIS).unwrap_or_default());
+                let caller = caller_from_json(caller)?;
+                subscribers.push(RootSubscriber { connection_id: connection, caller, uri_style });
             }
         }
         Ok(subscribers)

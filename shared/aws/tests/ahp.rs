@@ -837,6 +837,37 @@ async fn root_subscribers_hear_a_sessions_status_and_title_change() {
     assert_eq!(changes.last(), Some(&(idle, json!("Trip to Lisbon"))), "{changes:?}");
 }
 
+/// A client that introduces itself as VS Code reads session URIs in its provider spelling
+/// (`<agent>:/<id>`) behind API Gateway as on the local host: its connection and root
+/// subscription record the spelling, so `listSessions` on any container and the root
+/// notifications any function pushes use it; another client keeps `ahp-session:/<id>`.
+#[tokio::test]
+async fn a_vs_code_connection_reads_provider_scheme_uris_on_every_function() {
+    let world = World::new().await;
+    let alice = format!("Bearer {KEY}");
+    for connection in ["vscode", "plain"] {
+        assert_eq!(world.event(connect_event(connection, Some(&alice))).await, 200);
+    }
+    let mut params = initialize();
+    params["clientInfo"] = json!({"name": "vscode-editor-window", "title": "Visual Studio Code"});
+    params["initialSubscriptions"] = json!([ROOT_RESOURCE_URI]);
+    world.request("vscode", "initialize", params).await;
+    world.request("plain", "initialize", initialize()).await;
+    world.request("plain", "subscribe", json!({"channel": ROOT_RESOURCE_URI})).await;
+
+    world.request("vscode", "createSession", json!({"channel": "helper:/v1", "provider": "helper"})).await;
+    world.turn("vscode", "v1", "t1", "Hello").await;
+    let listed =
+        world.request_on(true, "vscode", "listSessions", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert_eq!(listed["result"]["items"][0]["resource"], "helper:/v1", "{listed}");
+    let plain = world.request_on(true, "plain", "listSessions", json!({"channel": ROOT_RESOURCE_URI})).await;
+    assert_eq!(plain["result"]["items"][0]["resource"], "ahp-session:/v1", "{plain}");
+    assert_eq!(sessions_added(&world.management.frames_of("vscode")), ["helper:/v1"]);
+    assert_eq!(sessions_added(&world.management.frames_of("plain")), ["ahp-session:/v1"]);
+    assert_eq!(summary_changes(&world.management.frames_of("vscode"), "helper:/v1").len(), 2);
+    assert_eq!(summary_changes(&world.management.frames_of("plain"), "ahp-session:/v1").len(), 2);
+}
+
 /// A `$connect` event whose URL carries `query` (`?tkn=...`, where a browser's WebSocket puts
 /// its token), with `authorization` on the upgrade if given.
 fn connect_with_query(
@@ -890,7 +921,7 @@ async fn connections_take_tkn_and_end_with_their_token() {
     let expired = turnstone_runtime::auth::Caller::Client { identity, expires_at: Some(past) };
     registry.connect("old", &expired).await.unwrap();
     registry.subscribe("old", &"s1".into(), 0, Some(past)).await.unwrap();
-    registry.subscribe_root("old", &expired).await.unwrap();
+    registry.subscribe_root("old", &expired, Default::default()).await.unwrap();
     let subscribers = registry.subscribers(&"s1".into()).await.unwrap();
     assert_eq!(subscribers.iter().find(|s| s.connection_id == "old").unwrap().expires_at, Some(past));
 

@@ -157,15 +157,26 @@ async fn upgrade(
         event["multiValueQueryStringParameters"] =
             json!(query.iter().map(|(k, v)| (k.clone(), json!([v]))).collect::<serde_json::Map<_, _>>());
     }
-    let answered = api.invoke(event).await.map(|r| r.status_code);
-    let code = answered.and_then(|c| u16::try_from(c).ok()).unwrap_or(500);
+    let answered = api.invoke(event).await;
+    let code = answered.as_ref().and_then(|r| u16::try_from(r.status_code).ok()).unwrap_or(500);
     if !(200..300).contains(&code) {
         // Refused: the connection never opened, so no `$disconnect` follows.
         return status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), "Forbidden");
     }
+    // The subprotocol the integration chose goes into the handshake's answer ("Set up a
+    // $connect route that requires a WebSocket subprotocol": the $connect integration returns
+    // `Sec-WebSocket-Protocol`, API Gateway answers the upgrade with it).
+    let chosen = answered
+        .as_ref()
+        .and_then(|r| r.headers.get("sec-websocket-protocol"))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let (tx, rx) = mpsc::unbounded_channel();
     api.open().insert(id.clone(), tx);
-    upgrade.max_message_size(MAX_MESSAGE).on_upgrade(move |socket| connection(api, id, socket, rx))
+    upgrade
+        .protocols(chosen)
+        .max_message_size(MAX_MESSAGE)
+        .on_upgrade(move |socket| connection(api, id, socket, rx))
 }
 
 /// One open connection: its messages to `$default`, one at a time, and the Management API's

@@ -465,8 +465,8 @@ async fn initialize(
         .with_data(rpc::to_value(&data)?));
     };
     within_subscription_limit(host, params.initial_subscriptions.as_ref().map_or(0, Vec::len))?;
-    transport.set_client_id(params.client_id.clone()).await?;
     transport.set_uri_style(UriStyle::of(params.client_info.as_ref()));
+    transport.set_client_id(params.client_id.clone()).await?;
     let mut snapshots = Vec::new();
     let mut subscribed = Vec::new();
     for uri in params.initial_subscriptions.unwrap_or_default() {

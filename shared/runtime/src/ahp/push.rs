@@ -404,12 +404,12 @@ impl Pushes {
                     Ok(session) => session,
                     Err(e) => return Err(PushError::Project(ProjectError::Store(e))),
                 };
-                let frame = super::sessions::added_frame(&session, super::sessions::UriStyle::AhpSession);
                 for subscriber in subscribers.iter().filter(|s| s.caller.may(Access::Read, &session)) {
                     if expired(subscriber.caller.expires_at()) {
                         self.gone(&subscriber.connection_id).await?;
                         continue;
                     }
+                    let frame = super::sessions::added_frame(&session, subscriber.uri_style);
                     self.post(&subscriber.connection_id, &frame).await?;
                 }
             }
@@ -420,7 +420,7 @@ impl Pushes {
                         continue;
                     }
                     // No memory of what each connection was told: status and title both.
-                    let style = super::sessions::UriStyle::AhpSession;
+                    let style = subscriber.uri_style;
                     if let Some(frame) =
                         super::sessions::summary_changed(&subscriber.caller, style, changed, &mut None)
                     {
@@ -434,11 +434,9 @@ impl Pushes {
                         self.gone(&subscriber.connection_id).await?;
                         continue;
                     }
-                    if let Some(frame) = super::sessions::removed(
-                        &subscriber.caller,
-                        super::sessions::UriStyle::AhpSession,
-                        removed,
-                    ) {
+                    if let Some(frame) =
+                        super::sessions::removed(&subscriber.caller, subscriber.uri_style, removed)
+                    {
                         self.post(&subscriber.connection_id, &frame).await?;
                     }
                 }

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use turnstone_engine::ids::SessionId;
 use turnstone_engine::protocol::WorkerIdentity;
 
+pub use super::sessions::UriStyle;
 use crate::auth::{AgentScope, Caller};
 
 /// An active client's entry, as a registry records it.
@@ -35,6 +36,8 @@ pub struct ConnectionRecord {
     pub client_id: String,
     /// The sessions whose chats it subscribed to.
     pub chats: Vec<SessionId>,
+    /// How its client spells session URIs (from `initialize`).
+    pub uri_style: UriStyle,
 }
 
 /// A connection subscribed to a chat, and where it stands.
@@ -52,6 +55,8 @@ pub struct Subscriber {
 pub struct RootSubscriber {
     pub connection_id: String,
     pub caller: Caller,
+    /// How its client spells session URIs.
+    pub uri_style: UriStyle,
 }
 
 /// A registry could not be read or written.
@@ -74,7 +79,9 @@ pub trait Registry: Send + Sync + 'static {
     /// Connection `id`, if recorded.
     async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError>;
 
-    async fn set_client_id(&self, id: &str, client_id: &str) -> Result<(), RegistryError>;
+    /// Records connection `id`'s client (`initialize`, `reconnect`): its id and how it spells
+    /// session URIs.
+    async fn set_client(&self, id: &str, client_id: &str, uri_style: UriStyle) -> Result<(), RegistryError>;
 
     /// Records that connection `id` goes on as `caller` (the identity it connected as, with a
     /// renewed token's expiry, AHP's `authenticate`): its record, its chat subscriptions'
@@ -111,8 +118,14 @@ pub trait Registry: Send + Sync + 'static {
 
     async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
 
-    /// Records connection `id` of `caller` as subscribed to the root channel.
-    async fn subscribe_root(&self, id: &str, caller: &Caller) -> Result<(), RegistryError>;
+    /// Records connection `id` of `caller`, whose client spells session URIs `uri_style`, as
+    /// subscribed to the root channel.
+    async fn subscribe_root(
+        &self,
+        id: &str,
+        caller: &Caller,
+        uri_style: UriStyle,
+    ) -> Result<(), RegistryError>;
 
     async fn unsubscribe_root(&self, id: &str) -> Result<(), RegistryError>;
 

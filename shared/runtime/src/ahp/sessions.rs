@@ -61,13 +61,26 @@ pub(crate) fn session_of<'a>(host: &AhpHost, uri: &'a str) -> Option<(SessionId,
 /// keys a session by its URI's scheme (the agent, as its `provider`). Either spelling is
 /// accepted from every client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum UriStyle {
+pub enum UriStyle {
     #[default]
     AhpSession,
     Provider,
 }
 
 impl UriStyle {
+    /// Its name in a record (a connection's, a root subscription's).
+    pub fn name(self) -> &'static str {
+        match self {
+            UriStyle::AhpSession => "ahp-session",
+            UriStyle::Provider => "provider",
+        }
+    }
+
+    /// The style a record names (`ahp-session` for any other name, the default).
+    pub fn named(name: &str) -> UriStyle {
+        if name == UriStyle::Provider.name() { UriStyle::Provider } else { UriStyle::AhpSession }
+    }
+
     /// The spelling a client that introduced itself as `client_info` reads best.
     pub fn of(client_info: Option<&ahp_types::commands::Implementation>) -> UriStyle {
         match client_info {

@@ -25,7 +25,7 @@ use super::position::Position;
 use super::push::Pushes;
 use super::registry::{ConnectionRecord, Posted, RegistryError};
 use super::rpc::{self, Incoming, RpcError};
-use super::sessions::{internal, session_id};
+use super::sessions::{UriStyle, internal, session_id};
 use super::{expired, turns};
 use crate::auth::{AuthError, Authenticator, Caller};
 
@@ -211,10 +211,21 @@ impl Transport for Stored {
         self.record.chats.iter().filter(|chat| Some(*chat) != same.as_ref()).count()
     }
 
+    /// Records the client id with the URI style the connection holds (`initialize` sets the
+    /// style first; a `reconnect` keeps the connection's).
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
-        self.pushes.registry.set_client_id(&self.id, &client_id).await.map_err(internal)?;
+        let style = self.record.uri_style;
+        self.pushes.registry.set_client(&self.id, &client_id, style).await.map_err(internal)?;
         self.record.client_id = client_id;
         Ok(())
+    }
+
+    fn uri_style(&self) -> UriStyle {
+        self.record.uri_style
+    }
+
+    fn set_uri_style(&mut self, style: UriStyle) {
+        self.record.uri_style = style;
     }
 
     /// A connection's records carry its token's identity and expiry (its chat and root
@@ -250,7 +261,12 @@ impl Transport for Stored {
             let feed = match subscribed {
                 Subscribed::Chat { feed, .. } => feed,
                 Subscribed::Root => {
-                    if let Err(e) = self.pushes.registry.subscribe_root(&self.id, &self.record.caller).await {
+                    if let Err(e) = self
+                        .pushes
+                        .registry
+                        .subscribe_root(&self.id, &self.record.caller, self.record.uri_style)
+                        .await
+                    {
                         tracing::warn!(connection_id = %self.id, error = %e, "an AHP root subscription could not be recorded");
                     }
                     continue;
