@@ -4,6 +4,7 @@
 //! |---------------------|---------------------|-----------------------------------------------------|
 //! | `W#<connection id>` | `W`                 | a WebSocket connection: `caller` (JSON, with its token's expiry), `client_id`, `chats` (the sessions it subscribed to), `ttl` |
 //! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `expires_at` (its caller's token's expiry, if any), `ttl` |
+//! | `S#<session>`       | `V#<connection id>` | a subscription to the session's channel: `channel` (as the client spelled it), `server_seq` (the last number it was sent there), `expires_at`, `ttl` |
 //! | `R`                 | `W#<connection id>` | a subscription to the root channel: `caller` (JSON), `ttl` |
 //! | `C#<caller key>`    | `W#<connection id>` | a connection counted among its caller's open ones (`[limits] sockets_per_caller`): `ttl` |
 //! | `A#<session>`       | `<client id>`       | an active client of the session (AHP's `activeClients`): `client` (JSON: its tools), `joined` (epoch ms), `ttl` |
@@ -39,7 +40,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use turnstone_engine::ids::SessionId;
 use turnstone_runtime::ahp::registry::{
     CONNECTION_LIFETIME_SECS, ConnectionRecord, Registry, RegistryError, RootSubscriber, SessionActiveClient,
-    Subscriber, UriStyle, caller_from_json, caller_to_json,
+    SessionSubscriber, Subscriber, UriStyle, caller_from_json, caller_to_json,
 };
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::{Clock, SystemClock};
@@ -59,6 +60,13 @@ const CLIENT_ID: &str = "client_id";
 const URIS: &str = "uris";
 /// The sessions a connection subscribed to (SS).
 const CHATS: &str = "chats";
+/// The sessions whose channels a connection subscribed to (SS).
+const SESSIONS: &str = "sessions";
+/// A session channel subscription's `SK` prefix: after the session's items (`E#`, `M#`, ...)
+/// and before its chat subscriptions (`W#`).
+const SESSION_SUBSCRIPTION_PREFIX: &str = "V#";
+/// The channel of a session channel subscription, as its client spelled it.
+const CHANNEL: &str = "channel";
 /// A subscription's position (N).
 const SERVER_SEQ: &str = "server_seq";
 /// When a subscription's caller's token expires (N, epoch seconds).
@@ -155,6 +163,44 @@ impl DynamoRegistry {
         items::key(session, format!("{SUBSCRIPTION_PREFIX}{id}"))
     }
 
+    fn session_subscription_key(id: &str, session: &SessionId) -> items::Item {
+        items::key(session, format!("{SESSION_SUBSCRIPTION_PREFIX}{id}"))
+    }
+
+    /// Adds (`ADD`) or removes (`DELETE`) `session` in the connection's set `attribute`; a
+    /// connection that is gone is left alone, or with `required` refused.
+    async fn name_session(
+        &self,
+        id: &str,
+        verb: &str,
+        attribute: &str,
+        session: &SessionId,
+        required: bool,
+    ) -> Result<(), RegistryError> {
+        let named = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::connection_key(id)))
+            .update_expression(format!("{verb} #set :session"))
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#set", attribute)
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":session", AttributeValue::Ss(vec![session.to_string()]))
+            .send()
+            .await;
+        match named {
+            Ok(_) => Ok(()),
+            Err(e)
+                if !required
+                    && e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(failed("UpdateItem", e)),
+        }
+    }
+
     /// Writes `item` whole.
     async fn put(&self, item: items::Item) -> Result<(), RegistryError> {
         self.client
@@ -179,11 +225,19 @@ impl DynamoRegistry {
             .collect())
     }
 
-    /// Removes connection `id`'s subscriptions: to `chats` (as its record lists them) and to
-    /// the root channel.
-    async fn unsubscribe_chats(&self, id: &str, chats: Vec<SessionId>) -> Result<(), RegistryError> {
+    /// Removes connection `id`'s subscriptions: to the chats and session channels its record
+    /// lists, and to the root channel.
+    async fn unsubscribe_listed(
+        &self,
+        id: &str,
+        record: Option<ConnectionRecord>,
+    ) -> Result<(), RegistryError> {
+        let (chats, sessions) = record.map(|r| (r.chats, r.sessions)).unwrap_or_default();
         for chat in chats {
             self.unsubscribe(id, &chat).await?;
+        }
+        for session in sessions {
+            self.unsubscribe_session(id, &session).await?;
         }
         // Deleting a root subscription that is not there costs the same as reading first.
         self.unsubscribe_root(id).await
@@ -294,8 +348,14 @@ impl Registry for DynamoRegistry {
             Some(AttributeValue::Ss(chats)) => chats.iter().map(|c| SessionId::from(c.as_str())).collect(),
             _ => Vec::new(),
         };
+        let sessions = match item.get(SESSIONS) {
+            Some(AttributeValue::Ss(sessions)) => {
+                sessions.iter().map(|s| SessionId::from(s.as_str())).collect()
+            }
+            _ => Vec::new(),
+        };
         let uri_style = UriStyle::named(items::get_s(&item, URIS).unwrap_or_default());
-        Ok(Some(ConnectionRecord { caller, client_id, chats, uri_style }))
+        Ok(Some(ConnectionRecord { caller, client_id, chats, sessions, uri_style }))
     }
 
     async fn set_client(&self, id: &str, client_id: &str, uri_style: UriStyle) -> Result<(), RegistryError> {
@@ -429,7 +489,7 @@ impl Registry for DynamoRegistry {
                 .await
                 .map_err(|e| failed("DeleteItem", e))?;
         }
-        self.unsubscribe_chats(id, record.map(|r| r.chats).unwrap_or_default()).await?;
+        self.unsubscribe_listed(id, record).await?;
         self.client
             .delete_item()
             .table_name(&self.table)
@@ -501,8 +561,81 @@ impl Registry for DynamoRegistry {
     }
 
     async fn unsubscribe_all(&self, id: &str) -> Result<(), RegistryError> {
-        let chats = self.connection(id).await?.map(|r| r.chats).unwrap_or_default();
-        self.unsubscribe_chats(id, chats).await
+        let record = self.connection(id).await?;
+        self.unsubscribe_listed(id, record).await
+    }
+
+    async fn subscribe_session(
+        &self,
+        id: &str,
+        session: &SessionId,
+        channel: &str,
+        expires_at: Option<u64>,
+    ) -> Result<(), RegistryError> {
+        // Named by the connection first, as a chat subscription is.
+        self.name_session(id, "ADD", SESSIONS, session, true).await?;
+        let mut item = Self::session_subscription_key(id, session);
+        item.insert(CHANNEL.to_owned(), items::s(channel));
+        item.insert(SERVER_SEQ.to_owned(), items::n(0));
+        if let Some(at) = expires_at {
+            item.insert(EXPIRES_AT.to_owned(), items::n(at));
+        }
+        item.insert(TTL.to_owned(), Self::expiry(expires_at));
+        self.put(item).await
+    }
+
+    async fn unsubscribe_session(&self, id: &str, session: &SessionId) -> Result<(), RegistryError> {
+        self.client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::session_subscription_key(id, session)))
+            .send()
+            .await
+            .map_err(|e| failed("DeleteItem", e))?;
+        self.name_session(id, "DELETE", SESSIONS, session, false).await
+    }
+
+    async fn session_subscribers(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<SessionSubscriber>, RegistryError> {
+        let found = self.items_of(items::partition(session), Some(SESSION_SUBSCRIPTION_PREFIX)).await?;
+        Ok(found
+            .into_iter()
+            .filter_map(|item| {
+                let connection_id =
+                    items::get_s(&item, SK)?.strip_prefix(SESSION_SUBSCRIPTION_PREFIX)?.to_owned();
+                let channel = items::get_s(&item, CHANNEL)?.to_owned();
+                Some(SessionSubscriber {
+                    connection_id,
+                    channel,
+                    expires_at: items::get_u64(&item, EXPIRES_AT),
+                })
+            })
+            .collect())
+    }
+
+    async fn next_session_seq(&self, id: &str, session: &SessionId) -> Result<Option<u64>, RegistryError> {
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::session_subscription_key(id, session)))
+            .update_expression("ADD #seq :one")
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#seq", SERVER_SEQ)
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":one", items::n(1))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)
+            .send()
+            .await;
+        match out {
+            Ok(out) => Ok(out.attributes.as_ref().and_then(|new| items::get_u64(new, SERVER_SEQ))),
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                Ok(None)
+            }
+            Err(e) => Err(failed("UpdateItem", e)),
+        }
     }
 
     async fn subscribe_root(

@@ -978,6 +978,72 @@ async fn active_clients_hold_across_functions() {
     assert_eq!(subscribed["result"]["snapshot"]["state"]["activeClients"], json!([]), "{subscribed}");
 }
 
+/// The `action` envelopes among `frames` on `channel`.
+fn envelopes_on(frames: &[Value], channel: &str) -> Vec<Value> {
+    frames
+        .iter()
+        .filter(|f| f["method"] == "action" && f["params"]["channel"] == channel)
+        .map(|f| f["params"].clone())
+        .collect()
+}
+
+/// A session channel behind API Gateway: its subscription is recorded with the channel as the
+/// client spelled it, so what a client dispatches there (joining the active clients, leaving,
+/// renaming) is echoed with its origin to every subscriber of it, on every function
+/// container, numbered per subscription from 1; after `unsubscribe` nothing more comes.
+#[tokio::test]
+async fn a_session_channel_echoes_what_its_clients_dispatch_across_functions() {
+    let world = World::new().await;
+    for connection in ["window", "other"] {
+        assert_eq!(world.event(connect_event(connection, Some(&format!("Bearer {KEY}")))).await, 200);
+    }
+    let mut params = initialize();
+    params["clientInfo"] = json!({"name": "vscode-editor-window"});
+    world.request("window", "initialize", params).await;
+    world.request("other", "initialize", initialize()).await;
+    world.request("window", "createSession", json!({"channel": "helper:/se", "provider": "helper"})).await;
+    world.request("window", "subscribe", json!({"channel": "helper:/se"})).await;
+    world.request_on(true, "other", "subscribe", json!({"channel": "ahp-session:/se"})).await;
+
+    // The window joins through the second container; both subscribers hear it.
+    let active =
+        json!({"type": "session/activeClientSet", "activeClient": {"clientId": "test-client", "tools": []}});
+    let params = json!({"channel": "helper:/se", "clientSeq": 1, "action": active});
+    let answered = world.request_on(true, "window", "dispatchAction", params).await;
+    assert!(answered.get("error").is_none(), "{answered}");
+    let mine = envelopes_on(&world.management.frames_of("window"), "helper:/se");
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert_eq!(mine[0]["action"]["type"], "session/activeClientSet");
+    assert_eq!(mine[0]["origin"], json!({"clientId": "test-client", "clientSeq": 1}));
+    assert_eq!(mine[0]["serverSeq"], 1);
+    let theirs = envelopes_on(&world.management.frames_of("other"), "ahp-session:/se");
+    assert_eq!(theirs.len(), 1, "spelled as that client subscribed: {theirs:?}");
+
+    // A rename on the first container: echoed once, with its origin, numbered on.
+    let rename = json!({"type": "session/titleChanged", "title": "Deploy review"});
+    let params = json!({"channel": "helper:/se", "clientSeq": 2, "action": rename});
+    world.request("window", "dispatchAction", params).await;
+    let mine = envelopes_on(&world.management.frames_of("window"), "helper:/se");
+    assert_eq!(mine.len(), 2, "{mine:?}");
+    assert_eq!((&mine[1]["action"]["title"], &mine[1]["serverSeq"]), (&json!("Deploy review"), &json!(2)));
+    assert_eq!(mine[1]["origin"]["clientSeq"], 2);
+    // A later commit with the same title is no echo again.
+    world.turn("window", "se", "t1", "Hello").await;
+    assert_eq!(envelopes_on(&world.management.frames_of("window"), "helper:/se").len(), 2);
+
+    // Unsubscribed, `other` hears nothing more.
+    world.request("other", "unsubscribe", json!({"channel": "ahp-session:/se"})).await;
+    let left = json!({"type": "session/activeClientRemoved", "clientId": "test-client"});
+    let params = json!({"channel": "helper:/se", "clientSeq": 3, "action": left});
+    world.request("window", "dispatchAction", params).await;
+    assert_eq!(envelopes_on(&world.management.frames_of("window"), "helper:/se").len(), 3);
+    assert_eq!(
+        envelopes_on(&world.management.frames_of("other"), "ahp-session:/se").len(),
+        2,
+        "the join and the rename"
+    );
+}
+
 /// An HS256 JWT of `sub` expiring at `exp` (Unix seconds).
 fn jwt(sub: &str, exp: u64) -> String {
     let claims = json!({"sub": sub, "exp": exp});

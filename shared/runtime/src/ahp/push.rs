@@ -69,7 +69,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ahp_types::actions::{ActionEnvelope, StateAction};
+use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
 use ahp_types::state::ChatState;
 use async_trait::async_trait;
 use tokio::sync::{Notify, broadcast, watch};
@@ -441,6 +441,39 @@ impl Pushes {
                     }
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Posts `action` of session `session`'s channel, dispatched as `origin` (none: the host's
+    /// own), to every subscriber of that channel: one strongly consistent query (none: nothing
+    /// more), then per subscriber the next number of its subscription (one write) and a post.
+    /// A session channel's numbers count its subscription's actions from 1, far below any
+    /// chat's positions, so they never raise the `serverSeq` a client reconnects with past
+    /// the chats' (no log holds a session channel's news: a reconnect answers its snapshot).
+    pub(crate) async fn tell_session(
+        &self,
+        session: &SessionId,
+        action: &StateAction,
+        origin: Option<&ActionOrigin>,
+    ) -> std::result::Result<(), PushError> {
+        for subscriber in self.registry.session_subscribers(session).await? {
+            if expired(subscriber.expires_at) {
+                self.gone(&subscriber.connection_id).await?;
+                continue;
+            }
+            let Some(server_seq) = self.registry.next_session_seq(&subscriber.connection_id, session).await?
+            else {
+                continue;
+            };
+            let envelope = ActionEnvelope {
+                channel: subscriber.channel.clone(),
+                action: action.clone(),
+                server_seq,
+                origin: origin.cloned(),
+                rejection_reason: None,
+            };
+            self.post(&subscriber.connection_id, &rpc::notification("action", &envelope)).await?;
         }
         Ok(())
     }

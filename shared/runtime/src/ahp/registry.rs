@@ -36,6 +36,8 @@ pub struct ConnectionRecord {
     pub client_id: String,
     /// The sessions whose chats it subscribed to.
     pub chats: Vec<SessionId>,
+    /// The sessions whose channels it subscribed to.
+    pub sessions: Vec<SessionId>,
     /// How its client spells session URIs (from `initialize`).
     pub uri_style: UriStyle,
 }
@@ -47,6 +49,15 @@ pub struct Subscriber {
     /// The `serverSeq` of the last action the connection got on the chat (or of its snapshot).
     pub server_seq: u64,
     /// When the connection's token expires (Unix seconds): nothing is pushed to it from then.
+    pub expires_at: Option<u64>,
+}
+
+/// A connection subscribed to a session's channel: the channel as its client spelled it
+/// (`ahp-session:/X` or `<agent>:/X`; envelopes must carry it so), and its token's expiry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionSubscriber {
+    pub connection_id: String,
+    pub channel: String,
     pub expires_at: Option<u64>,
 }
 
@@ -117,6 +128,26 @@ pub trait Registry: Send + Sync + 'static {
     ) -> Result<(), RegistryError>;
 
     async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
+
+    /// Records connection `id`'s subscription to session `session`'s channel, spelled `channel`
+    /// as its client subscribed, numbered from 0 (replacing one it held).
+    async fn subscribe_session(
+        &self,
+        id: &str,
+        session: &SessionId,
+        channel: &str,
+        expires_at: Option<u64>,
+    ) -> Result<(), RegistryError>;
+
+    async fn unsubscribe_session(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
+
+    /// The subscribers of session `session`'s channel: one strongly consistent read.
+    async fn session_subscribers(&self, session: &SessionId)
+    -> Result<Vec<SessionSubscriber>, RegistryError>;
+
+    /// Takes the next `serverSeq` of connection `id`'s subscription to `session`'s channel
+    /// (`None`: not subscribed any more).
+    async fn next_session_seq(&self, id: &str, session: &SessionId) -> Result<Option<u64>, RegistryError>;
 
     /// Records connection `id` of `caller`, whose client spells session URIs `uri_style`, as
     /// subscribed to the root channel.

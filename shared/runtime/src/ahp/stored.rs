@@ -14,7 +14,9 @@
 
 use std::sync::Arc;
 
-use ahp_types::actions::{ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, StateAction};
+use ahp_types::actions::{
+    ActionEnvelope, ActionOrigin, ChatTurnsLoadedAction, SessionTitleChangedAction, StateAction,
+};
 use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
 use ahp_types::errors::ahp_error_codes;
 use async_trait::async_trait;
@@ -25,7 +27,7 @@ use super::position::Position;
 use super::push::Pushes;
 use super::registry::{ConnectionRecord, Posted, RegistryError};
 use super::rpc::{self, Incoming, RpcError};
-use super::sessions::{UriStyle, internal, session_id};
+use super::sessions::{self, UriStyle, internal, session_id};
 use super::{expired, turns};
 use crate::auth::{AuthError, Authenticator, Caller};
 
@@ -118,8 +120,42 @@ impl Gateway {
             id: connection_id.to_owned(),
             record,
         };
+        // What the message tells session channels, heard as the local host's channels hear it.
+        let (mut news, mut changed) = (host.active_clients.news(), host.app.sessions_changed());
         Box::pin(methods::handle(host, &caller, &mut connection, body)).await;
+        self.tell_sessions(host, &mut news, &mut changed).await;
         Ok(())
+    }
+
+    /// Tells session channels' subscribers, in every function container, what handling one
+    /// message changed in this one: active clients joining and leaving, and renames, each
+    /// echoed with the origin of the client that dispatched it. A Lambda container handles one
+    /// message at a time, so what the receivers hold is this message's.
+    async fn tell_sessions(
+        &self,
+        host: &super::AhpHost,
+        news: &mut tokio::sync::broadcast::Receiver<super::active_clients::SessionNews>,
+        changed: &mut tokio::sync::broadcast::Receiver<crate::app::SessionChanged>,
+    ) {
+        let mut told = Vec::new();
+        while let Ok(news) = news.try_recv() {
+            told.push((news.session_id, news.action, news.origin));
+        }
+        while let Ok(change) = changed.try_recv() {
+            let Some(title) = change.title else { continue };
+            let action = StateAction::SessionTitleChanged(SessionTitleChangedAction { title });
+            // A rename a client dispatched here (its origin remembered): the commit's echo.
+            // Forgotten once told, so a later commit with the same title is no echo again.
+            if let Some(origin) = host.origins.of(&change.session_id, &action) {
+                host.origins.forget(&change.session_id, &action);
+                told.push((change.session_id, action, Some(origin)));
+            }
+        }
+        for (session, action, origin) in told {
+            if let Err(e) = self.pushes.tell_session(&session, &action, origin.as_ref()).await {
+                tracing::warn!(session_id = %session, error = %e, "telling an AHP session channel failed");
+            }
+        }
     }
 
     /// A message on a connection whose token expired: a request is answered with -32007, and
@@ -256,8 +292,8 @@ impl Transport for Stored {
     }
 
     async fn hold(&mut self, subscribed: Vec<(Uri, Subscribed)>) {
-        for (_, subscribed) in subscribed {
-            // Session channels carry nothing here; the root carries notifications.
+        for (uri, subscribed) in subscribed {
+            // The root carries notifications; session channels their news ([`Gateway::message`]).
             let feed = match subscribed {
                 Subscribed::Chat { feed, .. } => feed,
                 Subscribed::Root => {
@@ -271,7 +307,18 @@ impl Transport for Stored {
                     }
                     continue;
                 }
-                Subscribed::Session(_) => continue,
+                Subscribed::Session(session) => {
+                    let expires_at = self.record.caller.expires_at();
+                    let recorded = self
+                        .pushes
+                        .registry
+                        .subscribe_session(&self.id, &session, uri.as_str(), expires_at)
+                        .await;
+                    if let Err(e) = recorded {
+                        tracing::warn!(connection_id = %self.id, error = %e, "an AHP session subscription could not be recorded");
+                    }
+                    continue;
+                }
             };
             let session = feed.session_id.clone();
             let (at, expires_at) = (feed.position.server_seq(), self.record.caller.expires_at());
@@ -294,7 +341,10 @@ impl Transport for Stored {
             Some(ROOT_RESOURCE_URI) => self.pushes.registry.unsubscribe_root(&self.id).await,
             Some(channel) => match session_id(channel, "ahp-chat") {
                 Some(session) => self.pushes.registry.unsubscribe(&self.id, &session).await,
-                None => Ok(()),
+                None => match self.pushes.host().and_then(|host| sessions::session_of(host, channel)) {
+                    Some((session, _)) => self.pushes.registry.unsubscribe_session(&self.id, &session).await,
+                    None => Ok(()),
+                },
             },
             None => self.pushes.registry.unsubscribe_all(&self.id).await,
         };
