@@ -131,6 +131,38 @@ impl DynamoRegistry {
 
     /// The items of partition `pk` (with `SK` beginning with `prefix`, when given): one
     /// strongly consistent query, paged.
+    /// The items of partition `pk` whose `SK` is within `range` (inclusive).
+    async fn items_between(
+        &self,
+        pk: String,
+        range: (&str, &str),
+    ) -> Result<Vec<items::Item>, RegistryError> {
+        let mut found = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("#pk = :pk AND #sk BETWEEN :from AND :to")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_values(":pk", items::s(pk.as_str()))
+                .expression_attribute_values(":from", items::s(range.0))
+                .expression_attribute_values(":to", items::s(range.1))
+                .consistent_read(true)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| failed("Query", e))?;
+            found.extend(out.items.unwrap_or_default());
+            start = out.last_evaluated_key;
+            if start.is_none() {
+                return Ok(found);
+            }
+        }
+    }
+
     async fn items_of(&self, pk: String, prefix: Option<&str>) -> Result<Vec<items::Item>, RegistryError> {
         let mut found = Vec::new();
         let mut start = None;
@@ -279,6 +311,24 @@ impl DynamoRegistry {
             Err(e) => Err(failed("UpdateItem", e)),
         }
     }
+}
+
+/// A chat subscription item as its subscriber (`None` for any other item).
+fn chat_subscriber(item: &items::Item) -> Option<Subscriber> {
+    Some(Subscriber {
+        connection_id: items::get_s(item, SK)?.strip_prefix(SUBSCRIPTION_PREFIX)?.to_owned(),
+        server_seq: items::get_u64(item, SERVER_SEQ)?,
+        expires_at: items::get_u64(item, EXPIRES_AT),
+    })
+}
+
+/// A session channel subscription item as its subscriber (`None` for any other item).
+fn session_subscriber(item: &items::Item) -> Option<SessionSubscriber> {
+    Some(SessionSubscriber {
+        connection_id: items::get_s(item, SK)?.strip_prefix(SESSION_SUBSCRIPTION_PREFIX)?.to_owned(),
+        channel: items::get_s(item, CHANNEL)?.to_owned(),
+        expires_at: items::get_u64(item, EXPIRES_AT),
+    })
 }
 
 /// A failed DynamoDB request as a registry error.
@@ -600,19 +650,19 @@ impl Registry for DynamoRegistry {
         session: &SessionId,
     ) -> Result<Vec<SessionSubscriber>, RegistryError> {
         let found = self.items_of(items::partition(session), Some(SESSION_SUBSCRIPTION_PREFIX)).await?;
-        Ok(found
-            .into_iter()
-            .filter_map(|item| {
-                let connection_id =
-                    items::get_s(&item, SK)?.strip_prefix(SESSION_SUBSCRIPTION_PREFIX)?.to_owned();
-                let channel = items::get_s(&item, CHANNEL)?.to_owned();
-                Some(SessionSubscriber {
-                    connection_id,
-                    channel,
-                    expires_at: items::get_u64(&item, EXPIRES_AT),
-                })
-            })
-            .collect())
+        Ok(found.iter().filter_map(session_subscriber).collect())
+    }
+
+    async fn watchers(
+        &self,
+        session: &SessionId,
+    ) -> Result<(Vec<Subscriber>, Vec<SessionSubscriber>), RegistryError> {
+        // `V#` and `W#` are neighbours: one query from the first to the end of the second.
+        let range = (SESSION_SUBSCRIPTION_PREFIX, "W#~");
+        let found = self.items_between(items::partition(session), range).await?;
+        let chats = found.iter().filter_map(chat_subscriber).collect();
+        let channels = found.iter().filter_map(session_subscriber).collect();
+        Ok((chats, channels))
     }
 
     async fn next_session_seq(&self, id: &str, session: &SessionId) -> Result<Option<u64>, RegistryError> {
@@ -675,17 +725,8 @@ impl Registry for DynamoRegistry {
     }
 
     async fn subscribers(&self, session: &SessionId) -> Result<Vec<Subscriber>, RegistryError> {
-        let found = self.subscription_items(items::partition(session)).await?;
-        Ok(found
-            .into_iter()
-            .filter_map(|(connection_id, item)| {
-                Some(Subscriber {
-                    connection_id,
-                    server_seq: items::get_u64(&item, SERVER_SEQ)?,
-                    expires_at: items::get_u64(&item, EXPIRES_AT),
-                })
-            })
-            .collect())
+        let found = self.items_of(items::partition(session), Some(SUBSCRIPTION_PREFIX)).await?;
+        Ok(found.iter().filter_map(chat_subscriber).collect())
     }
 
     async fn advance(&self, id: &str, session: &SessionId, to: u64) -> Result<Option<u64>, RegistryError> {

@@ -69,8 +69,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ahp_types::actions::{ActionEnvelope, ActionOrigin, StateAction};
+use ahp_types::actions::{
+    ActionEnvelope, ActionOrigin, SessionInputNeededRemovedAction, SessionInputNeededSetAction, StateAction,
+};
 use ahp_types::state::ChatState;
+use ahp_types::state::SessionInputRequest;
 use async_trait::async_trait;
 use tokio::sync::{Notify, broadcast, watch};
 use turnstone_ahp::chat_uri;
@@ -78,7 +81,7 @@ use turnstone_engine::ids::{CallId, SessionId, TurnId};
 use turnstone_engine::protocol::{StreamDelta, ToolCallDelta};
 
 use super::channels::{ChatFeed, ProjectError};
-use super::registry::{Frames, Posted, Registry, RegistryError, Subscriber};
+use super::registry::{Frames, Posted, Registry, RegistryError, SessionSubscriber, Subscriber};
 use super::rpc;
 use super::{AhpHost, expired};
 use crate::api::SessionStatus;
@@ -202,15 +205,25 @@ impl Pushes {
     /// connection that follows this process's stream gets them as the live feed projects them.
     pub(crate) async fn push(&self, session: &SessionId) -> std::result::Result<(), PushError> {
         let Some(host) = self.host() else { return Ok(()) };
-        let subscribers = self.registry.subscribers(session).await?;
+        let (subscribers, channels) = self.registry.watchers(session).await?;
         let entry = self.entry(session);
         let mut cached = entry.lock().await;
-        if subscribers.is_empty() {
+        if subscribers.is_empty() && channels.is_empty() {
             // Followers left with everyone else: the stream's copy is of no more use.
             cached.stream = None;
             return Ok(());
         }
+        // What the chat waits for before and after the commit: its session channel's
+        // `inputNeeded` (unknown before on a cold feed: its entries are told again, which a
+        // client takes as the same entry set anew).
+        let waited = cached.feed.as_ref().map(|f| turnstone_ahp::input_needed(f.projection.chat()));
         cached.catch_up(&host.app, session, None).await?;
+        if !channels.is_empty() {
+            let waits = cached.feed.as_ref().map(|f| turnstone_ahp::input_needed(f.projection.chat()));
+            for action in input_needed_changes(waited.unwrap_or_default(), waits.unwrap_or_default()) {
+                self.tell(&channels, session, &action, None).await?;
+            }
+        }
         let end = cached.end();
         let mut live = match cached.stream.take() {
             Some(Stream::Live(live)) => Some(live),
@@ -457,7 +470,20 @@ impl Pushes {
         action: &StateAction,
         origin: Option<&ActionOrigin>,
     ) -> std::result::Result<(), PushError> {
-        for subscriber in self.registry.session_subscribers(session).await? {
+        let subscribers = self.registry.session_subscribers(session).await?;
+        self.tell(&subscribers, session, action, origin).await
+    }
+
+    /// Posts `action` of `session`'s channel to each of `subscribers`, numbered per
+    /// subscription ([`Pushes::tell_session`]).
+    async fn tell(
+        &self,
+        subscribers: &[SessionSubscriber],
+        session: &SessionId,
+        action: &StateAction,
+        origin: Option<&ActionOrigin>,
+    ) -> std::result::Result<(), PushError> {
+        for subscriber in subscribers {
             if expired(subscriber.expires_at) {
                 self.gone(&subscriber.connection_id).await?;
                 continue;
@@ -818,6 +844,27 @@ impl Pusher {
             busy.send_modify(|n| *n = n.saturating_sub(1));
         });
     }
+}
+
+/// The session channel's `inputNeeded` actions that take a chat from waiting for `before` to
+/// waiting for `after`: each entry new or changed set, then each one gone removed.
+fn input_needed_changes(
+    before: Vec<SessionInputRequest>,
+    after: Vec<SessionInputRequest>,
+) -> Vec<StateAction> {
+    let key = |entry: &SessionInputRequest| turnstone_ahp::entry_key(entry).map(|(key, _)| key.to_owned());
+    let mut actions = Vec::new();
+    for entry in &after {
+        if !before.contains(entry) {
+            let set = SessionInputNeededSetAction { request: entry.clone() };
+            actions.push(StateAction::SessionInputNeededSet(Box::new(set)));
+        }
+    }
+    let still: Vec<Option<String>> = after.iter().map(key).collect();
+    for gone in before.iter().map(key).filter(|k| !still.contains(k)).flatten() {
+        actions.push(StateAction::SessionInputNeededRemoved(SessionInputNeededRemovedAction { id: gone }));
+    }
+    actions
 }
 
 /// What `session`'s push does next: its deltas first (they precede any commit that came after

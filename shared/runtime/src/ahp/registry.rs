@@ -145,6 +145,13 @@ pub trait Registry: Send + Sync + 'static {
     async fn session_subscribers(&self, session: &SessionId)
     -> Result<Vec<SessionSubscriber>, RegistryError>;
 
+    /// The subscribers of session `session`'s chat and of its channel: one strongly consistent
+    /// read for both (what a commit's push reads).
+    async fn watchers(
+        &self,
+        session: &SessionId,
+    ) -> Result<(Vec<Subscriber>, Vec<SessionSubscriber>), RegistryError>;
+
     /// Takes the next `serverSeq` of connection `id`'s subscription to `session`'s channel
     /// (`None`: not subscribed any more).
     async fn next_session_seq(&self, id: &str, session: &SessionId) -> Result<Option<u64>, RegistryError>;
