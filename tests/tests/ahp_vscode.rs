@@ -919,7 +919,7 @@ async fn a_sub_agents_chat_is_a_read_only_chat_of_its_parents_session() {
     vscode.until("the sub-agent's chat in the catalog", |v| added(v).is_some()).await;
     let child = added(&vscode).unwrap();
     let child_id = child.resource.strip_prefix("ahp-chat:/").unwrap().to_owned();
-    assert_eq!(child.interactivity, Some(ChatInteractivity::ReadOnly));
+    assert_eq!(child.interactivity, Some(ChatInteractivity::ReadOnly), "{child:?}");
     let spawned_by = serde_json::to_value(&child.origin).unwrap();
     assert_eq!(
         (spawned_by["kind"].as_str(), spawned_by["chat"].as_str()),

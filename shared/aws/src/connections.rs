@@ -25,8 +25,7 @@
 //! creation finds them all with one strongly consistent query, and checks each caller without
 //! reading its connection. One partition is enough: it is written once per root subscription
 //! (a connection's `initialize`, `subscribe`, `unsubscribe`, `$disconnect`) and read once per
-//! session created and at a session's status or title change (a turn's start and end, as a
-//! function container sees them), below a partition's 1,000 writes and 3,000 reads a second
+//! session created and at a session's status or title change (a turn's start and end), below a partition's 1,000 writes and 3,000 reads a second
 //! until a deployment starts some 1,500 turns a second; sharding it (`R#<n>`, queried in
 //! parallel) is the way on past that.
 

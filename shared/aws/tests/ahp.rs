@@ -990,7 +990,8 @@ fn envelopes_on(frames: &[Value], channel: &str) -> Vec<Value> {
 /// A session channel behind API Gateway: its subscription is recorded with the channel as the
 /// client spelled it, so what a client dispatches there (joining the active clients, leaving,
 /// renaming) is echoed with its origin to every subscriber of it, on every function
-/// container, numbered per subscription from 1; after `unsubscribe` nothing more comes.
+/// container, and the commits of any function tell it its chat's status; numbered per
+/// subscription from 1; after `unsubscribe` nothing more comes.
 #[tokio::test]
 async fn a_session_channel_echoes_what_its_clients_dispatch_across_functions() {
     let world = World::new().await;
@@ -1027,21 +1028,28 @@ async fn a_session_channel_echoes_what_its_clients_dispatch_across_functions() {
     assert_eq!(mine.len(), 2, "{mine:?}");
     assert_eq!((&mine[1]["action"]["title"], &mine[1]["serverSeq"]), (&json!("Deploy review"), &json!(2)));
     assert_eq!(mine[1]["origin"]["clientSeq"], 2);
-    // A later commit with the same title is no echo again.
+    // A turn: its chat's status in the catalog as it starts (on `ahp`) and ends (on
+    // `dispatch`); the title it keeps is no echo again.
     world.turn("window", "se", "t1", "Hello").await;
-    assert_eq!(envelopes_on(&world.management.frames_of("window"), "helper:/se").len(), 2);
+    let mine = envelopes_on(&world.management.frames_of("window"), "helper:/se");
+    let kinds: Vec<&str> = mine.iter().map(|e| e["action"]["type"].as_str().unwrap_or_default()).collect();
+    assert_eq!(
+        kinds,
+        ["session/activeClientSet", "session/titleChanged", "session/chatUpdated", "session/chatUpdated"],
+        "{mine:#?}"
+    );
+    let statuses: Vec<&Value> = mine[2..].iter().map(|e| &e["action"]["changes"]["status"]).collect();
+    assert_eq!(statuses, [&json!(SessionStatus::InProgress.bits()), &json!(SessionStatus::Idle.bits())]);
+    assert_eq!(mine[3]["serverSeq"], 4, "numbered on, whichever function sent it");
 
     // Unsubscribed, `other` hears nothing more.
     world.request("other", "unsubscribe", json!({"channel": "ahp-session:/se"})).await;
+    let heard = envelopes_on(&world.management.frames_of("other"), "ahp-session:/se").len();
     let left = json!({"type": "session/activeClientRemoved", "clientId": "test-client"});
     let params = json!({"channel": "helper:/se", "clientSeq": 3, "action": left});
     world.request("window", "dispatchAction", params).await;
-    assert_eq!(envelopes_on(&world.management.frames_of("window"), "helper:/se").len(), 3);
-    assert_eq!(
-        envelopes_on(&world.management.frames_of("other"), "ahp-session:/se").len(),
-        2,
-        "the join and the rename"
-    );
+    assert_eq!(envelopes_on(&world.management.frames_of("window"), "helper:/se").len(), 5);
+    assert_eq!(envelopes_on(&world.management.frames_of("other"), "ahp-session:/se").len(), heard);
 }
 
 /// An HS256 JWT of `sub` expiring at `exp` (Unix seconds).

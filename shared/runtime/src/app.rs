@@ -158,6 +158,10 @@ pub struct SessionChanged {
     pub agent_id: String,
     pub owner: Option<String>,
     pub status: crate::api::SessionStatus,
+    /// The commit changed the status (what it was before differs).
+    pub status_changed: bool,
+    /// The commit set the title.
+    pub titled: bool,
     pub title: Option<String>,
     /// The forks of it the commit made (new chats of its catalog).
     pub forks: Vec<SessionId>,
@@ -544,6 +548,8 @@ impl App {
             // When the session was due to be looked at before this commit (a wake-up for it is
             // on its way, or a run is at it).
             let scheduled = if mode.in_run { None } else { wake_time(&session.plan(now), now) };
+            // What the session's summary showed before: its status, for whoever is told of a change.
+            let status_before = crate::api::SessionStatus::of(&session);
             let handled = self.handle_all(session_id, session, &mut build, &mut known_ids).await;
             if hinted && !handled.as_ref().is_ok_and(|(_, events)| !events.is_empty()) {
                 continue;
@@ -604,7 +610,7 @@ impl App {
                 Ok(version) => {
                     self.remember_commit(session_id, &session, version);
                     self.remember_messages(&session);
-                    self.notify(session_id, &session, &events);
+                    self.notify(session_id, &session, &events, status_before);
                     return Ok(Executed { session, events, version, claimed });
                 }
                 Err(StoreError::Conflict { .. }) => {
@@ -656,7 +662,13 @@ impl App {
     }
 
     /// Tells listeners what a commit wrote.
-    fn notify(&self, session_id: &str, session: &Session, events: &[Event]) {
+    fn notify(
+        &self,
+        session_id: &str,
+        session: &Session,
+        events: &[Event],
+        status_before: crate::api::SessionStatus,
+    ) {
         let ended_turns: Vec<TurnId> = events
             .iter()
             .filter_map(|e| match e {
@@ -686,20 +698,21 @@ impl App {
         let spawned = created && session.init().is_some_and(|i| i.parent.is_some());
         let changed = (shows || titled || !forks.is_empty()) && !created;
         if changed || spawned {
+            let status = crate::api::SessionStatus::of(session);
             let summary = SessionChanged {
                 session_id: session.id().clone(),
                 agent_id: session.agent_id().to_owned(),
                 owner: session.init().and_then(|i| i.identity.id.clone()),
-                status: crate::api::SessionStatus::of(session),
+                status,
+                status_changed: status != status_before,
+                titled,
                 title: session.title().map(str::to_owned),
                 forks,
                 chat_of: chat_of(session),
                 created,
                 at: self.clock.now(),
             };
-            if changed {
-                self.notifier.root(crate::notify::RootNotice::SummaryChanged(Box::new(summary.clone())));
-            }
+            self.notifier.root(crate::notify::RootNotice::SummaryChanged(Box::new(summary.clone())));
             if self.changed.receiver_count() > 0 {
                 let _ = self.changed.send(summary);
             }

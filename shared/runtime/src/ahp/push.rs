@@ -70,7 +70,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ahp_types::actions::{
-    ActionEnvelope, ActionOrigin, SessionInputNeededRemovedAction, SessionInputNeededSetAction, StateAction,
+    ActionEnvelope, ActionOrigin, PartialChatSummary, SessionChatAddedAction, SessionChatUpdatedAction,
+    SessionInputNeededRemovedAction, SessionInputNeededSetAction, StateAction,
 };
 use ahp_types::state::ChatState;
 use ahp_types::state::SessionInputRequest;
@@ -84,7 +85,6 @@ use super::channels::{ChatFeed, ProjectError};
 use super::registry::{Frames, Posted, Registry, RegistryError, SessionSubscriber, Subscriber};
 use super::rpc;
 use super::{AhpHost, expired};
-use crate::api::SessionStatus;
 use crate::app::{App, SessionChanged};
 use crate::auth::Access;
 use crate::error::Result;
@@ -474,6 +474,49 @@ impl Pushes {
         self.tell(&subscribers, session, action, origin).await
     }
 
+    /// Tells session channels what a commit changed in their catalog of chats, as the local
+    /// host's session channels hear it: a sub-agent's chat added to its parent's (the commit
+    /// created it) and forks added to their source's (`session/chatAdded`, with the chat's
+    /// summary as its log projects it), and, when the status changed, the chat's new status
+    /// in its own session's channel and its parent's (`session/chatUpdated`).
+    pub(crate) async fn tell_catalog(
+        &self,
+        changed: &SessionChanged,
+        status_changed: bool,
+    ) -> std::result::Result<(), PushError> {
+        let Some(host) = self.host() else { return Ok(()) };
+        let added = |chat: &SessionId| {
+            let chat = chat.clone();
+            async move {
+                let projection = super::channels::project_log(&host.app, &chat).await?;
+                let summary = super::sessions::chat_summary(projection.chat());
+                Ok::<_, PushError>(StateAction::SessionChatAdded(SessionChatAddedAction { summary }))
+            }
+        };
+        if changed.created {
+            if let Some(parent) = &changed.chat_of {
+                self.tell_session(parent, &added(&changed.session_id).await?, None).await?;
+            }
+            return Ok(());
+        }
+        for fork in &changed.forks {
+            self.tell_session(&changed.session_id, &added(fork).await?, None).await?;
+        }
+        if status_changed {
+            let changes = PartialChatSummary {
+                status: Some(super::sessions::status(changed.status)),
+                modified_at: Some(changed.at.to_rfc3339()),
+                ..PartialChatSummary::default()
+            };
+            let chat = chat_uri(&changed.session_id);
+            let action = StateAction::SessionChatUpdated(SessionChatUpdatedAction { chat, changes });
+            for session in std::iter::once(&changed.session_id).chain(changed.chat_of.as_ref()) {
+                self.tell_session(session, &action, None).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Posts `action` of `session`'s channel to each of `subscribers`, numbered per
     /// subscription ([`Pushes::tell_session`]).
     async fn tell(
@@ -750,9 +793,6 @@ pub struct Pusher {
     committed: Mutex<HashMap<SessionId, u64>>,
     /// Pushes running in all.
     busy: Arc<watch::Sender<usize>>,
-    /// The status and title of each session last pushed to root subscribers (cleared with
-    /// `FEEDS` sessions).
-    summaries: Mutex<HashMap<SessionId, (SessionStatus, Option<String>)>>,
 }
 
 /// What waits for a session's running push.
@@ -785,29 +825,7 @@ impl Pusher {
             running: Arc::default(),
             committed: Mutex::default(),
             busy: Arc::new(watch::channel(0).0),
-            summaries: Mutex::default(),
         }
-    }
-
-    /// Whether a summary change is news to root subscribers: its status or title differs from
-    /// what this process last pushed of the session (or it pushed nothing of it yet). So the
-    /// root subscribers are read at a turn's start and end and a title's change, not at every
-    /// step; `modifiedAt` moves with those. A session listed as a chat of another (a
-    /// sub-agent's, a fork) is not at the root.
-    fn summary_news(&self, changed: &SessionChanged) -> bool {
-        if changed.chat_of.is_some() {
-            return false;
-        }
-        let now = (changed.status, changed.title.clone());
-        let mut pushed = self.summaries.lock().unwrap_or_else(|p| p.into_inner());
-        if pushed.get(&changed.session_id) == Some(&now) {
-            return false;
-        }
-        if pushed.len() >= FEEDS {
-            pushed.clear();
-        }
-        pushed.insert(changed.session_id.clone(), now);
-        true
     }
 
     /// Records what `session` waits for (`change`), and starts its push unless one runs.
@@ -946,18 +964,38 @@ impl Notifier for Pusher {
         self.inner.deltas(session_id)
     }
 
+    /// A change of the catalog: the root's list hears of sessions at the root (a summary when
+    /// the commit changed the status or the title); session channels hear of their catalog's
+    /// chats ([`Pushes::tell_catalog`]).
     fn root(&self, notice: RootNotice) {
         self.inner.root(notice.clone());
-        if let RootNotice::SummaryChanged(changed) = &notice
-            && !self.summary_news(changed)
-        {
+        let (to_root, to_catalog) = match &notice {
+            RootNotice::SummaryChanged(changed) => {
+                // News when the commit changed the status or set the title: subscribers are
+                // read at a turn's start and end and a rename, not at every step.
+                let news = changed.status_changed || changed.titled;
+                let catalog =
+                    news || (changed.created && changed.chat_of.is_some()) || !changed.forks.is_empty();
+                (
+                    news && changed.chat_of.is_none() && !changed.created,
+                    catalog.then(|| (changed.clone(), changed.status_changed)),
+                )
+            }
+            _ => (true, None),
+        };
+        if !to_root && to_catalog.is_none() {
             return;
         }
         self.busy.send_modify(|n| *n += 1);
         let (pushes, busy) = (Arc::clone(&self.pushes), Arc::clone(&self.busy));
         tokio::spawn(async move {
-            if let Err(e) = pushes.notify_root(&notice).await {
+            if to_root && let Err(e) = pushes.notify_root(&notice).await {
                 tracing::warn!(?notice, error = %e, "notifying the AHP root subscribers failed");
+            }
+            if let Some((changed, status_news)) = to_catalog
+                && let Err(e) = pushes.tell_catalog(&changed, status_news).await
+            {
+                tracing::warn!(session_id = %changed.session_id, error = %e, "telling AHP session channels of their catalog failed");
             }
             busy.send_modify(|n| *n = n.saturating_sub(1));
         });

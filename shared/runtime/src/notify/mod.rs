@@ -62,7 +62,8 @@ pub enum RootNotice {
     /// `root/sessionAdded`: the session's creation is committed.
     SessionAdded(SessionId),
     /// `root/sessionSummaryChanged`: a commit changed what the session's summary shows (its
-    /// status, its title, its `modifiedAt`).
+    /// status, its title, its `modifiedAt`), or created a sub-agent's session (news in its
+    /// parent's catalog of chats).
     SummaryChanged(Box<crate::app::SessionChanged>),
     /// `root/sessionRemoved`: the session is disposed (it cannot be read any more: the notice
     /// names its owner, for the subscribers that may know).
