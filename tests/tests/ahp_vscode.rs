@@ -54,6 +54,12 @@ description = "Helps."
 [agent.helper]
 model = "scripted"
 llm = "s"
+
+[[agent.helper.tools]]
+name = "publish"
+handler = "client"
+approval = "always"
+input = { type = "object", properties = { channel = { type = "string" } } }
 "#;
 
 /// How VS Code offers itself (§2): every version its registry supports but 0.8.0.
@@ -957,6 +963,38 @@ async fn a_sub_agents_chat_is_a_read_only_chat_of_its_parents_session() {
     let turns = &vscode.chats[&child.resource].turns;
     assert_eq!(turns.len(), 1, "the delegation's turn only: {turns:#?}");
     assert_eq!(turns[0].message.text, "Say hi");
+}
+
+/// What a sub-agent's chat waits for is its parent session's too (§11: `inputNeeded` rolls up
+/// the session's chats): a call of the sub-agent's that needs approval is set in the parent
+/// session channel's `inputNeeded`, naming the sub-agent's chat, and its snapshot lists it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sub_agents_wait_is_its_parent_sessions_input_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let session_uri = "demo:/w-3a61";
+    let chat = vscode.create_session(session_uri).await;
+    vscode.subscribe(session_uri).await;
+    vscode.turn(&chat, "w1", "/agent helper /tool publish {\"channel\":\"news\"}").await;
+    let child_wait = |v: &VsCode| {
+        v.envelopes.iter().find_map(|e| match &e.action {
+            StateAction::SessionInputNeededSet(set) if e.channel == session_uri => {
+                let request = serde_json::to_value(&set.request).unwrap();
+                let in_child =
+                    request.to_string().contains("ahp-chat:/") && !request.to_string().contains(&chat);
+                in_child.then_some(request)
+            }
+            _ => None,
+        })
+    };
+    vscode.until("the sub-agent's approval in the session's inputNeeded", |v| child_wait(v).is_some()).await;
+    let request = child_wait(&vscode).unwrap();
+    assert!(request.to_string().contains("publish"), "{request}");
+    let snapshot = vscode.request("subscribe", json!({"channel": session_uri})).await.unwrap();
+    let listed = &snapshot["snapshot"]["state"]["inputNeeded"];
+    assert!(listed.as_array().unwrap().iter().any(|e| e["id"] == request["id"]), "{snapshot}");
 }
 
 /// §8: an input request (a worker's interrupt asking a question) is answered as VS Code

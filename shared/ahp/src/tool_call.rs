@@ -192,7 +192,7 @@ fn part_content(part: &ContentPart) -> ToolResultContent {
             content_type: content_type.to_owned(),
         });
     }
-    text_content(CallValue::Parts(vec![part.clone()]).text())
+    text_content(part.summary())
 }
 
 fn result(spec: &CallSpec, outcome: &CallOutcome) -> ToolCallResult {

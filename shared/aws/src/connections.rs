@@ -8,6 +8,7 @@
 //! | `R`                 | `W#<connection id>` | a subscription to the root channel: `caller` (JSON), `ttl` |
 //! | `C#<caller key>`    | `W#<connection id>` | a connection counted among its caller's open ones (`[limits] sockets_per_caller`): `ttl` |
 //! | `A#<session>`       | `<client id>`       | an active client of the session (AHP's `activeClients`): `client` (JSON: its tools), `joined` (epoch ms), `ttl` |
+//! | `K#<client id>`     | `K`                 | an AHP client (a VS Code window): `open` (its connections), `active_in` (the sessions it is active in), `gone_at` (epoch ms: when its last connection ended), `ttl` |
 //!
 //! A subscription lives in its session's partition, so whichever function commits the session
 //! finds its subscribers with one strongly consistent query (`SK` beginning with `W#`, after
@@ -19,7 +20,9 @@
 //! Active clients have a partition per session of their own, apart from the session's items
 //! (which its loads read by range): one query reads them all, at the snapshot and at a turn's
 //! start. Their `ttl` is a connection's lifetime from the latest `session/activeClientSet`
-//! (VS Code sends its entry again before a turn whenever the session's differs).
+//! (VS Code sends its entry again before a turn whenever the session's differs). When a
+//! client's last connection ends, its item names the sessions it leaves after the grace
+//! (`[limits] active_client_grace_secs`, [`Registry::departed`]).
 //!
 //! Root subscriptions share one fixed partition, so a function that commits a session's
 //! creation finds them all with one strongly consistent query, and checks each caller without
@@ -38,8 +41,8 @@ use aws_sdk_dynamodb::operation::update_item::{UpdateItemError, UpdateItemOutput
 use aws_sdk_dynamodb::types::AttributeValue;
 use turnstone_engine::ids::SessionId;
 use turnstone_runtime::ahp::registry::{
-    CONNECTION_LIFETIME_SECS, ConnectionRecord, Registry, RegistryError, RootSubscriber, SessionActiveClient,
-    SessionSubscriber, Subscriber, UriStyle, caller_from_json, caller_to_json,
+    CONNECTION_LIFETIME_SECS, ConnectionRecord, Departure, Registry, RegistryError, RootSubscriber,
+    SessionActiveClient, SessionSubscriber, Subscriber, UriStyle, caller_from_json, caller_to_json,
 };
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::{Clock, SystemClock};
@@ -73,6 +76,13 @@ const EXPIRES_AT: &str = "expires_at";
 /// An active client's entry (S, JSON) and when it joined (N, epoch milliseconds).
 const CLIENT: &str = "client";
 const JOINED: &str = "joined";
+/// A client item's sort key (its partition is `K#<client id>`), and its attributes: the
+/// connections it holds open (SS), the sessions it is active in (SS), and when its last
+/// connection ended (N, epoch milliseconds).
+const CLIENT_ITEM: &str = "K";
+const OPEN: &str = "open";
+const ACTIVE_IN: &str = "active_in";
+const GONE_AT: &str = "gone_at";
 
 /// The registry on a DynamoDB table.
 #[derive(Debug, Clone)]
@@ -130,39 +140,24 @@ impl DynamoRegistry {
 
     /// The items of partition `pk` (with `SK` beginning with `prefix`, when given): one
     /// strongly consistent query, paged.
-    /// The items of partition `pk` whose `SK` is within `range` (inclusive).
+    async fn items_of(&self, pk: String, prefix: Option<&str>) -> Result<Vec<items::Item>, RegistryError> {
+        self.query_items(pk, prefix.map(SortKeys::Prefix)).await
+    }
+
+    /// The items of partition `pk` whose `SK` is within `range` (inclusive), as [`Self::items_of`].
     async fn items_between(
         &self,
         pk: String,
         range: (&str, &str),
     ) -> Result<Vec<items::Item>, RegistryError> {
-        let mut found = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("#pk = :pk AND #sk BETWEEN :from AND :to")
-                .expression_attribute_names("#pk", PK)
-                .expression_attribute_names("#sk", SK)
-                .expression_attribute_values(":pk", items::s(pk.as_str()))
-                .expression_attribute_values(":from", items::s(range.0))
-                .expression_attribute_values(":to", items::s(range.1))
-                .consistent_read(true)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| failed("Query", e))?;
-            found.extend(out.items.unwrap_or_default());
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return Ok(found);
-            }
-        }
+        self.query_items(pk, Some(SortKeys::Between(range.0, range.1))).await
     }
 
-    async fn items_of(&self, pk: String, prefix: Option<&str>) -> Result<Vec<items::Item>, RegistryError> {
+    async fn query_items(
+        &self,
+        pk: String,
+        keys: Option<SortKeys<'_>>,
+    ) -> Result<Vec<items::Item>, RegistryError> {
         let mut found = Vec::new();
         let mut start = None;
         loop {
@@ -175,11 +170,21 @@ impl DynamoRegistry {
                 .expression_attribute_values(":pk", items::s(pk.as_str()))
                 .consistent_read(true)
                 .set_exclusive_start_key(start);
-            if let Some(prefix) = prefix {
-                query = query
-                    .key_condition_expression("#pk = :pk AND begins_with(#sk, :prefix)")
-                    .expression_attribute_names("#sk", SK)
-                    .expression_attribute_values(":prefix", items::s(prefix));
+            match keys {
+                None => {}
+                Some(SortKeys::Prefix(prefix)) => {
+                    query = query
+                        .key_condition_expression("#pk = :pk AND begins_with(#sk, :prefix)")
+                        .expression_attribute_names("#sk", SK)
+                        .expression_attribute_values(":prefix", items::s(prefix));
+                }
+                Some(SortKeys::Between(from, to)) => {
+                    query = query
+                        .key_condition_expression("#pk = :pk AND #sk BETWEEN :from AND :to")
+                        .expression_attribute_names("#sk", SK)
+                        .expression_attribute_values(":from", items::s(from))
+                        .expression_attribute_values(":to", items::s(to));
+                }
             }
             let out = query.send().await.map_err(|e| failed("Query", e))?;
             found.extend(out.items.unwrap_or_default());
@@ -198,8 +203,9 @@ impl DynamoRegistry {
         items::key(session, format!("{SESSION_SUBSCRIPTION_PREFIX}{id}"))
     }
 
-    /// Adds (`ADD`) or removes (`DELETE`) `session` in the connection's set `attribute`; a
-    /// connection that is gone is left alone, or with `required` refused.
+    /// Adds (`ADD`) or removes (`DELETE`) `session` in the connection's set `attribute` (its
+    /// chats, its session channels); a connection that is gone is left alone, or with
+    /// `required` refused.
     async fn name_session(
         &self,
         id: &str,
@@ -208,16 +214,29 @@ impl DynamoRegistry {
         session: &SessionId,
         required: bool,
     ) -> Result<(), RegistryError> {
+        self.name_in(Self::connection_key(id), verb, attribute, session.as_str(), required).await
+    }
+
+    /// Adds (`ADD`) or removes (`DELETE`) `member` in the set `attribute` of the item at `key`;
+    /// an item that is not there is left alone (not created), or with `required` refused.
+    async fn name_in(
+        &self,
+        key: items::Item,
+        verb: &str,
+        attribute: &str,
+        member: &str,
+        required: bool,
+    ) -> Result<(), RegistryError> {
         let named = self
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(Self::connection_key(id)))
-            .update_expression(format!("{verb} #set :session"))
+            .set_key(Some(key))
+            .update_expression(format!("{verb} #set :member"))
             .condition_expression("attribute_exists(#pk)")
             .expression_attribute_names("#set", attribute)
             .expression_attribute_names("#pk", PK)
-            .expression_attribute_values(":session", AttributeValue::Ss(vec![session.to_string()]))
+            .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_owned()]))
             .send()
             .await;
         match named {
@@ -230,6 +249,76 @@ impl DynamoRegistry {
             }
             Err(e) => Err(failed("UpdateItem", e)),
         }
+    }
+
+    /// The item of AHP client `client_id` (its `clientId`, one per VS Code window): the
+    /// connections it holds open and the sessions it is active in, so the end of its last
+    /// connection finds where it leaves.
+    fn client_key(client_id: &str) -> items::Item {
+        [(PK.to_owned(), items::s(format!("K#{client_id}"))), (SK.to_owned(), items::s(CLIENT_ITEM))].into()
+    }
+
+    /// Adds `member` to client `client_id`'s set `attribute`, creating its item; the item is
+    /// kept a connection's lifetime from now.
+    async fn add_to_client(
+        &self,
+        client_id: &str,
+        attribute: &str,
+        member: &str,
+    ) -> Result<(), RegistryError> {
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::client_key(client_id)))
+            .update_expression("ADD #set :member SET #ttl = :ttl")
+            .expression_attribute_names("#set", attribute)
+            .expression_attribute_names("#ttl", TTL)
+            .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_owned()]))
+            .expression_attribute_values(":ttl", Self::expiry(None))
+            .send()
+            .await
+            .map_err(|e| failed("UpdateItem", e))?;
+        Ok(())
+    }
+
+    /// Connection `id` of client `client_id` ended: the client's departure when it holds no
+    /// other connection open.
+    async fn leave_client(&self, client_id: &str, id: &str) -> Result<Option<Departure>, RegistryError> {
+        let at = u64::try_from(SystemClock.now().0).unwrap_or(0);
+        let left = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::client_key(client_id)))
+            .update_expression("DELETE #open :id SET #gone = :at")
+            .condition_expression("attribute_exists(#pk)")
+            .expression_attribute_names("#open", OPEN)
+            .expression_attribute_names("#gone", GONE_AT)
+            .expression_attribute_names("#pk", PK)
+            .expression_attribute_values(":id", AttributeValue::Ss(vec![id.to_owned()]))
+            .expression_attribute_values(":at", items::n(at))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
+            .send()
+            .await;
+        let item = match left {
+            Ok(out) => out.attributes.unwrap_or_default(),
+            // A client never recorded (or forgotten by the table's TTL) is active nowhere.
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(failed("UpdateItem", e)),
+        };
+        // DynamoDB removes a set whose last member is deleted.
+        if item.contains_key(OPEN) {
+            return Ok(None);
+        }
+        let sessions = match item.get(ACTIVE_IN) {
+            Some(AttributeValue::Ss(sessions)) => {
+                sessions.iter().map(|s| SessionId::from(s.as_str())).collect()
+            }
+            _ => Vec::new(),
+        };
+        Ok(Some(Departure { client_id: client_id.to_owned(), at, sessions }))
     }
 
     /// Writes `item` whole.
@@ -310,6 +399,13 @@ impl DynamoRegistry {
             Err(e) => Err(failed("UpdateItem", e)),
         }
     }
+}
+
+/// Which sort keys of a partition a query reads.
+#[derive(Clone, Copy)]
+enum SortKeys<'a> {
+    Prefix(&'a str),
+    Between(&'a str, &'a str),
 }
 
 /// A chat subscription item as its subscriber (`None` for any other item).
@@ -408,7 +504,8 @@ impl Registry for DynamoRegistry {
     }
 
     async fn set_client(&self, id: &str, client_id: &str, uri_style: UriStyle) -> Result<(), RegistryError> {
-        self.client
+        let before = self
+            .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(Self::connection_key(id)))
@@ -419,10 +516,16 @@ impl Registry for DynamoRegistry {
             .expression_attribute_names("#pk", PK)
             .expression_attribute_values(":c", items::s(client_id))
             .expression_attribute_values(":u", items::s(uri_style.name()))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedOld)
             .send()
             .await
             .map_err(|e| failed("UpdateItem", e))?;
-        Ok(())
+        // A connection that introduced itself as another client before is that one's no more.
+        let previous = before.attributes.as_ref().and_then(|old| items::get_s(old, CLIENT_ID));
+        if let Some(previous) = previous.filter(|p| *p != client_id) {
+            self.name_in(Self::client_key(previous), "DELETE", OPEN, id, false).await?;
+        }
+        self.add_to_client(client_id, OPEN, id).await
     }
 
     async fn renew(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
@@ -506,6 +609,7 @@ impl Registry for DynamoRegistry {
             .send()
             .await
             .map_err(|e| failed("UpdateItem", e))?;
+        self.add_to_client(&client.client_id, ACTIVE_IN, session.as_str()).await?;
         // The session keeps its latest `most`: the oldest beyond them leave.
         let known = self.active_items(session).await?;
         for (_, item) in known.iter().take(known.len().saturating_sub(most)) {
@@ -523,10 +627,10 @@ impl Registry for DynamoRegistry {
             .send()
             .await
             .map_err(|e| failed("DeleteItem", e))?;
-        Ok(())
+        self.name_in(Self::client_key(client_id), "DELETE", ACTIVE_IN, session.as_str(), false).await
     }
 
-    async fn disconnect(&self, id: &str) -> Result<(), RegistryError> {
+    async fn disconnect(&self, id: &str) -> Result<Option<Departure>, RegistryError> {
         // One read of the connection: whose count it is in, and the chats it subscribed to.
         let record = self.connection(id).await?;
         if let Some(key) = record.as_ref().and_then(|r| r.caller.key()) {
@@ -538,6 +642,7 @@ impl Registry for DynamoRegistry {
                 .await
                 .map_err(|e| failed("DeleteItem", e))?;
         }
+        let client_id = record.as_ref().map(|r| r.client_id.clone()).filter(|c| !c.is_empty());
         self.unsubscribe_listed(id, record).await?;
         self.client
             .delete_item()
@@ -546,7 +651,24 @@ impl Registry for DynamoRegistry {
             .send()
             .await
             .map_err(|e| failed("DeleteItem", e))?;
-        Ok(())
+        match client_id {
+            Some(client_id) => self.leave_client(&client_id, id).await,
+            None => Ok(None),
+        }
+    }
+
+    async fn departed(&self, client_id: &str, at: u64) -> Result<bool, RegistryError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::client_key(client_id)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| failed("GetItem", e))?;
+        // No item: the client was forgotten (the table's TTL), with no connection open.
+        Ok(out.item.is_none_or(|item| !item.contains_key(OPEN) && items::get_u64(&item, GONE_AT) == Some(at)))
     }
 
     async fn subscribe(
@@ -558,18 +680,7 @@ impl Registry for DynamoRegistry {
     ) -> Result<(), RegistryError> {
         // The connection names the session first, so a disconnect always finds the
         // subscription; a connection that is gone is not subscribed.
-        self.client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::connection_key(id)))
-            .update_expression("ADD #chats :chat")
-            .condition_expression("attribute_exists(#pk)")
-            .expression_attribute_names("#chats", CHATS)
-            .expression_attribute_names("#pk", PK)
-            .expression_attribute_values(":chat", AttributeValue::Ss(vec![session.to_string()]))
-            .send()
-            .await
-            .map_err(|e| failed("UpdateItem", e))?;
+        self.name_session(id, "ADD", CHATS, session, true).await?;
         let mut item = Self::subscription_key(id, session);
         item.insert(SERVER_SEQ.to_owned(), items::n(server_seq));
         if let Some(at) = expires_at {
@@ -588,25 +699,7 @@ impl Registry for DynamoRegistry {
             .await
             .map_err(|e| failed("DeleteItem", e))?;
         // A connection already gone has nothing to forget.
-        let forgotten = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::connection_key(id)))
-            .update_expression("DELETE #chats :chat")
-            .condition_expression("attribute_exists(#pk)")
-            .expression_attribute_names("#chats", CHATS)
-            .expression_attribute_names("#pk", PK)
-            .expression_attribute_values(":chat", AttributeValue::Ss(vec![session.to_string()]))
-            .send()
-            .await;
-        match forgotten {
-            Ok(_) => Ok(()),
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
-                Ok(())
-            }
-            Err(e) => Err(failed("UpdateItem", e)),
-        }
+        self.name_session(id, "DELETE", CHATS, session, false).await
     }
 
     async fn unsubscribe_all(&self, id: &str) -> Result<(), RegistryError> {

@@ -73,7 +73,12 @@ impl Scheduler {
     /// Schedules `wake_up` for `delay` from now.
     pub async fn schedule(&self, wake_up: &WakeUp, delay: Duration) -> Result<(), AwsError> {
         let due = self.clock.now().plus_ms(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX));
-        let name = schedule_name(&wake_up.session_id, due);
+        // A client's departure is a wake-up of its own, not the session's (which a schedule
+        // due the same second would otherwise be taken for, and dropped).
+        let name = match &wake_up.departed {
+            Some(departed) => schedule_name(&format!("{}\0{}", wake_up.session_id, departed.client_id), due),
+            None => schedule_name(&wake_up.session_id, due),
+        };
         let failed = |message: String| AwsError::Schedule { name: name.clone(), message };
         let window = FlexibleTimeWindow::builder()
             .mode(FlexibleTimeWindowMode::Off)

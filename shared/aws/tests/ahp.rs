@@ -319,8 +319,14 @@ impl World {
             })
             .collect();
         let event: SqsEvent = serde_json::from_value(json!({ "Records": records })).unwrap();
-        let response =
-            turnstone_lambda::sqs::handle_batch(&self.dispatch.engine.dispatcher, event, None, None).await;
+        let response = turnstone_lambda::sqs::handle_batch(
+            &self.dispatch.engine.dispatcher,
+            event,
+            None,
+            None,
+            self.dispatch.ahp.as_deref(),
+        )
+        .await;
         assert!(response.batch_item_failures.is_empty(), "the runs succeed");
         for delivery in &deliveries {
             self.queue.ack(delivery).await.unwrap();
@@ -975,6 +981,54 @@ async fn active_clients_hold_across_functions() {
     let params = json!({"channel": "ahp-session:/ac", "clientSeq": 2, "action": removed});
     world.request_on(true, "ac1", "dispatchAction", params).await;
     let subscribed = world.request("ac1", "subscribe", json!({"channel": "ahp-session:/ac"})).await;
+    assert_eq!(subscribed["result"]["snapshot"]["state"]["activeClients"], json!([]), "{subscribed}");
+}
+
+/// A client whose last connection ends leaves the sessions it is active in after
+/// `active_client_grace_secs`, told to their channels' subscribers by the `dispatch` function
+/// that the queue wakes then: unless it connected again meanwhile, on any container.
+#[tokio::test]
+async fn a_client_gone_past_its_grace_leaves_its_sessions() {
+    let world = World::with_config(&format!("{CONFIG}\n[limits]\nactive_client_grace_secs = 1\n")).await;
+    let bearer = format!("Bearer {KEY}");
+    for connection in ["window", "observer"] {
+        assert_eq!(world.event(connect_event(connection, Some(&bearer))).await, 200);
+    }
+    world.request("window", "initialize", initialize()).await;
+    let mut observer = initialize();
+    observer["clientId"] = json!("observer-client");
+    world.request("observer", "initialize", observer).await;
+    for session in ["ahp-session:/d1", "ahp-session:/d2"] {
+        let active = json!({"clientId": "test-client", "tools": []});
+        let params = json!({"channel": session, "provider": "helper", "activeClient": active});
+        assert_eq!(world.request("window", "createSession", params).await["result"], Value::Null);
+        world.request("observer", "subscribe", json!({"channel": session})).await;
+    }
+    let left = |session: &str| {
+        envelopes_on(&world.management.frames_of("observer"), session)
+            .iter()
+            .any(|e| e["action"] == json!({"type": "session/activeClientRemoved", "clientId": "test-client"}))
+    };
+
+    // Back on another container within the grace: it stays.
+    assert_eq!(world.event(disconnect_event("window")).await, 200);
+    assert_eq!(world.event_on(true, connect_event("window2", Some(&bearer))).await, 200);
+    world.request_on(true, "window2", "initialize", initialize()).await;
+    world.dispatch().await;
+    assert!(!left("ahp-session:/d1") && !left("ahp-session:/d2"));
+
+    // Gone for good: it leaves both, once the grace is over.
+    assert_eq!(world.event_on(true, disconnect_event("window2")).await, 200);
+    assert!(!left("ahp-session:/d1"), "not before the grace is over");
+    // A batch may hold some of the wake-ups due (the first visit's come late are no-ops).
+    for _ in 0..4 {
+        world.dispatch().await;
+        if left("ahp-session:/d1") && left("ahp-session:/d2") {
+            break;
+        }
+    }
+    assert!(left("ahp-session:/d1") && left("ahp-session:/d2"));
+    let subscribed = world.request("observer", "subscribe", json!({"channel": "ahp-session:/d2"})).await;
     assert_eq!(subscribed["result"]["snapshot"]["state"]["activeClients"], json!([]), "{subscribed}");
 }
 

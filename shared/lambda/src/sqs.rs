@@ -16,7 +16,9 @@ use std::time::Duration;
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use futures_util::StreamExt;
 use turnstone_aws::SqsQueue;
+use turnstone_engine::ids::SessionId;
 use turnstone_engine::time::Timestamp;
+use turnstone_runtime::ahp::Pushes;
 use turnstone_runtime::dispatch::Dispatcher;
 use turnstone_runtime::queue::WakeUp;
 
@@ -43,6 +45,7 @@ pub async fn handle_batch(
     event: SqsEvent,
     deadline: Option<Timestamp>,
     queue: Option<&SqsQueue>,
+    ahp: Option<&Pushes>,
 ) -> SqsBatchResponse {
     let mut failed: Vec<String> = Vec::new();
     // Records that are not wake-ups: they come back at once, so after the redrive limit they
@@ -50,6 +53,8 @@ pub async fn handle_batch(
     let mut poisoned: Vec<String> = Vec::new();
     // Message ids by session, in arrival order.
     let mut sessions: BTreeMap<String, (WakeUp, Vec<String>)> = BTreeMap::new();
+    // AHP clients' departures due (not runs of their sessions), with their message ids.
+    let mut departures: Vec<(WakeUp, String)> = Vec::new();
     // Receipt handle and receive count by message id.
     let mut receipts: BTreeMap<String, (String, u32)> = BTreeMap::new();
     for record in event.records {
@@ -60,6 +65,7 @@ pub async fn handle_batch(
             receipts.insert(message_id.clone(), (receipt, count));
         }
         match record.body.as_deref().map(WakeUp::from_body) {
+            Some(Ok(wake_up)) if wake_up.departed.is_some() => departures.push((wake_up, message_id)),
             Some(Ok(wake_up)) => match sessions.get_mut(&wake_up.session_id) {
                 Some((merged, message_ids)) => {
                     merged.merge(&wake_up);
@@ -121,6 +127,20 @@ pub async fn handle_batch(
         never = renew => match never {},
     };
     failed.extend(runs.into_iter().flatten());
+    for (wake_up, message_id) in departures {
+        let (Some(departed), Some(ahp)) = (&wake_up.departed, ahp) else {
+            tracing::warn!(
+                message_id,
+                "an AHP client's departure came to a dispatch function without AHP; dropped"
+            );
+            continue;
+        };
+        let session = SessionId::from(wake_up.session_id.as_str());
+        if let Err(e) = ahp.depart(&session, departed).await {
+            tracing::warn!(%session, client_id = departed.client_id, error = %e, "an AHP client's departure failed; it comes back");
+            failed.push(message_id);
+        }
+    }
     if let Some(queue) = queue {
         let back =
             failed.iter().map(|id| (id, None)).chain(poisoned.iter().map(|id| (id, Some(Duration::ZERO))));
@@ -168,13 +188,15 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub async fn run_dispatch(
     dispatcher: std::sync::Arc<Dispatcher>,
     queue: SqsQueue,
+    ahp: Option<std::sync::Arc<Pushes>>,
 ) -> Result<(), lambda_runtime::Error> {
     lambda_runtime::run(lambda_runtime::service_fn(move |event: lambda_runtime::LambdaEvent<SqsEvent>| {
-        let (dispatcher, queue) = (std::sync::Arc::clone(&dispatcher), queue.clone());
+        let (dispatcher, queue, ahp) = (std::sync::Arc::clone(&dispatcher), queue.clone(), ahp.clone());
         async move {
             // Lambda's deadline: milliseconds since the epoch, as the clock's.
             let deadline = i64::try_from(event.context.deadline).ok().map(Timestamp);
-            let response = handle_batch(&dispatcher, event.payload, deadline, Some(&queue)).await;
+            let response =
+                handle_batch(&dispatcher, event.payload, deadline, Some(&queue), ahp.as_deref()).await;
             crate::emit_metrics(dispatcher.app());
             Ok::<_, lambda_runtime::Error>(response)
         }

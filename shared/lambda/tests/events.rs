@@ -158,7 +158,7 @@ async fn the_api_answers_an_http_api_request_and_the_dispatch_batch_runs_the_tur
         sqs_record("m-2", &body),
     ]}))
     .unwrap();
-    let response = handle_batch(&f.engine.dispatcher, event, None, None).await;
+    let response = handle_batch(&f.engine.dispatcher, event, None, None, None).await;
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     let (_, turn) =
         call_api(&f.engine, &http_api_event("GET", "/v1/sessions/s1/turns/t1", "wait=5", None)).await;
@@ -195,7 +195,7 @@ async fn a_poisoned_record_is_a_partial_batch_failure_and_the_others_run() {
         sqs_record("m-shape", r#"{"session": "b"}"#),
     ]}))
     .unwrap();
-    let response = handle_batch(&f.engine.dispatcher, event, None, None).await;
+    let response = handle_batch(&f.engine.dispatcher, event, None, None, None).await;
     let mut failed: Vec<&str> =
         response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     failed.sort_unstable();
@@ -232,7 +232,7 @@ async fn one_batch_merges_a_sessions_wake_ups() {
     ]}))
     .unwrap();
     assert_eq!(f.queue.sessions(), 0);
-    let response = handle_batch(&f.engine.dispatcher, event, None, None).await;
+    let response = handle_batch(&f.engine.dispatcher, event, None, None, None).await;
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     assert_eq!(f.queue.sessions(), 1, "a later look for the announced commit is armed");
 }
@@ -247,7 +247,7 @@ async fn a_record_without_a_message_id_never_fails_the_batch() {
     let event: SqsEvent =
         serde_json::from_value(json!({"Records": [nameless, sqs_record("m-poison", "not one either")]}))
             .unwrap();
-    let response = handle_batch(&f.engine.dispatcher, event, None, None).await;
+    let response = handle_batch(&f.engine.dispatcher, event, None, None, None).await;
     let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     assert_eq!(failed, ["m-poison"]);
 }
@@ -273,7 +273,8 @@ async fn a_run_hands_back_what_its_deadline_leaves_no_time_for() {
         serde_json::from_value(json!({"Records": [sqs_record(id, &body)]})).unwrap()
     };
     let now = turnstone_runtime::clock::Clock::now(&turnstone_runtime::clock::SystemClock);
-    let response = handle_batch(&f.engine.dispatcher, batch("d-1"), Some(now.plus_ms(1_000)), None).await;
+    let response =
+        handle_batch(&f.engine.dispatcher, batch("d-1"), Some(now.plus_ms(1_000)), None, None).await;
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     assert!(
         f.engine.app.session("d").await.unwrap().calls().iter().any(|c| c.name() == Some("helper")),
@@ -288,7 +289,7 @@ async fn a_run_hands_back_what_its_deadline_leaves_no_time_for() {
     let body = serde_json::to_string(&handed_back[0].wake_up).unwrap();
     let event: SqsEvent = serde_json::from_value(json!({"Records": [sqs_record("d-2", &body)]})).unwrap();
     let later = turnstone_runtime::clock::Clock::now(&turnstone_runtime::clock::SystemClock).plus_ms(600_000);
-    handle_batch(&f.engine.dispatcher, event, Some(later), None).await;
+    handle_batch(&f.engine.dispatcher, event, Some(later), None, None).await;
     let listed = f.engine.app.store().list_sessions(&Default::default(), None, 10).await.unwrap().items.len();
     assert_eq!(listed, 2, "the child exists now");
 }

@@ -747,6 +747,11 @@ impl App {
         }
     }
 
+    /// Enqueues `wake_up` to be delivered after `delay`.
+    pub(crate) async fn enqueue(&self, wake_up: WakeUp, delay: Duration) -> Result<()> {
+        self.queue.send(wake_up, delay).await.map_err(Error::from)
+    }
+
     /// Enqueues a wake-up for `session_id` now.
     pub(crate) async fn wake(&self, session_id: &str, reason: &str) -> Result<()> {
         self.queue.send(WakeUp::new(session_id, reason), Duration::ZERO).await.map_err(Error::from)

@@ -20,12 +20,25 @@ pub struct WakeUp {
     /// that finds the session shorter waits for the commit to land.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
+    /// Not a run of the session: an AHP client whose last connection ended may leave the
+    /// session's active clients, unless it has connected since ([`Departed`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub departed: Option<Departed>,
+}
+
+/// An AHP client that had no connection left at `at` (epoch milliseconds): behind API Gateway,
+/// where no process outlives a connection to wait out `[limits] active_client_grace_secs`, the
+/// queue carries that wait.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Departed {
+    pub client_id: String,
+    pub at: u64,
 }
 
 impl WakeUp {
     /// "Look at `session_id`", for `reason`.
     pub fn new(session_id: impl Into<String>, reason: impl Into<String>) -> Self {
-        WakeUp { session_id: session_id.into(), reason: reason.into(), seq: None }
+        WakeUp { session_id: session_id.into(), reason: reason.into(), seq: None, departed: None }
     }
 
     /// One wake-up standing for `self` and `other` (a queue that keeps one per session): it

@@ -528,6 +528,7 @@ impl Deployed {
             template_timeout: dispatch.timeout,
             dispatcher: Arc::clone(&dispatch.deployment.engine.dispatcher),
             queue: dispatch.deployment.queue.clone(),
+            ahp: dispatch.deployment.ahp.clone(),
             kills: Mutex::new(VecDeque::new()),
             throttles: Mutex::new(VecDeque::new()),
             last_fault: Mutex::new(None),
@@ -857,6 +858,8 @@ struct EventSource {
     dispatcher: Arc<Dispatcher>,
     /// The dispatch function's queue, which leases the batch's messages.
     queue: SqsQueue,
+    /// The dispatch function's pushes to AHP connections (which its departures go through).
+    ahp: Option<Arc<turnstone_runtime::ahp::Pushes>>,
     /// Faults to come: each kills one invocation that long after it starts.
     kills: Mutex<VecDeque<Duration>>,
     /// Faults to come: each throttles one invocation that long.
@@ -932,6 +935,7 @@ impl EventSource {
                 event,
                 Some(Timestamp(deadline)),
                 Some(&self.queue),
+                self.ahp.as_deref(),
             );
             let kill = self.kills.lock().unwrap().pop_front();
             self.invocations.fetch_add(1, Ordering::Relaxed);

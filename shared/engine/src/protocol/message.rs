@@ -94,6 +94,14 @@ impl Content {
 }
 
 impl ContentPart {
+    /// The part as a line of text: a text part's text, any other named by its kind (`[image_url]`).
+    pub fn summary(&self) -> String {
+        match self {
+            ContentPart::Text { text } => text.clone(),
+            other => format!("[{}]", other.kind()),
+        }
+    }
+
     /// The part's `type` on the wire: `text`, `image_url`, `file`, `input_audio`, `video_url`.
     pub fn kind(&self) -> &'static str {
         match self {

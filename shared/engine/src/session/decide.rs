@@ -382,14 +382,7 @@ impl CallValue {
     pub fn text(&self) -> String {
         match self {
             CallValue::Text(text) => text.clone(),
-            CallValue::Parts(parts) => parts
-                .iter()
-                .map(|part| match part {
-                    ContentPart::Text { text } => text.clone(),
-                    other => format!("[{}]", other.kind()),
-                })
-                .collect::<Vec<_>>()
-                .join("\n"),
+            CallValue::Parts(parts) => parts.iter().map(ContentPart::summary).collect::<Vec<_>>().join("\n"),
             CallValue::Llm(response) => response.content.clone().unwrap_or_default(),
         }
     }

@@ -15,7 +15,8 @@
 //! container, so there the entries are recorded in the connections' [`Registry`] as well, and
 //! read from it: a turn started on any container offers the tools its client set on another. VS Code never removes its own entry: a client that has had
 //! no connection for `[limits] active_client_grace_secs` (a reconnect within it keeps its
-//! place) leaves every session it joined, told as `session/activeClientRemoved`.
+//! place) leaves every session it joined, told as `session/activeClientRemoved`; behind API
+//! Gateway the wake-up queue carries that wait ([`super::departure`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -79,6 +79,7 @@
 mod active_clients;
 mod channels;
 mod connection;
+mod departure;
 mod dispatch;
 mod methods;
 mod origins;

@@ -120,6 +120,9 @@ pub struct Pushes {
     pub(crate) registry: Arc<dyn Registry>,
     pub(crate) frames: Arc<dyn Frames>,
     feeds: Mutex<HashMap<SessionId, Arc<tokio::sync::Mutex<Cached>>>>,
+    /// Whose catalog lists each session this process committed lately as a chat (a
+    /// sub-agent's parent, a fork's source): its session channel hears what the chat waits for.
+    chats_of: Mutex<HashMap<SessionId, SessionId>>,
 }
 
 /// A session's chat feed as far as this process projected it, and its latest actions.
@@ -160,7 +163,28 @@ struct Live {
 
 impl Pushes {
     pub fn new(registry: Arc<dyn Registry>, frames: Arc<dyn Frames>) -> Arc<Self> {
-        Arc::new(Pushes { host: OnceLock::new(), registry, frames, feeds: Mutex::new(HashMap::new()) })
+        Arc::new(Pushes {
+            host: OnceLock::new(),
+            registry,
+            frames,
+            feeds: Mutex::new(HashMap::new()),
+            chats_of: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Records that session `chat` is a chat of session `of`'s catalog (told by each commit
+    /// of it that shows, before its push reads it).
+    fn note_chat_of(&self, chat: &SessionId, of: &SessionId) {
+        // Only a cache lives here: a poisoned map is still a usable one.
+        let mut chats_of = self.chats_of.lock().unwrap_or_else(|p| p.into_inner());
+        if chats_of.len() >= FEEDS && !chats_of.contains_key(chat) {
+            chats_of.clear();
+        }
+        chats_of.insert(chat.clone(), of.clone());
+    }
+
+    fn chat_of(&self, chat: &SessionId) -> Option<SessionId> {
+        self.chats_of.lock().unwrap_or_else(|p| p.into_inner()).get(chat).cloned()
     }
 
     /// The AHP host of `app`, made once: the app's notifier holds these pushes, so the host
@@ -206,9 +230,18 @@ impl Pushes {
     pub(crate) async fn push(&self, session: &SessionId) -> std::result::Result<(), PushError> {
         let Some(host) = self.host() else { return Ok(()) };
         let (subscribers, channels) = self.registry.watchers(session).await?;
+        // A sub-agent's or a fork's waits are its parent's (or source's) too, as on the local
+        // host: that session channel's subscribers, one more query for such chats only.
+        let catalog = match self.chat_of(session) {
+            Some(of) => {
+                let channels = self.registry.session_subscribers(&of).await?;
+                (!channels.is_empty()).then_some((of, channels))
+            }
+            None => None,
+        };
         let entry = self.entry(session);
         let mut cached = entry.lock().await;
-        if subscribers.is_empty() && channels.is_empty() {
+        if subscribers.is_empty() && channels.is_empty() && catalog.is_none() {
             // Followers left with everyone else: the stream's copy is of no more use.
             cached.stream = None;
             return Ok(());
@@ -216,12 +249,18 @@ impl Pushes {
         // What the chat waits for before and after the commit: its session channel's
         // `inputNeeded` (unknown before on a cold feed: its entries are told again, which a
         // client takes as the same entry set anew).
-        let waited = cached.feed.as_ref().map(|f| turnstone_ahp::input_needed(f.projection.chat()));
+        let waits =
+            |cached: &Cached| cached.feed.as_ref().map(|f| turnstone_ahp::input_needed(f.projection.chat()));
+        let told = !channels.is_empty() || catalog.is_some();
+        let waited = if told { waits(&cached) } else { None };
         cached.catch_up(&host.app, session, None).await?;
-        if !channels.is_empty() {
-            let waits = cached.feed.as_ref().map(|f| turnstone_ahp::input_needed(f.projection.chat()));
-            for action in input_needed_changes(waited.unwrap_or_default(), waits.unwrap_or_default()) {
+        if told {
+            for action in input_needed_changes(waited.unwrap_or_default(), waits(&cached).unwrap_or_default())
+            {
                 self.tell(&channels, session, &action, None).await?;
+                if let Some((of, channels)) = &catalog {
+                    self.tell(channels, of, &action, None).await?;
+                }
             }
         }
         let end = cached.end();
@@ -588,7 +627,7 @@ impl Pushes {
         }
         let posted = self.frames.post(connection, frame).await?;
         if posted == Posted::Gone {
-            self.registry.disconnect(connection).await?;
+            self.forget(connection).await?;
         }
         Ok(posted)
     }
@@ -597,7 +636,7 @@ impl Pushes {
     /// closed where the frames' way out can close it.
     pub(crate) async fn gone(&self, connection: &str) -> std::result::Result<(), RegistryError> {
         tracing::info!(connection, "an AHP connection's token expired: it is pushed nothing more");
-        self.registry.disconnect(connection).await?;
+        self.forget(connection).await?;
         if let Err(e) = self.frames.close(connection).await {
             // Its records are gone: whatever it sends next is dropped.
             tracing::warn!(connection, error = %e, "an AHP connection whose token expired could not be closed");
@@ -969,13 +1008,19 @@ impl Notifier for Pusher {
     /// chats ([`Pushes::tell_catalog`]).
     fn root(&self, notice: RootNotice) {
         self.inner.root(notice.clone());
+        if let RootNotice::SummaryChanged(changed) = &notice
+            && let Some(of) = &changed.chat_of
+        {
+            self.pushes.note_chat_of(&changed.session_id, of);
+        }
         let (to_root, to_catalog) = match &notice {
             RootNotice::SummaryChanged(changed) => {
                 // News when the commit changed the status or set the title: subscribers are
                 // read at a turn's start and end and a rename, not at every step.
                 let news = changed.status_changed || changed.titled;
-                let catalog =
-                    news || (changed.created && changed.chat_of.is_some()) || !changed.forks.is_empty();
+                let catalog = changed.status_changed
+                    || (changed.created && changed.chat_of.is_some())
+                    || !changed.forks.is_empty();
                 (
                     news && changed.chat_of.is_none() && !changed.created,
                     catalog.then(|| (changed.clone(), changed.status_changed)),

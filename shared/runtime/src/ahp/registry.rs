@@ -70,6 +70,16 @@ pub struct RootSubscriber {
     pub uri_style: UriStyle,
 }
 
+/// A client whose last connection ended (at `at`, epoch milliseconds), and the sessions it
+/// is active in: it leaves them after `[limits] active_client_grace_secs` unless it connects
+/// again meanwhile ([`Registry::departed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Departure {
+    pub client_id: String,
+    pub at: u64,
+    pub sessions: Vec<SessionId>,
+}
+
 /// A registry could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[error("connection registry: {0}")]
@@ -91,7 +101,7 @@ pub trait Registry: Send + Sync + 'static {
     async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError>;
 
     /// Records connection `id`'s client (`initialize`, `reconnect`): its id and how it spells
-    /// session URIs.
+    /// session URIs; the client counts the connection among its open ones.
     async fn set_client(&self, id: &str, client_id: &str, uri_style: UriStyle) -> Result<(), RegistryError>;
 
     /// Records that connection `id` goes on as `caller` (the identity it connected as, with a
@@ -114,8 +124,13 @@ pub trait Registry: Send + Sync + 'static {
     /// Removes client `client_id` from `session`'s active clients.
     async fn remove_active_client(&self, session: &SessionId, client_id: &str) -> Result<(), RegistryError>;
 
-    /// Removes connection `id` and all its subscriptions (the root channel's too).
-    async fn disconnect(&self, id: &str) -> Result<(), RegistryError>;
+    /// Removes connection `id` and all its subscriptions (the root channel's too): its
+    /// client's departure when that was the client's last open connection.
+    async fn disconnect(&self, id: &str) -> Result<Option<Departure>, RegistryError>;
+
+    /// Whether client `client_id` has had no connection since its departure at `at` (no
+    /// connection of it is open, and none ended later).
+    async fn departed(&self, client_id: &str, at: u64) -> Result<bool, RegistryError>;
 
     /// Records connection `id`'s subscription to session `session`'s chat at `server_seq`
     /// (replacing one it held), with its caller's expiry ([`Subscriber::expires_at`]).

@@ -175,9 +175,10 @@ impl Gateway {
         self.pushes.gone(connection_id).await
     }
 
-    /// `$disconnect`: removes the connection and its subscriptions.
+    /// `$disconnect`: removes the connection and its subscriptions (its client's last: the
+    /// client leaves its sessions after the grace, [`super::departure`]).
     pub async fn disconnect(&self, connection_id: &str) -> Result<(), RegistryError> {
-        self.pushes.registry.disconnect(connection_id).await
+        self.pushes.forget(connection_id).await
     }
 }
 
