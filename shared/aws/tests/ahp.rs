@@ -513,6 +513,42 @@ async fn an_oversized_replay_is_split_under_the_frame_limit() {
     assert_eq!(copy.chat, world.chat("big").await, "the replayed copy equals GET .../chat");
 }
 
+/// A client back with a session channel among its subscriptions gets snapshots: no function
+/// keeps what it held of the channel, so a replay of its chat alone would leave a rename made
+/// while it was away unseen.
+#[tokio::test]
+async fn a_reconnect_with_a_session_channel_answers_snapshots() {
+    let world = World::new().await;
+    let key = format!("Bearer {KEY}");
+    assert_eq!(world.event(connect_event("c1", Some(&key))).await, 200);
+    world.request("c1", "initialize", initialize()).await;
+    world.request("c1", "createSession", json!({"channel": "ahp-session:/rs", "provider": "helper"})).await;
+    let subscribed = world.request("c1", "subscribe", json!({"channel": "ahp-chat:/rs"})).await;
+    let copy = Copy::from_snapshot(&subscribed["result"]["snapshot"]);
+    world.request("c1", "subscribe", json!({"channel": "ahp-session:/rs"})).await;
+    assert_eq!(world.event(disconnect_event("c1")).await, 200);
+
+    // Renamed while away, by another window.
+    assert_eq!(world.event(connect_event("c2", Some(&key))).await, 200);
+    world.request("c2", "initialize", initialize()).await;
+    let renamed = json!({"type": "session/titleChanged", "title": "Renamed while away"});
+    let params = json!({"channel": "ahp-session:/rs", "clientSeq": 1, "action": renamed});
+    world.request("c2", "dispatchAction", params).await;
+
+    assert_eq!(world.event(connect_event("c3", Some(&key))).await, 200);
+    let params = json!({
+        "channel": ROOT_RESOURCE_URI,
+        "clientId": "test-client",
+        "lastSeenServerSeq": copy.last_seq,
+        "subscriptions": ["ahp-chat:/rs", "ahp-session:/rs"]
+    });
+    let reconnected = world.request("c3", "reconnect", params).await;
+    assert_eq!(reconnected["result"]["type"], "snapshot", "{reconnected}");
+    let snapshots = reconnected["result"]["snapshots"].as_array().unwrap();
+    let session = snapshots.iter().find(|s| s["resource"] == "ahp-session:/rs").expect("the session's");
+    assert_eq!(session["state"]["title"], "Renamed while away", "{session}");
+}
+
 /// The `type` of every `action` among `frames`, in order.
 fn action_types(frames: &[Value]) -> Vec<String> {
     frames

@@ -37,14 +37,17 @@
 //!   on any channel; a per-connection ledger turns that number back into a position in each
 //!   chat, so `reconnect` replays every subscribed chat from its own point.
 //! - **Behind API Gateway** every function pushes, so `serverSeq` is the position itself
-//!   ([`push`]), and `reconnect` replays only for a client subscribed to one chat.
+//!   ([`push`]), and `reconnect` replays only for a client subscribed to one chat and no
+//!   session channel (others get snapshots).
 //!
 //! The root channel carries no actions here, only notifications (`root/sessionAdded`,
 //! `root/sessionRemoved`, `root/sessionSummaryChanged`), which AHP never replays. A session
-//! channel carries its active clients' comings and goings ([`active_clients`]), its title and
-//! the forks added to its catalog of chats (`session/chatAdded`); they have no position in a log, so a session snapshot has `fromSeq`
-//! 0, and a replay brings none of them: a session channel's change a client missed while away
-//! shows in its next snapshot of the session.
+//! channel carries its active clients' comings and goings ([`active_clients`]), its title, its
+//! catalog of chats (`session/chatAdded`, `session/chatUpdated`) and what they wait for
+//! (`inputNeeded`); they have no position in a log, so a session snapshot has `fromSeq` 0. On
+//! the local host a replay brings what each session channel missed (the ledger holds the
+//! session as the client held it, [`session_replay`]); behind API Gateway, where no function
+//! keeps that, a client subscribed to a session channel reconnects to snapshots.
 //!
 //! Origins (`clientId`, `clientSeq`) of accepted client actions are kept in memory
 //! ([`origins`]): a replay from the log or another host echoes those actions without one.

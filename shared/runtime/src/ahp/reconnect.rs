@@ -5,7 +5,8 @@
 //! subscription otherwise. On the
 //! local host the number is the host's ([`super::sequence`]): the ledger of the client's last
 //! connection turns it into a position per chat. Behind API Gateway it is one chat's position
-//! (the scheme is in [`super`]'s doc), so a replay needs exactly one subscribed chat.
+//! (the scheme is in [`super`]'s doc), so a replay needs exactly one subscribed chat and no
+//! session channel (what a session channel's subscriber holds is kept nowhere there).
 
 use std::collections::HashMap;
 
@@ -115,15 +116,19 @@ fn chats(channels: &[(Uri, Channel)]) -> impl Iterator<Item = (&Uri, &SessionId)
 }
 
 /// What each subscribed session channel missed, as envelopes on it: `None` when the client's
-/// copy of one is not known (a snapshot then starts it afresh). Behind API Gateway, where
-/// nothing is pushed on session channels, none is replayed.
+/// copy of one is not known (a snapshot then starts it afresh). Behind API Gateway no
+/// function keeps what a session channel's subscriber was sent, so a client subscribed to one
+/// gets snapshots.
 async fn sessions_missed(
     host: &AhpHost,
     caller: &Caller,
     channels: &[(Uri, Channel)],
     numbering: &Numbering<'_>,
 ) -> Result<Option<Vec<ActionEnvelope>>, RpcError> {
-    let Numbering::Host { ledger, previous, .. } = numbering else { return Ok(Some(Vec::new())) };
+    let Numbering::Host { ledger, previous, .. } = numbering else {
+        let sessions = channels.iter().any(|(_, c)| matches!(c, Channel::Session { .. }));
+        return Ok((!sessions).then(Vec::new));
+    };
     let mut envelopes = Vec::new();
     for (uri, channel) in channels {
         let Channel::Session { session, .. } = channel else { continue };
