@@ -8,7 +8,7 @@
 //! | `R`                 | `W#<connection id>` | a subscription to the root channel: `caller` (JSON), `ttl` |
 //! | `C#<caller key>`    | `W#<connection id>` | a connection counted among its caller's open ones (`[limits] sockets_per_caller`): `ttl` |
 //! | `A#<session>`       | `<client id>`       | an active client of the session (AHP's `activeClients`): `client` (JSON: its tools), `joined` (epoch ms), `ttl` |
-//! | `K#<client id>`     | `K`                 | an AHP client (a VS Code window): `open` (its connections), `active_in` (the sessions it is active in), `gone_at` (epoch ms: when its last connection ended), `ttl` |
+//! | `K#<client id>`     | `K`                 | an AHP client (a VS Code window): `open` (its connections), `active_in` (the sessions it is active in), `gone_at` (epoch ms: when its last connection ended), `numbered` (the chats whose positions it was sent), `ttl` |
 //!
 //! A subscription lives in its session's partition, so whichever function commits the session
 //! finds its subscribers with one strongly consistent query (`SK` beginning with `W#`, after
@@ -83,6 +83,8 @@ const CLIENT_ITEM: &str = "K";
 const OPEN: &str = "open";
 const ACTIVE_IN: &str = "active_in";
 const GONE_AT: &str = "gone_at";
+/// The chats whose positions the client was sent as `serverSeq` (SS).
+const NUMBERED: &str = "numbered";
 
 /// The registry on a DynamoDB table.
 #[derive(Debug, Clone)]
@@ -259,14 +261,15 @@ impl DynamoRegistry {
     }
 
     /// Adds `member` to client `client_id`'s set `attribute`, creating its item; the item is
-    /// kept a connection's lifetime from now.
+    /// kept a connection's lifetime from now. Answers the item as it is then.
     async fn add_to_client(
         &self,
         client_id: &str,
         attribute: &str,
         member: &str,
-    ) -> Result<(), RegistryError> {
-        self.client
+    ) -> Result<items::Item, RegistryError> {
+        let out = self
+            .client
             .update_item()
             .table_name(&self.table)
             .set_key(Some(Self::client_key(client_id)))
@@ -275,10 +278,11 @@ impl DynamoRegistry {
             .expression_attribute_names("#ttl", TTL)
             .expression_attribute_values(":member", AttributeValue::Ss(vec![member.to_owned()]))
             .expression_attribute_values(":ttl", Self::expiry(None))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew)
             .send()
             .await
             .map_err(|e| failed("UpdateItem", e))?;
-        Ok(())
+        Ok(out.attributes.unwrap_or_default())
     }
 
     /// Connection `id` of client `client_id` ended: the client's departure when it holds no
@@ -503,7 +507,12 @@ impl Registry for DynamoRegistry {
         Ok(Some(ConnectionRecord { caller, client_id, chats, sessions, uri_style }))
     }
 
-    async fn set_client(&self, id: &str, client_id: &str, uri_style: UriStyle) -> Result<(), RegistryError> {
+    async fn set_client(
+        &self,
+        id: &str,
+        client_id: &str,
+        uri_style: UriStyle,
+    ) -> Result<Vec<SessionId>, RegistryError> {
         let before = self
             .client
             .update_item()
@@ -525,7 +534,15 @@ impl Registry for DynamoRegistry {
         if let Some(previous) = previous.filter(|p| *p != client_id) {
             self.name_in(Self::client_key(previous), "DELETE", OPEN, id, false).await?;
         }
-        self.add_to_client(client_id, OPEN, id).await
+        let client = self.add_to_client(client_id, OPEN, id).await?;
+        Ok(match client.get(NUMBERED) {
+            Some(AttributeValue::Ss(chats)) => chats.iter().map(|c| SessionId::from(c.as_str())).collect(),
+            _ => Vec::new(),
+        })
+    }
+
+    async fn note_chat_numbered(&self, client_id: &str, session: &SessionId) -> Result<(), RegistryError> {
+        self.add_to_client(client_id, NUMBERED, session.as_str()).await.map(drop)
     }
 
     async fn renew(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {

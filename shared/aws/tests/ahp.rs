@@ -549,6 +549,90 @@ async fn a_reconnect_with_a_session_channel_answers_snapshots() {
     assert_eq!(session["state"]["title"], "Renamed while away", "{session}");
 }
 
+/// A client's `lastSeenServerSeq` is the highest number it saw on any chat (VS Code's and the
+/// reference client's), and behind API Gateway a number is one chat's position: a client that
+/// was sent positions of two chats and comes back to one of them gets its snapshot, not a
+/// replay from a point of the other chat's log. One that only ever had that chat replays.
+#[tokio::test]
+async fn a_reconnect_replays_only_a_chat_whose_numbers_the_client_holds() {
+    let world = World::new().await;
+    let key = format!("Bearer {KEY}");
+    assert_eq!(world.event(connect_event("c1", Some(&key))).await, 200);
+    world.request("c1", "initialize", initialize()).await;
+    let mut seen = 0;
+    for session in ["ma", "mb"] {
+        let created = world
+            .request(
+                "c1",
+                "createSession",
+                json!({"channel": format!("ahp-session:/{session}"), "provider": "helper"}),
+            )
+            .await;
+        assert_eq!(created["result"], Value::Null, "{created}");
+        let subscribed =
+            world.request("c1", "subscribe", json!({"channel": format!("ahp-chat:/{session}")})).await;
+        seen = seen.max(subscribed["result"]["snapshot"]["fromSeq"].as_u64().unwrap());
+    }
+    world.turn("c1", "ma", "a1", "First in A").await;
+    // B runs longer: its positions run ahead of A's.
+    for turn in ["b1", "b2", "b3"] {
+        world.turn("c1", "mb", turn, "In B").await;
+    }
+    let frames = world.management.frames_of("c1");
+    seen = frames
+        .iter()
+        .filter(|f| f["method"] == "action")
+        .fold(seen, |m, f| m.max(f["params"]["serverSeq"].as_u64().unwrap()));
+    assert_eq!(world.event(disconnect_event("c1")).await, 200);
+
+    // A runs on while the client is away, past B's length.
+    assert_eq!(world.event(connect_event("driver", Some(&key))).await, 200);
+    let mut driver = initialize();
+    driver["clientId"] = json!("driver-client");
+    world.request("driver", "initialize", driver).await;
+    for turn in ["a2", "a3", "a4", "a5"] {
+        world.turn("driver", "ma", turn, "While away").await;
+    }
+
+    assert_eq!(world.event(connect_event("c2", Some(&key))).await, 200);
+    let params = json!({
+        "channel": ROOT_RESOURCE_URI,
+        "clientId": "test-client",
+        "lastSeenServerSeq": seen,
+        "subscriptions": ["ahp-chat:/ma"]
+    });
+    let reconnected = world.request("c2", "reconnect", params).await;
+    assert_eq!(reconnected["result"]["type"], "snapshot", "{reconnected}");
+    let copy = Copy::from_snapshot(&reconnected["result"]["snapshots"][0]);
+    assert_eq!(copy.chat, world.chat("ma").await);
+
+    // Another client that only ever had A replays from its own number.
+    assert_eq!(world.event(connect_event("one", Some(&key))).await, 200);
+    let mut one = initialize();
+    one["clientId"] = json!("one-chat-client");
+    world.request("one", "initialize", one).await;
+    let subscribed = world.request("one", "subscribe", json!({"channel": "ahp-chat:/ma"})).await;
+    let mut copy = Copy::from_snapshot(&subscribed["result"]["snapshot"]);
+    assert_eq!(world.event(disconnect_event("one")).await, 200);
+    world.turn("driver", "ma", "a6", "While the other is away").await;
+    assert_eq!(world.event(connect_event("one2", Some(&key))).await, 200);
+    let params = json!({
+        "channel": ROOT_RESOURCE_URI,
+        "clientId": "one-chat-client",
+        "lastSeenServerSeq": copy.last_seq,
+        "subscriptions": ["ahp-chat:/ma"]
+    });
+    let reconnected = world.request("one2", "reconnect", params).await;
+    assert_eq!(reconnected["result"]["type"], "replay", "{reconnected}");
+    let replayed: Vec<ActionEnvelope> =
+        serde_json::from_value(reconnected["result"]["actions"].clone()).unwrap();
+    assert!(!replayed.is_empty());
+    for envelope in replayed {
+        copy.apply(envelope);
+    }
+    assert_eq!(copy.chat, world.chat("ma").await, "the replayed copy equals GET .../chat");
+}
+
 /// The `type` of every `action` among `frames`, in order.
 fn action_types(frames: &[Value]) -> Vec<String> {
     frames

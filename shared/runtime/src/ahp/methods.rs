@@ -97,6 +97,18 @@ pub(crate) trait Transport: Send {
     /// `None` when it numbers by each chat's log ([`Numbering::Log`]).
     fn ledgers(&self) -> Option<(Arc<Ledger>, Option<Arc<Ledger>>)>;
 
+    /// Without ledgers: the chats whose positions the client was sent as `serverSeq`, on any of
+    /// its connections, as recorded when it introduced itself.
+    fn numbered_chats(&self) -> Vec<SessionId> {
+        Vec::new()
+    }
+
+    /// Before an answer that opens `subscribed` goes out: records what a reconnect needs to
+    /// read the chats' numbers back ([`Transport::numbered_chats`]); an error fails the request.
+    async fn will_number(&mut self, _subscribed: &[(Uri, Subscribed)]) -> Result<(), RpcError> {
+        Ok(())
+    }
+
     /// `authenticate` with `token`: the connection goes on as the caller `token` names, which
     /// must be the one it connected as (a renewed JWT, a later expiry). `Err` when the token
     /// does not do, or the transport keeps the token it connected with.
@@ -124,7 +136,7 @@ pub(crate) trait Transport: Send {
 fn numbering<'a>(host: &'a AhpHost, transport: &dyn Transport) -> Numbering<'a> {
     match transport.ledgers() {
         Some((ledger, previous)) => Numbering::Host { sequence: &host.sequence, ledger, previous },
-        None => Numbering::Log,
+        None => Numbering::Log { numbered: transport.numbered_chats() },
     }
 }
 
@@ -159,6 +171,9 @@ pub(crate) async fn handle(
                 Ok(answer) => answer,
                 Err(error) => return transport.send(rpc::failure(id, error)).await,
             };
+            if let Err(error) = transport.will_number(&answer.subscribed).await {
+                return transport.send(rpc::failure(id, error)).await;
+            }
             let frame = rpc::success(id, answer.result);
             if let Some(max) = transport.max_frame()
                 && frame.len() > max

@@ -73,11 +73,17 @@ pub(crate) async fn reconnect(
                 positions
             })
         }
-        // One `lastSeenServerSeq` names a point in one chat's log only.
-        (Numbering::Log, Some(last_seen)) => match chats(&channels).collect::<Vec<_>>().as_slice() {
-            [(_, id)] => Some(vec![((*id).clone(), last_seen)]),
-            _ => None,
-        },
+        // One `lastSeenServerSeq` names a point in one chat's log only: the one chat the client
+        // was ever sent positions of (the highest it saw of another chat's is no point in this
+        // one's log).
+        (Numbering::Log { numbered }, Some(last_seen)) => {
+            match chats(&channels).collect::<Vec<_>>().as_slice() {
+                [(_, id)] if numbered.iter().all(|n| n == *id) && numbered.contains(id) => {
+                    Some(vec![((*id).clone(), last_seen)])
+                }
+                _ => None,
+            }
+        }
         (_, None) => None,
     };
     if let Some(positions) = positions {

@@ -101,8 +101,19 @@ pub trait Registry: Send + Sync + 'static {
     async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError>;
 
     /// Records connection `id`'s client (`initialize`, `reconnect`): its id and how it spells
-    /// session URIs; the client counts the connection among its open ones.
-    async fn set_client(&self, id: &str, client_id: &str, uri_style: UriStyle) -> Result<(), RegistryError>;
+    /// session URIs; the client counts the connection among its open ones. Answers the chats
+    /// whose positions the client was sent as `serverSeq`, on any of its connections
+    /// ([`Registry::note_chat_numbered`]; empty when none is recorded).
+    async fn set_client(
+        &self,
+        id: &str,
+        client_id: &str,
+        uri_style: UriStyle,
+    ) -> Result<Vec<SessionId>, RegistryError>;
+
+    /// Records that client `client_id` is sent session `session`'s chat positions as
+    /// `serverSeq`, so a `reconnect` knows which chats its `lastSeenServerSeq` may come from.
+    async fn note_chat_numbered(&self, client_id: &str, session: &SessionId) -> Result<(), RegistryError>;
 
     /// Records that connection `id` goes on as `caller` (the identity it connected as, with a
     /// renewed token's expiry, AHP's `authenticate`): its record, its chat subscriptions'

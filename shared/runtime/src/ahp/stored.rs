@@ -119,6 +119,7 @@ impl Gateway {
             auth: self.auth.clone(),
             id: connection_id.to_owned(),
             record,
+            numbered: Vec::new(),
         };
         // What the message tells session channels, heard as the local host's channels hear it.
         let (mut news, mut changed) = (host.active_clients.news(), host.app.sessions_changed());
@@ -189,6 +190,8 @@ struct Stored {
     auth: Option<Arc<Authenticator>>,
     id: String,
     record: ConnectionRecord,
+    /// The chats whose positions its client was sent, as recorded when it introduced itself.
+    numbered: Vec<SessionId>,
 }
 
 impl Stored {
@@ -252,8 +255,28 @@ impl Transport for Stored {
     /// style first; a `reconnect` keeps the connection's).
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
         let style = self.record.uri_style;
-        self.pushes.registry.set_client(&self.id, &client_id, style).await.map_err(internal)?;
+        self.numbered =
+            self.pushes.registry.set_client(&self.id, &client_id, style).await.map_err(internal)?;
         self.record.client_id = client_id;
+        Ok(())
+    }
+
+    fn numbered_chats(&self) -> Vec<SessionId> {
+        self.numbered.clone()
+    }
+
+    async fn will_number(&mut self, subscribed: &[(Uri, Subscribed)]) -> Result<(), RpcError> {
+        for (_, held) in subscribed {
+            if let Subscribed::Chat { feed, .. } = held
+                && !self.record.client_id.is_empty()
+            {
+                self.pushes
+                    .registry
+                    .note_chat_numbered(&self.record.client_id, &feed.session_id)
+                    .await
+                    .map_err(internal)?;
+            }
+        }
         Ok(())
     }
 
