@@ -121,6 +121,13 @@ impl TestHost {
         self.deployed.is_none()
     }
 
+    /// Whether it runs as the template's functions (`TURNSTONE_TEST_BACKEND=topology`): there
+    /// what a connection was sent is kept in the table, which a restart of the harness (a new
+    /// stack) does not keep.
+    pub fn is_deployed(&self) -> bool {
+        self.deployed.is_some()
+    }
+
     /// The app behind the API (for what HTTP does not show).
     pub fn app(&self) -> &Arc<App> {
         &self.app

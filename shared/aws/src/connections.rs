@@ -3,12 +3,13 @@
 //! | `PK`                | `SK`                | item                                                |
 //! |---------------------|---------------------|-----------------------------------------------------|
 //! | `W#<connection id>` | `W`                 | a WebSocket connection: `caller` (JSON, with its token's expiry), `client_id`, `chats` (the sessions it subscribed to), `ttl` |
-//! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `expires_at` (its caller's token's expiry, if any), `ttl` |
-//! | `S#<session>`       | `V#<connection id>` | a subscription to the session's channel: `channel` (as the client spelled it), `server_seq` (the last number it was sent there), `expires_at`, `ttl` |
+//! | `S#<session>`       | `W#<connection id>` | a subscription to the session's chat: `server_seq` (its position), `client_id`, `expires_at` (its caller's token's expiry, if any), `ttl` |
+//! | `S#<session>`       | `V#<connection id>` | a subscription to the session's channel: `channel` (as the client spelled it), `client_id`, `expires_at`, `ttl` |
 //! | `R`                 | `W#<connection id>` | a subscription to the root channel: `caller` (JSON), `ttl` |
 //! | `C#<caller key>`    | `W#<connection id>` | a connection counted among its caller's open ones (`[limits] sockets_per_caller`): `ttl` |
 //! | `A#<session>`       | `<client id>`       | an active client of the session (AHP's `activeClients`): `client` (JSON: its tools), `joined` (epoch ms), `ttl` |
-//! | `K#<client id>`     | `K`                 | an AHP client (a VS Code window): `open` (its connections), `active_in` (the sessions it is active in), `gone_at` (epoch ms: when its last connection ended), `numbered` (the chats whose positions it was sent), `ttl` |
+//! | `K#<client id>`     | `K`                 | an AHP client (a VS Code window): `open` (its connections), `active_in` (the sessions it is active in), `gone_at` (epoch ms: when its last connection ended), `seq` (its `serverSeq`), per connection and chat the latest mark (`mf#`, `ml#`, `mb#`, `ma#`, `mq#` + `<connection>#<session>`), `ttl` |
+//! | `K#<client id>`     | `H#<seq>`           | what the client's session channels were told: `session`, `connection`, `snapshot` (a session snapshot, else an action), `body` (JSON), `ttl` |
 //!
 //! A subscription lives in its session's partition, so whichever function commits the session
 //! finds its subscribers with one strongly consistent query (`SK` beginning with `W#`, after
@@ -41,8 +42,9 @@ use aws_sdk_dynamodb::operation::update_item::{UpdateItemError, UpdateItemOutput
 use aws_sdk_dynamodb::types::AttributeValue;
 use turnstone_engine::ids::SessionId;
 use turnstone_runtime::ahp::registry::{
-    CONNECTION_LIFETIME_SECS, ConnectionRecord, Departure, Registry, RegistryError, RootSubscriber,
-    SessionActiveClient, SessionSubscriber, Subscriber, UriStyle, caller_from_json, caller_to_json,
+    CONNECTION_LIFETIME_SECS, ChatMark, ClientLedger, ConnectionRecord, Departure, Registry, RegistryError,
+    RootSubscriber, SessionActiveClient, SessionSubscriber, Subscriber, Told, UriStyle, caller_from_json,
+    caller_to_json,
 };
 use turnstone_runtime::auth::Caller;
 use turnstone_runtime::clock::{Clock, SystemClock};
@@ -83,8 +85,22 @@ const CLIENT_ITEM: &str = "K";
 const OPEN: &str = "open";
 const ACTIVE_IN: &str = "active_in";
 const GONE_AT: &str = "gone_at";
-/// The chats whose positions the client was sent as `serverSeq` (SS).
-const NUMBERED: &str = "numbered";
+/// A client's `serverSeq` counter (N), and per connection and chat `<prefix><connection>#<session>` its latest mark
+/// ([`ChatMark`]: first and last number, positions before and after) and the last number of
+/// the mark before it.
+const SEQ: &str = "seq";
+const MARK_FIRST: &str = "mf#";
+const MARK_LAST: &str = "ml#";
+const MARK_BEFORE: &str = "mb#";
+const MARK_AFTER: &str = "ma#";
+const MARK_PREVIOUS: &str = "mq#";
+/// What a client's session channels were told: `SK` `H#<seq>` in the client's partition, with
+/// the session, whether it is a snapshot, and the JSON.
+const TOLD_PREFIX: &str = "H#";
+const TOLD_SESSION: &str = "session";
+const TOLD_CONNECTION: &str = "connection";
+const TOLD_SNAPSHOT: &str = "snapshot";
+const TOLD_BODY: &str = "body";
 
 /// The registry on a DynamoDB table.
 #[derive(Debug, Clone)]
@@ -416,6 +432,7 @@ enum SortKeys<'a> {
 fn chat_subscriber(item: &items::Item) -> Option<Subscriber> {
     Some(Subscriber {
         connection_id: items::get_s(item, SK)?.strip_prefix(SUBSCRIPTION_PREFIX)?.to_owned(),
+        client_id: items::get_s(item, CLIENT_ID).unwrap_or_default().to_owned(),
         server_seq: items::get_u64(item, SERVER_SEQ)?,
         expires_at: items::get_u64(item, EXPIRES_AT),
     })
@@ -425,6 +442,7 @@ fn chat_subscriber(item: &items::Item) -> Option<Subscriber> {
 fn session_subscriber(item: &items::Item) -> Option<SessionSubscriber> {
     Some(SessionSubscriber {
         connection_id: items::get_s(item, SK)?.strip_prefix(SESSION_SUBSCRIPTION_PREFIX)?.to_owned(),
+        client_id: items::get_s(item, CLIENT_ID).unwrap_or_default().to_owned(),
         channel: items::get_s(item, CHANNEL)?.to_owned(),
         expires_at: items::get_u64(item, EXPIRES_AT),
     })
@@ -511,8 +529,29 @@ impl Registry for DynamoRegistry {
         &self,
         id: &str,
         client_id: &str,
-        uri_style: UriStyle,
-    ) -> Result<Vec<SessionId>, RegistryError> {
+        uri_style: Option<UriStyle>,
+    ) -> Result<UriStyle, RegistryError> {
+        // The client's item keeps its spelling for the connections it reconnects on.
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::client_key(client_id)))
+            .expression_attribute_names("#open", OPEN)
+            .expression_attribute_names("#ttl", TTL)
+            .expression_attribute_values(":id", AttributeValue::Ss(vec![id.to_owned()]))
+            .expression_attribute_values(":ttl", Self::expiry(None))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllNew);
+        update = match uri_style {
+            Some(style) => update
+                .update_expression("ADD #open :id SET #ttl = :ttl, #u = :u")
+                .expression_attribute_names("#u", URIS)
+                .expression_attribute_values(":u", items::s(style.name())),
+            None => update.update_expression("ADD #open :id SET #ttl = :ttl"),
+        };
+        let client = update.send().await.map_err(|e| failed("UpdateItem", e))?.attributes.unwrap_or_default();
+        let uri_style =
+            uri_style.unwrap_or_else(|| UriStyle::named(items::get_s(&client, URIS).unwrap_or_default()));
         let before = self
             .client
             .update_item()
@@ -534,15 +573,164 @@ impl Registry for DynamoRegistry {
         if let Some(previous) = previous.filter(|p| *p != client_id) {
             self.name_in(Self::client_key(previous), "DELETE", OPEN, id, false).await?;
         }
-        let client = self.add_to_client(client_id, OPEN, id).await?;
-        Ok(match client.get(NUMBERED) {
-            Some(AttributeValue::Ss(chats)) => chats.iter().map(|c| SessionId::from(c.as_str())).collect(),
-            _ => Vec::new(),
-        })
+        Ok(uri_style)
     }
 
-    async fn note_chat_numbered(&self, client_id: &str, session: &SessionId) -> Result<(), RegistryError> {
-        self.add_to_client(client_id, NUMBERED, session.as_str()).await.map(drop)
+    async fn number(
+        &self,
+        client_id: &str,
+        connection: &str,
+        count: u64,
+        floor: u64,
+        marks: &[ChatMark],
+    ) -> Result<Option<u64>, RegistryError> {
+        // Every operand reads the item as it was before the update (the counter included), so
+        // a mark's numbers count from the counter's old value, and its previous last number is
+        // the one it replaces.
+        let mut sets = Vec::new();
+        let mut conditions = Vec::new();
+        let mut removes = Vec::new();
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::client_key(client_id)))
+            .expression_attribute_names("#seq", SEQ)
+            .expression_attribute_names("#ttl", TTL)
+            .expression_attribute_values(":floor", items::n(floor))
+            .expression_attribute_values(":count", items::n(count))
+            .expression_attribute_values(":ttl", Self::expiry(None));
+        // DynamoDB refuses a value no expression uses.
+        if !marks.is_empty() {
+            update = update.expression_attribute_values(":zero", items::n(0));
+        }
+        for (i, mark) in marks.iter().enumerate() {
+            let chat = mark.chat.as_str();
+            for (key, prefix) in [
+                ("f", MARK_FIRST),
+                ("l", MARK_LAST),
+                ("b", MARK_BEFORE),
+                ("a", MARK_AFTER),
+                ("q", MARK_PREVIOUS),
+            ] {
+                update = update
+                    .expression_attribute_names(format!("#{key}{i}"), format!("{prefix}{connection}#{chat}"));
+            }
+            sets.push(format!("#q{i} = if_not_exists(#l{i}, :zero)"));
+            sets.push(format!("#f{i} = if_not_exists(#seq, :floor) + :f{i}"));
+            sets.push(format!("#l{i} = if_not_exists(#seq, :floor) + :l{i}"));
+            sets.push(format!("#a{i} = :a{i}"));
+            update = update
+                .expression_attribute_values(format!(":f{i}"), items::n(mark.first + 1))
+                .expression_attribute_values(format!(":l{i}"), items::n(mark.last + 1))
+                .expression_attribute_values(format!(":a{i}"), items::n(mark.after));
+            match mark.before {
+                Some(before) => {
+                    sets.push(format!("#b{i} = :b{i}"));
+                    conditions.push(format!("(attribute_not_exists(#a{i}) OR #a{i} <= :b{i})"));
+                    update = update.expression_attribute_values(format!(":b{i}"), items::n(before));
+                }
+                None => removes.push(format!("#b{i}")),
+            }
+        }
+        sets.push("#seq = if_not_exists(#seq, :floor) + :count".to_owned());
+        sets.push("#ttl = :ttl".to_owned());
+        let mut expression = format!("SET {}", sets.join(", "));
+        if !removes.is_empty() {
+            expression.push_str(&format!(" REMOVE {}", removes.join(", ")));
+        }
+        if !conditions.is_empty() {
+            update = update.condition_expression(conditions.join(" AND "));
+        }
+        let sent = update
+            .update_expression(expression)
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)
+            .send()
+            .await;
+        let out = match sent {
+            Ok(out) => out,
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(failed("UpdateItem", e)),
+        };
+        let last = out.attributes.as_ref().and_then(|new| items::get_u64(new, SEQ)).unwrap_or(floor + count);
+        Ok(Some((last + 1).saturating_sub(count)))
+    }
+
+    async fn pass(&self, client_id: &str, seen: u64) -> Result<(), RegistryError> {
+        let passed = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(Self::client_key(client_id)))
+            .update_expression("SET #seq = :seen, #ttl = :ttl")
+            .condition_expression("attribute_not_exists(#seq) OR #seq < :seen")
+            .expression_attribute_names("#seq", SEQ)
+            .expression_attribute_names("#ttl", TTL)
+            .expression_attribute_values(":seen", items::n(seen))
+            .expression_attribute_values(":ttl", Self::expiry(None))
+            .send()
+            .await;
+        match passed {
+            // Past it already.
+            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
+                Ok(())
+            }
+            other => other.map(drop).map_err(|e| failed("UpdateItem", e)),
+        }
+    }
+
+    async fn record_told(&self, client_id: &str, told: &Told) -> Result<(), RegistryError> {
+        let mut item: items::Item = [
+            (PK.to_owned(), items::s(format!("K#{client_id}"))),
+            (SK.to_owned(), items::s(format!("{TOLD_PREFIX}{:020}", told.seq))),
+        ]
+        .into();
+        item.insert(TOLD_SESSION.to_owned(), items::s(told.session.as_str()));
+        item.insert(TOLD_CONNECTION.to_owned(), items::s(told.connection.as_str()));
+        item.insert(TOLD_BODY.to_owned(), items::s(told.body.as_str()));
+        item.insert(TOLD_SNAPSHOT.to_owned(), AttributeValue::Bool(told.snapshot));
+        item.insert(TTL.to_owned(), Self::expiry(None));
+        self.put(item).await
+    }
+
+    async fn client_ledger(&self, client_id: &str) -> Result<Option<ClientLedger>, RegistryError> {
+        let found = self.items_of(format!("K#{client_id}"), None).await?;
+        let Some(client) = found.iter().find(|item| items::get_s(item, SK) == Some(CLIENT_ITEM)) else {
+            return Ok(None);
+        };
+        let Some(last) = items::get_u64(client, SEQ) else { return Ok(None) };
+        let marks = client
+            .keys()
+            .filter_map(|name| name.strip_prefix(MARK_LAST))
+            .filter_map(|named| {
+                let (connection, chat) = named.split_once('#')?;
+                let get = |prefix: &str| items::get_u64(client, &format!("{prefix}{named}"));
+                let mark = ChatMark {
+                    chat: SessionId::from(chat),
+                    first: get(MARK_FIRST)?,
+                    last: get(MARK_LAST)?,
+                    before: get(MARK_BEFORE),
+                    after: get(MARK_AFTER)?,
+                };
+                Some((connection.to_owned(), mark, get(MARK_PREVIOUS).unwrap_or(0)))
+            })
+            .collect();
+        let told = found
+            .iter()
+            .filter_map(|item| {
+                let seq = items::get_s(item, SK)?.strip_prefix(TOLD_PREFIX)?.parse().ok()?;
+                Some(Told {
+                    seq,
+                    connection: items::get_s(item, TOLD_CONNECTION).unwrap_or_default().to_owned(),
+                    session: SessionId::from(items::get_s(item, TOLD_SESSION)?),
+                    snapshot: matches!(item.get(TOLD_SNAPSHOT), Some(AttributeValue::Bool(true))),
+                    body: items::get_s(item, TOLD_BODY)?.to_owned(),
+                })
+            })
+            .collect();
+        Ok(Some(ClientLedger { last, marks, told }))
     }
 
     async fn renew(&self, id: &str, caller: &Caller) -> Result<(), RegistryError> {
@@ -694,12 +882,14 @@ impl Registry for DynamoRegistry {
         session: &SessionId,
         server_seq: u64,
         expires_at: Option<u64>,
+        client_id: &str,
     ) -> Result<(), RegistryError> {
         // The connection names the session first, so a disconnect always finds the
         // subscription; a connection that is gone is not subscribed.
         self.name_session(id, "ADD", CHATS, session, true).await?;
         let mut item = Self::subscription_key(id, session);
         item.insert(SERVER_SEQ.to_owned(), items::n(server_seq));
+        item.insert(CLIENT_ID.to_owned(), items::s(client_id));
         if let Some(at) = expires_at {
             item.insert(EXPIRES_AT.to_owned(), items::n(at));
         }
@@ -730,12 +920,13 @@ impl Registry for DynamoRegistry {
         session: &SessionId,
         channel: &str,
         expires_at: Option<u64>,
+        client_id: &str,
     ) -> Result<(), RegistryError> {
         // Named by the connection first, as a chat subscription is.
         self.name_session(id, "ADD", SESSIONS, session, true).await?;
         let mut item = Self::session_subscription_key(id, session);
         item.insert(CHANNEL.to_owned(), items::s(channel));
-        item.insert(SERVER_SEQ.to_owned(), items::n(0));
+        item.insert(CLIENT_ID.to_owned(), items::s(client_id));
         if let Some(at) = expires_at {
             item.insert(EXPIRES_AT.to_owned(), items::n(at));
         }
@@ -772,29 +963,6 @@ impl Registry for DynamoRegistry {
         let chats = found.iter().filter_map(chat_subscriber).collect();
         let channels = found.iter().filter_map(session_subscriber).collect();
         Ok((chats, channels))
-    }
-
-    async fn next_session_seq(&self, id: &str, session: &SessionId) -> Result<Option<u64>, RegistryError> {
-        let out = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::session_subscription_key(id, session)))
-            .update_expression("ADD #seq :one")
-            .condition_expression("attribute_exists(#pk)")
-            .expression_attribute_names("#seq", SERVER_SEQ)
-            .expression_attribute_names("#pk", PK)
-            .expression_attribute_values(":one", items::n(1))
-            .return_values(aws_sdk_dynamodb::types::ReturnValue::UpdatedNew)
-            .send()
-            .await;
-        match out {
-            Ok(out) => Ok(out.attributes.as_ref().and_then(|new| items::get_u64(new, SERVER_SEQ))),
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
-                Ok(None)
-            }
-            Err(e) => Err(failed("UpdateItem", e)),
-        }
     }
 
     async fn subscribe_root(

@@ -513,11 +513,11 @@ async fn an_oversized_replay_is_split_under_the_frame_limit() {
     assert_eq!(copy.chat, world.chat("big").await, "the replayed copy equals GET .../chat");
 }
 
-/// A client back with a session channel among its subscriptions gets snapshots: no function
-/// keeps what it held of the channel, so a replay of its chat alone would leave a rename made
-/// while it was away unseen.
+/// A client back with a session channel among its subscriptions gets what the channel missed
+/// in the replay: what it was told there is recorded under the client, so a rename made while
+/// it was away comes as `session/titleChanged`.
 #[tokio::test]
-async fn a_reconnect_with_a_session_channel_answers_snapshots() {
+async fn a_reconnect_replays_what_a_session_channel_missed() {
     let world = World::new().await;
     let key = format!("Bearer {KEY}");
     assert_eq!(world.event(connect_event("c1", Some(&key))).await, 200);
@@ -543,23 +543,25 @@ async fn a_reconnect_with_a_session_channel_answers_snapshots() {
         "subscriptions": ["ahp-chat:/rs", "ahp-session:/rs"]
     });
     let reconnected = world.request("c3", "reconnect", params).await;
-    assert_eq!(reconnected["result"]["type"], "snapshot", "{reconnected}");
-    let snapshots = reconnected["result"]["snapshots"].as_array().unwrap();
-    let session = snapshots.iter().find(|s| s["resource"] == "ahp-session:/rs").expect("the session's");
-    assert_eq!(session["state"]["title"], "Renamed while away", "{session}");
+    assert_eq!(reconnected["result"]["type"], "replay", "{reconnected}");
+    let actions = reconnected["result"]["actions"].as_array().unwrap();
+    let renamed: Vec<&Value> = actions.iter().filter(|a| a["channel"] == "ahp-session:/rs").collect();
+    assert_eq!(renamed.len(), 1, "{reconnected}");
+    assert_eq!(renamed[0]["action"], json!({"type": "session/titleChanged", "title": "Renamed while away"}));
+    assert!(renamed[0]["serverSeq"].as_u64().unwrap() > copy.last_seq);
 }
 
 /// A client's `lastSeenServerSeq` is the highest number it saw on any chat (VS Code's and the
-/// reference client's), and behind API Gateway a number is one chat's position: a client that
-/// was sent positions of two chats and comes back to one of them gets its snapshot, not a
-/// replay from a point of the other chat's log. One that only ever had that chat replays.
+/// reference client's): a client that was sent actions of two chats and comes back to one of
+/// them, with a number last seen on the other, is replayed from where it stood in this one.
 #[tokio::test]
-async fn a_reconnect_replays_only_a_chat_whose_numbers_the_client_holds() {
+async fn a_reconnect_replays_each_chat_from_where_the_client_stood() {
     let world = World::new().await;
     let key = format!("Bearer {KEY}");
     assert_eq!(world.event(connect_event("c1", Some(&key))).await, 200);
     world.request("c1", "initialize", initialize()).await;
     let mut seen = 0;
+    let mut a = None;
     for session in ["ma", "mb"] {
         let created = world
             .request(
@@ -572,7 +574,9 @@ async fn a_reconnect_replays_only_a_chat_whose_numbers_the_client_holds() {
         let subscribed =
             world.request("c1", "subscribe", json!({"channel": format!("ahp-chat:/{session}")})).await;
         seen = seen.max(subscribed["result"]["snapshot"]["fromSeq"].as_u64().unwrap());
+        a = a.or_else(|| Some(Copy::from_snapshot(&subscribed["result"]["snapshot"])));
     }
+    let mut a = a.unwrap();
     world.turn("c1", "ma", "a1", "First in A").await;
     // B runs longer: its positions run ahead of A's.
     for turn in ["b1", "b2", "b3"] {
@@ -583,6 +587,10 @@ async fn a_reconnect_replays_only_a_chat_whose_numbers_the_client_holds() {
         .iter()
         .filter(|f| f["method"] == "action")
         .fold(seen, |m, f| m.max(f["params"]["serverSeq"].as_u64().unwrap()));
+    let on_a: Vec<Value> =
+        frames.iter().filter(|f| f["params"]["channel"] == "ahp-chat:/ma").cloned().collect();
+    a.apply_frames(&on_a);
+    assert!(seen > a.last_seq, "the number it comes back with is B's");
     assert_eq!(world.event(disconnect_event("c1")).await, 200);
 
     // A runs on while the client is away, past B's length.
@@ -602,9 +610,22 @@ async fn a_reconnect_replays_only_a_chat_whose_numbers_the_client_holds() {
         "subscriptions": ["ahp-chat:/ma"]
     });
     let reconnected = world.request("c2", "reconnect", params).await;
-    assert_eq!(reconnected["result"]["type"], "snapshot", "{reconnected}");
-    let copy = Copy::from_snapshot(&reconnected["result"]["snapshots"][0]);
-    assert_eq!(copy.chat, world.chat("ma").await);
+    assert_eq!(reconnected["result"]["type"], "replay", "{reconnected}");
+    let replayed: Vec<ActionEnvelope> =
+        serde_json::from_value(reconnected["result"]["actions"].clone()).unwrap();
+    let turns: Vec<String> = replayed
+        .iter()
+        .filter_map(|e| match &e.action {
+            StateAction::ChatTurnStarted(started) => Some(started.turn_id.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(turns, ["a2", "a3", "a4", "a5"], "every turn it missed, none it had");
+    let mut copy = a;
+    for envelope in replayed {
+        copy.apply(envelope);
+    }
+    assert_eq!(copy.chat, world.chat("ma").await, "the replayed copy equals GET .../chat");
 
     // Another client that only ever had A replays from its own number.
     assert_eq!(world.event(connect_event("one", Some(&key))).await, 200);
@@ -631,6 +652,34 @@ async fn a_reconnect_replays_only_a_chat_whose_numbers_the_client_holds() {
         copy.apply(envelope);
     }
     assert_eq!(copy.chat, world.chat("ma").await, "the replayed copy equals GET .../chat");
+}
+
+/// A client's numbers come from one counter across functions, and each chat's marks keep the
+/// order of its pushes: a block that starts before where the chat's last mark ends (another
+/// function numbered a later block first: the pushes crossed) takes no number.
+#[tokio::test]
+async fn a_clients_numbers_keep_each_chats_order() {
+    use turnstone_runtime::ahp::registry::ChatMark;
+    let world = World::new().await;
+    let registry = Arc::clone(world.ahp.ahp.as_ref().unwrap().registry());
+    let mark = |before, after| ChatMark { chat: "x".into(), first: 0, last: 1, before: Some(before), after };
+    let first = registry.number("k", "w1", 2, 1_000, &[mark(10, 20)]).await.unwrap();
+    assert_eq!(first, Some(1_001), "the counter starts at its floor");
+    let next = registry.number("k", "w1", 2, 5, &[mark(20, 30)]).await.unwrap();
+    assert_eq!(next, Some(1_003), "numbered on");
+    assert_eq!(registry.number("k", "w1", 2, 5, &[mark(10, 20)]).await.unwrap(), None, "crossed");
+    assert_eq!(
+        registry.number("k", "w2", 1, 5, &[mark(10, 20)]).await.unwrap(),
+        Some(1_005),
+        "its own marks"
+    );
+    let ledger = registry.client_ledger("k").await.unwrap().unwrap();
+    assert_eq!(ledger.last, 1_005);
+    let (_, on_w1, previous) = ledger.marks.iter().find(|(c, _, _)| c == "w1").unwrap();
+    assert_eq!(
+        (on_w1.first, on_w1.last, on_w1.before, on_w1.after, *previous),
+        (1_003, 1_004, Some(20), 30, 1_002)
+    );
 }
 
 /// The `type` of every `action` among `frames`, in order.
@@ -1046,7 +1095,7 @@ async fn connections_take_tkn_and_end_with_their_token() {
     };
     let expired = turnstone_runtime::auth::Caller::Client { identity, expires_at: Some(past) };
     registry.connect("old", &expired).await.unwrap();
-    registry.subscribe("old", &"s1".into(), 0, Some(past)).await.unwrap();
+    registry.subscribe("old", &"s1".into(), 0, Some(past), "old-client").await.unwrap();
     registry.subscribe_root("old", &expired, Default::default()).await.unwrap();
     let subscribers = registry.subscribers(&"s1".into()).await.unwrap();
     assert_eq!(subscribers.iter().find(|s| s.connection_id == "old").unwrap().expires_at, Some(past));
@@ -1164,8 +1213,8 @@ fn envelopes_on(frames: &[Value], channel: &str) -> Vec<Value> {
 /// A session channel behind API Gateway: its subscription is recorded with the channel as the
 /// client spelled it, so what a client dispatches there (joining the active clients, leaving,
 /// renaming) is echoed with its origin to every subscriber of it, on every function
-/// container, and the commits of any function tell it its chat's status; numbered per
-/// subscription from 1; after `unsubscribe` nothing more comes.
+/// container, and the commits of any function tell it its chat's status; numbered by the
+/// client's one counter, with its chats' actions; after `unsubscribe` nothing more comes.
 #[tokio::test]
 async fn a_session_channel_echoes_what_its_clients_dispatch_across_functions() {
     let world = World::new().await;
@@ -1190,7 +1239,6 @@ async fn a_session_channel_echoes_what_its_clients_dispatch_across_functions() {
     assert_eq!(mine.len(), 1, "{mine:?}");
     assert_eq!(mine[0]["action"]["type"], "session/activeClientSet");
     assert_eq!(mine[0]["origin"], json!({"clientId": "test-client", "clientSeq": 1}));
-    assert_eq!(mine[0]["serverSeq"], 1);
     let theirs = envelopes_on(&world.management.frames_of("other"), "ahp-session:/se");
     assert_eq!(theirs.len(), 1, "spelled as that client subscribed: {theirs:?}");
 
@@ -1200,7 +1248,7 @@ async fn a_session_channel_echoes_what_its_clients_dispatch_across_functions() {
     world.request("window", "dispatchAction", params).await;
     let mine = envelopes_on(&world.management.frames_of("window"), "helper:/se");
     assert_eq!(mine.len(), 2, "{mine:?}");
-    assert_eq!((&mine[1]["action"]["title"], &mine[1]["serverSeq"]), (&json!("Deploy review"), &json!(2)));
+    assert_eq!(mine[1]["action"]["title"], "Deploy review");
     assert_eq!(mine[1]["origin"]["clientSeq"], 2);
     // A turn: its chat's status in the catalog as it starts (on `ahp`) and ends (on
     // `dispatch`); the title it keeps is no echo again.
@@ -1214,7 +1262,16 @@ async fn a_session_channel_echoes_what_its_clients_dispatch_across_functions() {
     );
     let statuses: Vec<&Value> = mine[2..].iter().map(|e| &e["action"]["changes"]["status"]).collect();
     assert_eq!(statuses, [&json!(SessionStatus::InProgress.bits()), &json!(SessionStatus::Idle.bits())]);
-    assert_eq!(mine[3]["serverSeq"], 4, "numbered on, whichever function sent it");
+    // One number for the window, on every channel, whichever function sent it.
+    let numbers: Vec<u64> = world
+        .management
+        .frames_of("window")
+        .iter()
+        .filter(|f| f["method"] == "action")
+        .map(|f| f["params"]["serverSeq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers.len(), mine.len());
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
 
     // Unsubscribed, `other` hears nothing more.
     world.request("other", "unsubscribe", json!({"channel": "ahp-session:/se"})).await;

@@ -27,6 +27,7 @@ use super::AhpHost;
 use super::channels::{ChatFeed, Live, root_snapshot};
 use super::dispatch::dispatch;
 use super::reconnect::reconnect;
+use super::registry::ClientLedger;
 use super::rpc::{self, Incoming, RpcError};
 use super::sequence::{Ledger, Numbering};
 use super::sessions::{self, UriStyle, internal, reachable, session_id};
@@ -97,15 +98,15 @@ pub(crate) trait Transport: Send {
     /// `None` when it numbers by each chat's log ([`Numbering::Log`]).
     fn ledgers(&self) -> Option<(Arc<Ledger>, Option<Arc<Ledger>>)>;
 
-    /// Without ledgers: the chats whose positions the client was sent as `serverSeq`, on any of
-    /// its connections, as recorded when it introduced itself.
-    fn numbered_chats(&self) -> Vec<SessionId> {
-        Vec::new()
+    /// Without ledgers: what the client was sent, as recorded ([`super::ledger`]).
+    async fn client_ledger(&mut self) -> Option<ClientLedger> {
+        None
     }
 
-    /// Before an answer that opens `subscribed` goes out: records what a reconnect needs to
-    /// read the chats' numbers back ([`Transport::numbered_chats`]); an error fails the request.
-    async fn will_number(&mut self, _subscribed: &[(Uri, Subscribed)]) -> Result<(), RpcError> {
+    /// Numbers an answer's snapshots and actions (and the frames that follow it) as the
+    /// transport numbers what it sends, just before it goes out; an error fails the request.
+    /// A transport with ledgers numbered them already.
+    async fn number_answer(&mut self, _result: &mut Value, _after: &mut [String]) -> Result<(), RpcError> {
         Ok(())
     }
 
@@ -136,7 +137,7 @@ pub(crate) trait Transport: Send {
 fn numbering<'a>(host: &'a AhpHost, transport: &dyn Transport) -> Numbering<'a> {
     match transport.ledgers() {
         Some((ledger, previous)) => Numbering::Host { sequence: &host.sequence, ledger, previous },
-        None => Numbering::Log { numbered: transport.numbered_chats() },
+        None => Numbering::Recorded { ledger: None },
     }
 }
 
@@ -171,7 +172,8 @@ pub(crate) async fn handle(
                 Ok(answer) => answer,
                 Err(error) => return transport.send(rpc::failure(id, error)).await,
             };
-            if let Err(error) = transport.will_number(&answer.subscribed).await {
+            let mut answer = answer;
+            if let Err(error) = transport.number_answer(&mut answer.result, &mut answer.after).await {
                 return transport.send(rpc::failure(id, error)).await;
             }
             let frame = rpc::success(id, answer.result);
@@ -237,7 +239,10 @@ async fn request(
             within_subscription_limit(host, params.subscriptions.len())?;
             transport.set_client_id(params.client_id.clone()).await?;
             transport.drop_subscription(None).await;
-            let numbering = numbering(host, transport);
+            let numbering = match numbering(host, transport) {
+                Numbering::Recorded { .. } => Numbering::Recorded { ledger: transport.client_ledger().await },
+                numbering => numbering,
+            };
             let (result, subscribed) =
                 reconnect(host, caller, &params, transport.follows(), &numbering).await?;
             match result {

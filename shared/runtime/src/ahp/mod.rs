@@ -36,18 +36,19 @@
 //!   whatever channel ([`sequence`]), since clients reconnect with the highest number they saw
 //!   on any channel; a per-connection ledger turns that number back into a position in each
 //!   chat, so `reconnect` replays every subscribed chat from its own point.
-//! - **Behind API Gateway** every function pushes, so `serverSeq` is the position itself
-//!   ([`push`]), and `reconnect` replays only for a client subscribed to one chat and no
-//!   session channel (others get snapshots).
+//! - **Behind API Gateway** every function pushes, so the counter is an item of the client's in
+//!   the table, taken in blocks as a batch is posted or answered, and each block's write
+//!   records where each chat's actions fell in it ([`ledger`]); `reconnect` reads the marks of
+//!   the client's last connection back into a position per chat.
 //!
 //! The root channel carries no actions here, only notifications (`root/sessionAdded`,
 //! `root/sessionRemoved`, `root/sessionSummaryChanged`), which AHP never replays. A session
 //! channel carries its active clients' comings and goings ([`active_clients`]), its title, its
 //! catalog of chats (`session/chatAdded`, `session/chatUpdated`) and what they wait for
-//! (`inputNeeded`); they have no position in a log, so a session snapshot has `fromSeq` 0. On
-//! the local host a replay brings what each session channel missed (the ledger holds the
-//! session as the client held it, [`session_replay`]); behind API Gateway, where no function
-//! keeps that, a client subscribed to a session channel reconnects to snapshots.
+//! (`inputNeeded`); they have no position in a log, so a session snapshot has `fromSeq` 0. A
+//! replay brings what each session channel missed ([`session_replay`]): the session as the
+//! client held it is in its connection's ledger on the local host, and rebuilt from what its
+//! client was told (recorded under the client) behind API Gateway.
 //!
 //! Origins (`clientId`, `clientSeq`) of accepted client actions are kept in memory
 //! ([`origins`]): a replay from the log or another host echoes those actions without one.
@@ -84,6 +85,7 @@ mod channels;
 mod connection;
 mod departure;
 mod dispatch;
+mod ledger;
 mod methods;
 mod origins;
 mod position;

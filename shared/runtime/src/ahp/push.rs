@@ -3,26 +3,29 @@
 //! in its chat (a claim alone does not: [`turnstone_ahp::shows_in_chat`]), that function reads
 //! X's subscribers (one strongly consistent query; a session without subscribers costs nothing
 //! more), projects the new events through a per-process cache of
-//! chat feeds (re-projecting the log on a miss), and posts each subscriber the numbered actions
-//! past its position, after moving the position past them ([`Registry::advance`]).
+//! chat feeds (re-projecting the log on a miss), and posts each subscriber the actions past its
+//! position, after moving the position past them ([`Registry::advance`]), numbered by the
+//! subscriber's client's one counter ([`super::ledger`]).
 //!
 //! # Ordering across functions
 //!
 //! - Within one function, a session's pushes run one after the other, in commit order, and
-//!   each connection gets its actions in `serverSeq` order.
+//!   each connection gets its actions in `serverSeq` order (a batch takes its numbers from the
+//!   client's counter in one write, which records where the chat's actions fell).
 //! - An action goes to a connection at most once: a pusher claims a range of actions by moving
 //!   the subscription's position with a conditional write before it posts them, and two
 //!   pushers never claim the same action.
 //! - Across functions there is no order: two functions committing the same session moments
 //!   apart (a client's input through `api` or `ahp` while `dispatch` runs the turn) claim
-//!   consecutive ranges, and their posts may cross on the way. A post that fails (other than
-//!   410, which removes the connection) loses its range for that connection.
+//!   consecutive ranges. The numbering write refuses a range that starts before where the
+//!   chat's last numbered range ends (the later range was numbered first): then the pushes
+//!   crossed, and the connection is closed, so its client reconnects and is replayed from what
+//!   its numbers say it saw. A post that fails (other than 410, which removes the connection)
+//!   loses its range for that connection.
 //!
-//! So a client sees each action once, usually in order; when an action arrives whose
-//! `serverSeq` is not above the last it applied, or it suspects a loss (a turn that does not
-//! move), it has a gap: it `reconnect`s (a new connection, or the same one) with the last
-//! `serverSeq` it applied in order, and gets the missed actions replayed from the durable log
-//! or a fresh snapshot.
+//! So a client sees each action once, in order, or is made to reconnect; one that suspects a
+//! loss `reconnect`s with the highest `serverSeq` it saw, and gets the missed actions
+//! replayed from the durable log or a fresh snapshot.
 //!
 //! # Deltas
 //!
@@ -50,8 +53,8 @@
 //!   numbers, so from the next event on they are numbered alike).
 //! - A follower that got an action numbered by another function meanwhile (a commit of the
 //!   session through `api`, a rejection) missed part of the stream: it leaves the stream and
-//!   is posted the next live action anyway, numbered not above what it applied last, which
-//!   the client takes for a gap (it reconnects, and a model call mid-stream means a snapshot).
+//!   its connection is closed, so its client reconnects (a model call mid-stream, or a part
+//!   the log does not hold, means a snapshot).
 //! - The live feed lives in the function that streamed. If another function commits the
 //!   reply that completes a streamed part (a worker agent's answer to `llm.finished` delivered
 //!   by a later invocation, after this one gave up), a follower gets it as the log projects it,
@@ -157,6 +160,8 @@ struct Live {
     candidates: Vec<Subscriber>,
     /// Connections that got the stream from its start, and the position each was moved to.
     followers: HashMap<String, u64>,
+    /// Each follower's numbering key ([`super::ledger::numbering_key`]).
+    keys: HashMap<String, String>,
     /// When the followers' tokens expire, for those whose do.
     expiry: HashMap<String, u64>,
 }
@@ -233,10 +238,7 @@ impl Pushes {
         // A sub-agent's or a fork's waits are its parent's (or source's) too, as on the local
         // host: that session channel's subscribers, one more query for such chats only.
         let catalog = match self.chat_of(session) {
-            Some(of) => {
-                let channels = self.registry.session_subscribers(&of).await?;
-                (!channels.is_empty()).then_some((of, channels))
-            }
+            Some(of) => Some(self.registry.session_subscribers(&of).await?).filter(|c| !c.is_empty()),
             None => None,
         };
         let entry = self.entry(session);
@@ -257,9 +259,9 @@ impl Pushes {
         if told {
             for action in input_needed_changes(waited.unwrap_or_default(), waits(&cached).unwrap_or_default())
             {
-                self.tell(&channels, session, &action, None).await?;
-                if let Some((of, channels)) = &catalog {
-                    self.tell(channels, of, &action, None).await?;
+                self.tell(&channels, &action, None).await?;
+                if let Some(channels) = &catalog {
+                    self.tell(channels, &action, None).await?;
                 }
             }
         }
@@ -291,7 +293,7 @@ impl Pushes {
             }
             let Some(from) = self.registry.advance(id, session, end).await? else { continue };
             let actions = cached.between(&host.app, session, from, end).await?;
-            self.send(host, session, id, actions).await?;
+            self.send(host, session, (id, &key_of(&subscriber)), from, actions).await?;
         }
         // Once the live chat is the log's again, both number alike from the next event on
         // (every follower stands past both feeds' numbers), and the copy is dropped.
@@ -342,6 +344,7 @@ impl Pushes {
                     actions: Vec::new(),
                     candidates,
                     followers: HashMap::new(),
+                    keys: HashMap::new(),
                     expiry: HashMap::new(),
                 };
                 cached.stream = Some(Stream::Live(Box::new(live)));
@@ -388,10 +391,11 @@ impl Pushes {
             let mut actions = cached.between(&host.app, session, from, live.start).await?;
             actions.extend(live.after(live.start, end));
             live.followers.insert(id.clone(), end);
+            live.keys.insert(id.clone(), key_of(&candidate));
             if let Some(at) = candidate.expires_at {
                 live.expiry.insert(id.clone(), at);
             }
-            self.send(host, session, id, actions).await?;
+            self.send(host, session, (id, &key_of(&candidate)), from, actions).await?;
         }
         let lapsed: Vec<String> =
             live.expiry.iter().filter(|(_, at)| expired(Some(**at))).map(|(id, _)| id.clone()).collect();
@@ -425,16 +429,21 @@ impl Pushes {
         last: u64,
         to: u64,
     ) -> std::result::Result<(), PushError> {
+        let key = live.keys.get(id).cloned().unwrap_or_else(|| super::ledger::numbering_key("", id));
         if self.registry.claim(id, session, last, to).await?.is_some() {
             live.followers.insert(id.to_owned(), to);
             let actions = live.after(last, to);
-            return self.send(host, session, id, actions).await;
+            return self.send(host, session, (id, &key), last, actions).await;
         }
         live.followers.remove(id);
+        live.keys.remove(id);
         let moved = self.registry.position(id, session).await?.is_some_and(|now| now > last);
-        if let Some(next) = live.after(last, u64::MAX).into_iter().next().filter(|_| moved) {
-            tracing::info!(connection_id = id, session_id = %session, "an AHP stream crossed another push; its follower is told of the gap");
-            self.send(host, session, id, vec![next]).await?;
+        if moved {
+            // Its copy holds part of a reply the log does not yet: only a snapshot mends it, so
+            // the connection is closed and its client reconnects (its mark, past what the log
+            // explains, answers snapshots).
+            tracing::info!(connection_id = id, session_id = %session, "an AHP stream crossed another push; its follower is closed to reconnect");
+            self.close(id).await?;
         }
         Ok(())
     }
@@ -499,10 +508,8 @@ impl Pushes {
 
     /// Posts `action` of session `session`'s channel, dispatched as `origin` (none: the host's
     /// own), to every subscriber of that channel: one strongly consistent query (none: nothing
-    /// more), then per subscriber the next number of its subscription (one write) and a post.
-    /// A session channel's numbers count its subscription's actions from 1, far below any
-    /// chat's positions, so they never raise the `serverSeq` a client reconnects with past
-    /// the chats' (no log holds a session channel's news: a reconnect answers its snapshot).
+    /// more), then per subscriber its client's next number with the action recorded as told
+    /// (two writes, [`super::ledger`]) and a post.
     pub(crate) async fn tell_session(
         &self,
         session: &SessionId,
@@ -510,7 +517,7 @@ impl Pushes {
         origin: Option<&ActionOrigin>,
     ) -> std::result::Result<(), PushError> {
         let subscribers = self.registry.session_subscribers(session).await?;
-        self.tell(&subscribers, session, action, origin).await
+        self.tell(&subscribers, action, origin).await
     }
 
     /// Tells session channels what a commit changed in their catalog of chats, as the local
@@ -556,12 +563,11 @@ impl Pushes {
         Ok(())
     }
 
-    /// Posts `action` of `session`'s channel to each of `subscribers`, numbered per
-    /// subscription ([`Pushes::tell_session`]).
+    /// Posts a session channel's `action` to each of `subscribers`, numbered by each one's
+    /// client ([`Pushes::tell_session`]).
     async fn tell(
         &self,
         subscribers: &[SessionSubscriber],
-        session: &SessionId,
         action: &StateAction,
         origin: Option<&ActionOrigin>,
     ) -> std::result::Result<(), PushError> {
@@ -570,46 +576,71 @@ impl Pushes {
                 self.gone(&subscriber.connection_id).await?;
                 continue;
             }
-            let Some(server_seq) = self.registry.next_session_seq(&subscriber.connection_id, session).await?
-            else {
-                continue;
-            };
             let envelope = ActionEnvelope {
                 channel: subscriber.channel.clone(),
                 action: action.clone(),
-                server_seq,
+                server_seq: 0,
                 origin: origin.cloned(),
                 rejection_reason: None,
             };
-            self.post(&subscriber.connection_id, &rpc::notification("action", &envelope)).await?;
+            let key = super::ledger::numbering_key(&subscriber.client_id, &subscriber.connection_id);
+            self.deliver(&subscriber.connection_id, &key, vec![envelope], &HashMap::new()).await?;
         }
         Ok(())
     }
 
-    /// Posts numbered actions of `session`'s chat to connection `connection` (a connection
+    /// Posts actions of `session`'s chat (with their positions, the chat's position before
+    /// them `before`) to connection `connection` whose numbering key is `key` (a connection
     /// that is gone is removed).
     pub(crate) async fn send(
         &self,
         host: &AhpHost,
         session: &SessionId,
-        connection: &str,
+        (connection, key): (&str, &str),
+        before: u64,
         actions: Vec<(u64, StateAction)>,
     ) -> std::result::Result<(), PushError> {
         let channel = chat_uri(session);
-        for (server_seq, action) in actions {
-            let envelope = ActionEnvelope {
+        let envelopes = actions
+            .into_iter()
+            .map(|(server_seq, action)| ActionEnvelope {
                 origin: host.origins.of(session, &action),
                 channel: channel.clone(),
                 action,
                 server_seq,
                 rejection_reason: None,
-            };
-            let frame = rpc::notification("action", &envelope);
-            if self.post(connection, &frame).await? == Posted::Gone {
-                return Ok(());
+            })
+            .collect();
+        self.deliver(connection, key, envelopes, &HashMap::from([(session.clone(), before)])).await?;
+        Ok(())
+    }
+
+    /// Numbers `envelopes` from the client's counter (`key`; a chat envelope's `server_seq`
+    /// holds its position, `befores` each chat's position before them) and posts them in order
+    /// to `connection`, until it is gone.
+    pub(crate) async fn deliver(
+        &self,
+        connection: &str,
+        key: &str,
+        mut envelopes: Vec<ActionEnvelope>,
+        befores: &HashMap<SessionId, u64>,
+    ) -> std::result::Result<Posted, PushError> {
+        if !self.number_envelopes((key, connection), &mut envelopes, befores).await? {
+            // Another function's push to the client crossed this one: its copy of the chat
+            // cannot be trusted to be in order, so it reconnects (its marks say what it saw).
+            tracing::info!(
+                connection_id = connection,
+                "AHP pushes to one client crossed; its connection is closed to reconnect"
+            );
+            self.close(connection).await?;
+            return Ok(Posted::Gone);
+        }
+        for envelope in &envelopes {
+            if self.post(connection, &rpc::notification("action", envelope)).await? == Posted::Gone {
+                return Ok(Posted::Gone);
             }
         }
-        Ok(())
+        Ok(Posted::Sent)
     }
 
     /// Posts one frame; a connection that is gone is removed with its subscriptions.
@@ -636,10 +667,16 @@ impl Pushes {
     /// closed where the frames' way out can close it.
     pub(crate) async fn gone(&self, connection: &str) -> std::result::Result<(), RegistryError> {
         tracing::info!(connection, "an AHP connection's token expired: it is pushed nothing more");
+        self.close(connection).await
+    }
+
+    /// Removes connection `connection`'s records and closes it where the frames' way out can
+    /// (its client reconnects, or is gone).
+    async fn close(&self, connection: &str) -> std::result::Result<(), RegistryError> {
         self.forget(connection).await?;
         if let Err(e) = self.frames.close(connection).await {
             // Its records are gone: whatever it sends next is dropped.
-            tracing::warn!(connection, error = %e, "an AHP connection whose token expired could not be closed");
+            tracing::warn!(connection, error = %e, "an AHP connection could not be closed");
         }
         Ok(())
     }
@@ -901,6 +938,11 @@ impl Pusher {
             busy.send_modify(|n| *n = n.saturating_sub(1));
         });
     }
+}
+
+/// The numbering key of a chat subscriber's client.
+fn key_of(subscriber: &Subscriber) -> String {
+    super::ledger::numbering_key(&subscriber.client_id, &subscriber.connection_id)
 }
 
 /// The session channel's `inputNeeded` actions that take a chat from waiting for `before` to

@@ -4,9 +4,8 @@
 //! held it into the session now, [`super::session_replay`]), or fresh snapshots of every
 //! subscription otherwise. On the
 //! local host the number is the host's ([`super::sequence`]): the ledger of the client's last
-//! connection turns it into a position per chat. Behind API Gateway it is one chat's position
-//! (the scheme is in [`super`]'s doc), so a replay needs exactly one subscribed chat and no
-//! session channel (what a session channel's subscriber holds is kept nowhere there).
+//! connection turns it into a position per chat. Behind API Gateway it is the client's recorded
+//! counter, read back through its marks ([`super::ledger`]).
 
 use std::collections::HashMap;
 
@@ -73,17 +72,17 @@ pub(crate) async fn reconnect(
                 positions
             })
         }
-        // One `lastSeenServerSeq` names a point in one chat's log only: the one chat the client
-        // was ever sent positions of (the highest it saw of another chat's is no point in this
-        // one's log).
-        (Numbering::Log { numbered }, Some(last_seen)) => {
-            match chats(&channels).collect::<Vec<_>>().as_slice() {
-                [(_, id)] if numbered.iter().all(|n| n == *id) && numbered.contains(id) => {
-                    Some(vec![((*id).clone(), last_seen)])
-                }
-                _ => None,
-            }
+        // The client's recorded marks; a number past its counter is not this deployment's
+        // (its numbers go on past it, [`Transport::number_answer`]).
+        (Numbering::Recorded { ledger: Some(ledger) }, Some(last_seen)) if last_seen <= ledger.last => {
+            chats(&channels)
+                .map(|(_, id)| {
+                    let connection = super::ledger::previous_connection(ledger, last_seen)?;
+                    super::ledger::position(ledger, connection, id, last_seen).map(|p| (id.clone(), p))
+                })
+                .collect()
         }
+        (Numbering::Recorded { .. }, Some(_)) => None,
         (_, None) => None,
     };
     if let Some(positions) = positions {
@@ -98,7 +97,7 @@ pub(crate) async fn reconnect(
             }
         }
         if (!replays.is_empty() || chats(&channels).next().is_none())
-            && let Some(sessions) = sessions_missed(host, caller, &channels, numbering).await?
+            && let Some(sessions) = sessions_missed(host, caller, &channels, numbering, last_seen).await?
         {
             return Ok(replayed(host, channels, replays, sessions, missing));
         }
@@ -122,25 +121,28 @@ fn chats(channels: &[(Uri, Channel)]) -> impl Iterator<Item = (&Uri, &SessionId)
 }
 
 /// What each subscribed session channel missed, as envelopes on it: `None` when the client's
-/// copy of one is not known (a snapshot then starts it afresh). Behind API Gateway no
-/// function keeps what a session channel's subscriber was sent, so a client subscribed to one
-/// gets snapshots.
+/// copy of one is not known (a snapshot then starts it afresh): kept by the client's last
+/// connection's ledger on the local host, recorded under the client behind API Gateway.
 async fn sessions_missed(
     host: &AhpHost,
     caller: &Caller,
     channels: &[(Uri, Channel)],
     numbering: &Numbering<'_>,
+    last_seen: Option<u64>,
 ) -> Result<Option<Vec<ActionEnvelope>>, RpcError> {
-    let Numbering::Host { ledger, previous, .. } = numbering else {
-        let sessions = channels.iter().any(|(_, c)| matches!(c, Channel::Session { .. }));
-        return Ok((!sessions).then(Vec::new));
-    };
     let mut envelopes = Vec::new();
     for (uri, channel) in channels {
         let Channel::Session { session, .. } = channel else { continue };
-        let Some(held) = previous.as_ref().and_then(|previous| previous.held_session(uri)) else {
-            return Ok(None);
+        let held = match numbering {
+            Numbering::Host { previous, .. } => {
+                previous.as_ref().and_then(|previous| previous.held_session(uri))
+            }
+            Numbering::Recorded { ledger } => ledger.as_ref().zip(last_seen).and_then(|(ledger, seen)| {
+                let connection = super::ledger::previous_connection(ledger, seen)?;
+                super::ledger::held_session(ledger, connection, session.id(), seen)
+            }),
         };
+        let Some(held) = held else { return Ok(None) };
         let now = sessions::snapshot(host, caller, session, uri).await?;
         let SnapshotState::Session(now) = now.state else { return Ok(None) };
         envelopes.extend(session_replay::missed(&held, &now).into_iter().map(|action| ActionEnvelope {
@@ -150,7 +152,9 @@ async fn sessions_missed(
             origin: None,
             rejection_reason: None,
         }));
-        ledger.hold_session(uri, *now);
+        if let Numbering::Host { ledger, .. } = numbering {
+            ledger.hold_session(uri, *now);
+        }
     }
     Ok(Some(envelopes))
 }

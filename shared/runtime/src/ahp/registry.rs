@@ -46,6 +46,8 @@ pub struct ConnectionRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subscriber {
     pub connection_id: String,
+    /// Its client's id (whose `serverSeq` numbers what it is sent; empty: none given).
+    pub client_id: String,
     /// The `serverSeq` of the last action the connection got on the chat (or of its snapshot).
     pub server_seq: u64,
     /// When the connection's token expires (Unix seconds): nothing is pushed to it from then.
@@ -57,6 +59,7 @@ pub struct Subscriber {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionSubscriber {
     pub connection_id: String,
+    pub client_id: String,
     pub channel: String,
     pub expires_at: Option<u64>,
 }
@@ -80,6 +83,40 @@ pub struct Departure {
     pub sessions: Vec<SessionId>,
 }
 
+/// Where one chat's actions fell in a block of numbers a client was sent: its first and last
+/// envelope's number (from the block's start when taken, [`Registry::number`]), and the chat's
+/// positions before them (`None`: unknown, an answer's) and after them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMark {
+    pub chat: SessionId,
+    pub first: u64,
+    pub last: u64,
+    pub before: Option<u64>,
+    pub after: u64,
+}
+
+/// What a client was sent, as recorded: its last number, each chat's latest mark on each of its
+/// connections with the last number of the mark before it (0: none), and what its session
+/// channels were told, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientLedger {
+    pub last: u64,
+    pub marks: Vec<(String, ChatMark, u64)>,
+    pub told: Vec<Told>,
+}
+
+/// One thing a client was sent on a session channel: the session's snapshot, or an action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Told {
+    pub seq: u64,
+    /// The connection it was sent on.
+    pub connection: String,
+    pub session: SessionId,
+    pub snapshot: bool,
+    /// JSON: a `SessionState`, or a `StateAction`.
+    pub body: String,
+}
+
 /// A registry could not be read or written.
 #[derive(Debug, thiserror::Error)]
 #[error("connection registry: {0}")]
@@ -101,19 +138,39 @@ pub trait Registry: Send + Sync + 'static {
     async fn connection(&self, id: &str) -> Result<Option<ConnectionRecord>, RegistryError>;
 
     /// Records connection `id`'s client (`initialize`, `reconnect`): its id and how it spells
-    /// session URIs; the client counts the connection among its open ones. Answers the chats
-    /// whose positions the client was sent as `serverSeq`, on any of its connections
-    /// ([`Registry::note_chat_numbered`]; empty when none is recorded).
+    /// session URIs (`None`: as the client's last connection did, a `reconnect` not saying it);
+    /// the client counts the connection among its open ones. Answers the spelling recorded.
     async fn set_client(
         &self,
         id: &str,
         client_id: &str,
-        uri_style: UriStyle,
-    ) -> Result<Vec<SessionId>, RegistryError>;
+        uri_style: Option<UriStyle>,
+    ) -> Result<UriStyle, RegistryError>;
 
-    /// Records that client `client_id` is sent session `session`'s chat positions as
-    /// `serverSeq`, so a `reconnect` knows which chats its `lastSeenServerSeq` may come from.
-    async fn note_chat_numbered(&self, client_id: &str, session: &SessionId) -> Result<(), RegistryError>;
+    /// Takes `count` numbers of client `client_id`'s `serverSeq` (a counter that starts at
+    /// `floor`) for its connection `connection`: the first of them. Records each chat's `marks`
+    /// on that connection in the block (their `first` and
+    /// `last` counted from the block's start), each replacing the chat's mark before it, which
+    /// must not end past where a mark with a known `before` begins: `None` when one does (two
+    /// functions' pushes to the client crossed), and nothing is taken.
+    async fn number(
+        &self,
+        client_id: &str,
+        connection: &str,
+        count: u64,
+        floor: u64,
+        marks: &[ChatMark],
+    ) -> Result<Option<u64>, RegistryError>;
+
+    /// Makes client `client_id`'s next numbers larger than `seen`, a number it says it saw.
+    async fn pass(&self, client_id: &str, seen: u64) -> Result<(), RegistryError>;
+
+    /// Records what client `client_id` was sent on session `session`'s channel, numbered
+    /// `seq`: a snapshot of the session (JSON), or one action (JSON).
+    async fn record_told(&self, client_id: &str, told: &Told) -> Result<(), RegistryError>;
+
+    /// What client `client_id` was sent, as recorded (`None`: nothing is).
+    async fn client_ledger(&self, client_id: &str) -> Result<Option<ClientLedger>, RegistryError>;
 
     /// Records that connection `id` goes on as `caller` (the identity it connected as, with a
     /// renewed token's expiry, AHP's `authenticate`): its record, its chat subscriptions'
@@ -151,18 +208,20 @@ pub trait Registry: Send + Sync + 'static {
         session: &SessionId,
         server_seq: u64,
         expires_at: Option<u64>,
+        client_id: &str,
     ) -> Result<(), RegistryError>;
 
     async fn unsubscribe(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
 
     /// Records connection `id`'s subscription to session `session`'s channel, spelled `channel`
-    /// as its client subscribed, numbered from 0 (replacing one it held).
+    /// as its client (`client_id`) subscribed (replacing one it held).
     async fn subscribe_session(
         &self,
         id: &str,
         session: &SessionId,
         channel: &str,
         expires_at: Option<u64>,
+        client_id: &str,
     ) -> Result<(), RegistryError>;
 
     async fn unsubscribe_session(&self, id: &str, session: &SessionId) -> Result<(), RegistryError>;
@@ -177,10 +236,6 @@ pub trait Registry: Send + Sync + 'static {
         &self,
         session: &SessionId,
     ) -> Result<(Vec<Subscriber>, Vec<SessionSubscriber>), RegistryError>;
-
-    /// Takes the next `serverSeq` of connection `id`'s subscription to `session`'s channel
-    /// (`None`: not subscribed any more).
-    async fn next_session_seq(&self, id: &str, session: &SessionId) -> Result<Option<u64>, RegistryError>;
 
     /// Records connection `id` of `caller`, whose client spells session URIs `uri_style`, as
     /// subscribed to the root channel.

@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ahp::reducers::apply_action_to_session;
 use ahp_types::actions::StateAction;
 use ahp_types::state::SessionState;
-use turnstone_engine::ids::SessionId;
 use turnstone_engine::time::Timestamp;
 
+use super::registry::ClientLedger;
 use super::sessions::UriStyle;
 use crate::auth::Caller;
 use crate::memo::Memo;
@@ -155,12 +155,12 @@ impl Ledger {
 
 /// How a connection numbers what it sends ([`super`]'s transports differ): from the host's
 /// sequence, marking its ledger (the local host), or by each chat's log-derived position alone
-/// (API Gateway's, whose connection outlives any one process; `reconnect` then reads a number as
-/// a position in one chat's log: of a client that, as recorded, was only ever sent the positions
-/// of the chat it reconnects to, `numbered`).
+/// (API Gateway's, whose connection outlives any one process: envelopes carry positions until
+/// the client's recorded counter numbers them as they go out, [`super::ledger`]; `reconnect`
+/// reads a number back through the client's recorded `ledger`).
 pub(crate) enum Numbering<'a> {
     Host { sequence: &'a Sequence, ledger: Arc<Ledger>, previous: Option<Arc<Ledger>> },
-    Log { numbered: Vec<SessionId> },
+    Recorded { ledger: Option<ClientLedger> },
 }
 
 impl Numbering<'_> {
@@ -196,7 +196,7 @@ impl Numbering<'_> {
     pub fn current(&self) -> u64 {
         match self {
             Numbering::Host { sequence, .. } => sequence.current(),
-            Numbering::Log { .. } => 0,
+            Numbering::Recorded { .. } => 0,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! then, AHP's `authenticate` with a renewed token of the same caller moves the expiry on, in
 //! every record of the connection.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use ahp_types::actions::{
@@ -19,13 +20,15 @@ use ahp_types::actions::{
 };
 use ahp_types::common::{ROOT_RESOURCE_URI, Uri};
 use ahp_types::errors::ahp_error_codes;
+use ahp_types::state::Snapshot;
 use async_trait::async_trait;
+use serde_json::Value;
 use turnstone_engine::ids::SessionId;
 
 use super::methods::{self, Refused, Subscribed, Transport};
 use super::position::Position;
 use super::push::Pushes;
-use super::registry::{ConnectionRecord, Posted, RegistryError};
+use super::registry::{ClientLedger, ConnectionRecord, Posted, RegistryError};
 use super::rpc::{self, Incoming, RpcError};
 use super::sessions::{self, UriStyle, internal, session_id};
 use super::{expired, turns};
@@ -119,7 +122,7 @@ impl Gateway {
             auth: self.auth.clone(),
             id: connection_id.to_owned(),
             record,
-            numbered: Vec::new(),
+            styled: false,
         };
         // What the message tells session channels, heard as the local host's channels hear it.
         let (mut news, mut changed) = (host.active_clients.news(), host.app.sessions_changed());
@@ -190,11 +193,17 @@ struct Stored {
     auth: Option<Arc<Authenticator>>,
     id: String,
     record: ConnectionRecord,
-    /// The chats whose positions its client was sent, as recorded when it introduced itself.
-    numbered: Vec<SessionId>,
+    /// This message set the spelling (`initialize`); otherwise a `reconnect` takes the
+    /// client's recorded one.
+    styled: bool,
 }
 
 impl Stored {
+    /// The key its numbers are counted under ([`super::ledger::numbering_key`]).
+    fn key(&self) -> String {
+        super::ledger::numbering_key(&self.record.client_id, &self.id)
+    }
+
     /// The session of a chat channel this connection subscribed to, and its position there.
     async fn subscription(&self, channel: &str) -> Result<Option<(SessionId, u64)>, RegistryError> {
         let Some(session) = session_id(channel, "ahp-chat") else { return Ok(None) };
@@ -217,8 +226,11 @@ impl Stored {
             if self.pushes.registry.advance(&self.id, session, server_seq).await? == Some(position) {
                 let channel = turnstone_ahp::chat_uri(session);
                 let envelope = ActionEnvelope { channel, action, server_seq, origin, rejection_reason };
-                let frame = rpc::notification("action", &envelope);
-                self.pushes.post(&self.id, &frame).await.map_err(|e| RegistryError(e.to_string()))?;
+                let before = HashMap::from([(session.clone(), position)]);
+                self.pushes
+                    .deliver(&self.id, &self.key(), vec![envelope], &before)
+                    .await
+                    .map_err(|e| RegistryError(e.to_string()))?;
                 return Ok(());
             }
             match self.pushes.registry.position(&self.id, session).await? {
@@ -251,31 +263,69 @@ impl Transport for Stored {
         self.record.chats.iter().filter(|chat| Some(*chat) != same.as_ref()).count()
     }
 
-    /// Records the client id with the URI style the connection holds (`initialize` sets the
-    /// style first; a `reconnect` keeps the connection's).
+    /// Records the client id with the URI style `initialize` set, or takes the one the client
+    /// had (a `reconnect` does not say it).
     async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
-        let style = self.record.uri_style;
-        self.numbered =
+        let style = self.styled.then_some(self.record.uri_style);
+        self.record.uri_style =
             self.pushes.registry.set_client(&self.id, &client_id, style).await.map_err(internal)?;
         self.record.client_id = client_id;
         Ok(())
     }
 
-    fn numbered_chats(&self) -> Vec<SessionId> {
-        self.numbered.clone()
+    async fn client_ledger(&mut self) -> Option<ClientLedger> {
+        match self.pushes.registry.client_ledger(&self.key()).await {
+            Ok(ledger) => ledger,
+            Err(e) => {
+                // A reconnect without it answers snapshots.
+                tracing::warn!(connection_id = %self.id, error = %e, "an AHP client's ledger could not be read");
+                None
+            }
+        }
     }
 
-    async fn will_number(&mut self, subscribed: &[(Uri, Subscribed)]) -> Result<(), RpcError> {
-        for (_, held) in subscribed {
-            if let Subscribed::Chat { feed, .. } = held
-                && !self.record.client_id.is_empty()
-            {
-                self.pushes
-                    .registry
-                    .note_chat_numbered(&self.record.client_id, &feed.session_id)
-                    .await
-                    .map_err(internal)?;
+    /// Numbers the answer's snapshots, its replayed actions and those that follow it from the
+    /// client's counter, recording what a reconnect reads back ([`super::ledger`]).
+    async fn number_answer(&mut self, result: &mut Value, after: &mut [String]) -> Result<(), RpcError> {
+        let key = self.key();
+        let mut snapshots: Vec<Snapshot> = Vec::new();
+        let single = result.get("snapshot").is_some_and(Value::is_object);
+        if single {
+            snapshots.push(serde_json::from_value(result["snapshot"].clone()).map_err(internal)?);
+        } else if let Some(many) = result.get("snapshots").filter(|s| s.is_array()) {
+            snapshots = serde_json::from_value(many.clone()).map_err(internal)?;
+        }
+        if !snapshots.is_empty() {
+            self.pushes.number_snapshots((&key, &self.id), &mut snapshots).await.map_err(internal)?;
+            if single {
+                result["snapshot"] = serde_json::to_value(&snapshots[0]).map_err(internal)?;
+            } else {
+                result["snapshots"] = serde_json::to_value(&snapshots).map_err(internal)?;
             }
+        }
+        // A replay's actions, then those sent after its answer, numbered as one block.
+        let replayed = match result.get("actions").filter(|_| result["type"] == "replay") {
+            Some(actions) => {
+                serde_json::from_value::<Vec<ActionEnvelope>>(actions.clone()).map_err(internal)?
+            }
+            None => Vec::new(),
+        };
+        let mut envelopes = replayed.clone();
+        for frame in after.iter() {
+            let frame: Value = serde_json::from_str(frame).map_err(internal)?;
+            envelopes.push(serde_json::from_value(frame["params"].clone()).map_err(internal)?);
+        }
+        if envelopes.is_empty() {
+            return Ok(());
+        }
+        self.pushes
+            .number_envelopes((&key, &self.id), &mut envelopes, &HashMap::new())
+            .await
+            .map_err(internal)?;
+        let (answered, following) = envelopes.split_at(replayed.len());
+        result["actions"] = serde_json::to_value(answered).map_err(internal)?;
+        for (frame, envelope) in after.iter_mut().zip(following) {
+            *frame = rpc::notification("action", envelope);
         }
         Ok(())
     }
@@ -286,6 +336,7 @@ impl Transport for Stored {
 
     fn set_uri_style(&mut self, style: UriStyle) {
         self.record.uri_style = style;
+        self.styled = true;
     }
 
     /// A connection's records carry its token's identity and expiry (its chat and root
@@ -336,7 +387,7 @@ impl Transport for Stored {
                     let recorded = self
                         .pushes
                         .registry
-                        .subscribe_session(&self.id, &session, uri.as_str(), expires_at)
+                        .subscribe_session(&self.id, &session, uri.as_str(), expires_at, &self.key())
                         .await;
                     if let Err(e) = recorded {
                         tracing::warn!(connection_id = %self.id, error = %e, "an AHP session subscription could not be recorded");
@@ -346,7 +397,8 @@ impl Transport for Stored {
             };
             let session = feed.session_id.clone();
             let (at, expires_at) = (feed.position.server_seq(), self.record.caller.expires_at());
-            let recorded = self.pushes.registry.subscribe(&self.id, &session, at, expires_at).await;
+            let recorded =
+                self.pushes.registry.subscribe(&self.id, &session, at, expires_at, &self.key()).await;
             if let Err(e) = recorded {
                 tracing::warn!(connection_id = %self.id, error = %e, "an AHP subscription could not be recorded");
                 continue;
