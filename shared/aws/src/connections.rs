@@ -658,29 +658,6 @@ impl Registry for DynamoRegistry {
         Ok(Some((last + 1).saturating_sub(count)))
     }
 
-    async fn pass(&self, client_id: &str, seen: u64) -> Result<(), RegistryError> {
-        let passed = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(Self::client_key(client_id)))
-            .update_expression("SET #seq = :seen, #ttl = :ttl")
-            .condition_expression("attribute_not_exists(#seq) OR #seq < :seen")
-            .expression_attribute_names("#seq", SEQ)
-            .expression_attribute_names("#ttl", TTL)
-            .expression_attribute_values(":seen", items::n(seen))
-            .expression_attribute_values(":ttl", Self::expiry(None))
-            .send()
-            .await;
-        match passed {
-            // Past it already.
-            Err(e) if e.as_service_error().is_some_and(|e| e.is_conditional_check_failed_exception()) => {
-                Ok(())
-            }
-            other => other.map(drop).map_err(|e| failed("UpdateItem", e)),
-        }
-    }
-
     async fn record_told(&self, client_id: &str, told: &Told) -> Result<(), RegistryError> {
         let mut item: items::Item = [
             (PK.to_owned(), items::s(format!("K#{client_id}"))),

@@ -5,7 +5,7 @@
 //! function posts, so the counter is an item of the client's in the table (`K#<client id>`,
 //! [`Registry::number`]), started at the clock's microseconds (above what any connection of
 //! the client was given before, as the local host's [`super::sequence`]): each post batch
-//! takes its numbers with one conditional-free write, which also records, per chat, where the
+//! takes its numbers with one write, which also records, per connection and chat, where the
 //! batch's actions fell (a [`ChatMark`]: first and last number, the chat's positions before
 //! and after them, and the last number of the chat's mark before). Envelopes are built with
 //! the chat's log-derived positions ([`super::position`]) and numbered here just before they
@@ -85,16 +85,8 @@ impl Pushes {
         for (i, envelope) in envelopes.iter_mut().enumerate() {
             envelope.server_seq = first + i as u64;
             if let Some((session, _)) = sessions::session_of(host, &envelope.channel) {
-                let body = serde_json::to_string(&envelope.action)
-                    .map_err(|e| RegistryError(format!("a session action cannot be recorded: {e}")))?;
-                let told = Told {
-                    seq: envelope.server_seq,
-                    connection: connection.to_owned(),
-                    session,
-                    snapshot: false,
-                    body,
-                };
-                self.registry.record_told(key, &told).await?;
+                self.keep_told((key, connection), envelope.server_seq, session, false, &envelope.action)
+                    .await?;
             }
         }
         Ok(true)
@@ -136,15 +128,30 @@ impl Pushes {
                 SnapshotState::Chat(_) => snapshot.from_seq = i64::try_from(seq).unwrap_or(i64::MAX),
                 SnapshotState::Session(state) => {
                     let Some((session, _)) = sessions::session_of(host, &snapshot.resource) else { continue };
-                    let body = serde_json::to_string(&held_copy(state))
-                        .map_err(|e| RegistryError(format!("a session snapshot cannot be recorded: {e}")))?;
-                    let told = Told { seq, connection: connection.to_owned(), session, snapshot: true, body };
-                    self.registry.record_told(key, &told).await?;
+                    self.keep_told((key, connection), seq, session, true, &held_copy(state)).await?;
                 }
                 _ => {}
             }
         }
         Ok(())
+    }
+}
+
+impl Pushes {
+    /// Records what client `key` was told on `connection`, numbered `seq`, on session
+    /// `session`'s channel: its snapshot, or an action.
+    async fn keep_told(
+        &self,
+        (key, connection): (&str, &str),
+        seq: u64,
+        session: SessionId,
+        snapshot: bool,
+        body: &impl serde::Serialize,
+    ) -> Result<(), RegistryError> {
+        let body = serde_json::to_string(body)
+            .map_err(|e| RegistryError(format!("what a session channel was told cannot be recorded: {e}")))?;
+        let told = Told { seq, connection: connection.to_owned(), session, snapshot, body };
+        self.registry.record_told(key, &told).await
     }
 }
 

@@ -95,7 +95,7 @@ pub(crate) trait Transport: Send {
 
     /// The connection's ledger and that of the client's connection before it (set by
     /// [`Transport::set_client_id`]), when the transport numbers from the host's sequence;
-    /// `None` when it numbers by each chat's log ([`Numbering::Log`]).
+    /// `None` when its client's recorded counter numbers them ([`Numbering::Recorded`]).
     fn ledgers(&self) -> Option<(Arc<Ledger>, Option<Arc<Ledger>>)>;
 
     /// Without ledgers: what the client was sent, as recorded ([`super::ledger`]).

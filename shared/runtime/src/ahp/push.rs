@@ -390,12 +390,13 @@ impl Pushes {
             let Some(from) = self.registry.claim(id, session, live.start, end).await? else { continue };
             let mut actions = cached.between(&host.app, session, from, live.start).await?;
             actions.extend(live.after(live.start, end));
+            let key = key_of(&candidate);
             live.followers.insert(id.clone(), end);
-            live.keys.insert(id.clone(), key_of(&candidate));
+            live.keys.insert(id.clone(), key.clone());
             if let Some(at) = candidate.expires_at {
                 live.expiry.insert(id.clone(), at);
             }
-            self.send(host, session, (id, &key_of(&candidate)), from, actions).await?;
+            self.send(host, session, (id, &key), from, actions).await?;
         }
         let lapsed: Vec<String> =
             live.expiry.iter().filter(|(_, at)| expired(Some(**at))).map(|(id, _)| id.clone()).collect();

@@ -75,10 +75,10 @@ pub(crate) async fn reconnect(
         // The client's recorded marks; a number past its counter is not this deployment's
         // (its numbers go on past it, [`Transport::number_answer`]).
         (Numbering::Recorded { ledger: Some(ledger) }, Some(last_seen)) if last_seen <= ledger.last => {
+            let connection = super::ledger::previous_connection(ledger, last_seen);
             chats(&channels)
                 .map(|(_, id)| {
-                    let connection = super::ledger::previous_connection(ledger, last_seen)?;
-                    super::ledger::position(ledger, connection, id, last_seen).map(|p| (id.clone(), p))
+                    super::ledger::position(ledger, connection?, id, last_seen).map(|p| (id.clone(), p))
                 })
                 .collect()
         }

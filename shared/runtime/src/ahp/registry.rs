@@ -162,9 +162,6 @@ pub trait Registry: Send + Sync + 'static {
         marks: &[ChatMark],
     ) -> Result<Option<u64>, RegistryError>;
 
-    /// Makes client `client_id`'s next numbers larger than `seen`, a number it says it saw.
-    async fn pass(&self, client_id: &str, seen: u64) -> Result<(), RegistryError>;
-
     /// Records what client `client_id` was sent on session `session`'s channel, numbered
     /// `seq`: a snapshot of the session (JSON), or one action (JSON).
     async fn record_told(&self, client_id: &str, told: &Told) -> Result<(), RegistryError>;
