@@ -9,6 +9,13 @@
 //! cleanly after `n`, `pause_after(n)` waits for [`FakeServer::release`] (or the
 //! [`FakeServer::gate`] being notified) after `n`, `error_after(n, ..)` sends the provider's
 //! error event after `n` and ends.
+//!
+//! Every request's input is counted in tokens the way the fake reports it in `usage` (see
+//! [`fake_prompt_cache::tokens_of`](crate::fake_prompt_cache::tokens_of): each block of the
+//! prompt a quarter of its JSON length, cached or not). With a context window set
+//! ([`FakeServer::set_context_window`]) a request whose input, or input plus the output it asks
+//! room for, exceeds the window is refused the way the provider refuses it, before it takes a
+//! reply (the queue is untouched), and is recorded like any other.
 
 use std::collections::VecDeque;
 use std::io;
@@ -80,6 +87,8 @@ pub struct Reply {
     pub(crate) fault: Option<(usize, StreamFault)>,
     /// What the request did with the fake's prompt cache, when the wire has one.
     pub(crate) cache: Option<CacheUse>,
+    /// The request's input tokens as the fake counted them (set when a request takes the reply).
+    pub(crate) input: Option<u64>,
 }
 
 impl Reply {
@@ -94,12 +103,19 @@ impl Reply {
             fragment_chars: 7,
             fault: None,
             cache: None,
+            input: None,
         }
     }
 
     /// A text answer (streamed word by word).
     pub fn text(text: impl Into<String>) -> Self {
         Self::of(ReplyKind::Answer { text: Some(text.into()), calls: Vec::new() })
+    }
+
+    /// A text answer of `words` words (`word word ...`), each one output token: a default reply
+    /// of a known size for long tests ([`FakeServer::set_default`] answers every request with it).
+    pub fn filler(words: usize) -> Self {
+        Self::text(vec!["word"; words].join(" "))
     }
 
     /// Tool calls, in parallel (streamed one after the other, arguments in fragments).
@@ -142,7 +158,8 @@ impl Reply {
         self
     }
 
-    /// The usage to report (default: 12 prompt tokens, one per word or argument fragment).
+    /// The usage to report (default: the request's input tokens as the fake counts them, and
+    /// one output token per word or argument fragment).
     pub fn usage(mut self, prompt: u64, completion: u64) -> Self {
         self.usage = Some((prompt, completion));
         self
@@ -213,7 +230,7 @@ impl Reply {
             let words = text.map_or(0, |t| t.split_whitespace().count());
             let fragments: usize =
                 calls.iter().map(|c| fragments(&c.arguments, self.fragment_chars).len() + 1).sum();
-            (12, (words + fragments) as u64)
+            (self.input.unwrap_or(12), (words + fragments) as u64)
         })
     }
 }
@@ -271,6 +288,28 @@ pub(crate) enum Rendered {
     Raw { status: u16, content_type: String, body: String },
 }
 
+/// A request that does not fit the context window (see [`FakeServer::set_context_window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Overflow {
+    /// The input alone exceeds the window.
+    Input { input: u64, window: u64 },
+    /// The input fits, but not with the output the request asks room for.
+    Output { input: u64, output: u64, window: u64 },
+}
+
+impl Overflow {
+    /// How `input` tokens asking room for `output` more overflow `window`, if they do.
+    pub(crate) fn of(input: u64, output: u64, window: u64) -> Option<Self> {
+        if input > window {
+            Some(Overflow::Input { input, window })
+        } else if input.saturating_add(output) > window {
+            Some(Overflow::Output { input, output, window })
+        } else {
+            None
+        }
+    }
+}
+
 /// A provider's wire format, as the fake server needs it.
 pub(crate) struct Wire {
     /// Which provider, in messages.
@@ -288,8 +327,16 @@ pub(crate) struct Wire {
     /// Why the real API refuses this request body (answered 400, the reply queue untouched),
     /// or `None`.
     pub refuse: fn(&Value) -> Option<String>,
-    /// The request as the provider's prompt cache sees it, for a provider that caches.
-    pub prompt: Option<fn(&Value) -> Prompt>,
+    /// The request as the fake counts its input tokens (blocks in the provider's order), and as
+    /// the provider's prompt cache sees it when `caches`.
+    pub prompt: fn(&Value) -> Prompt,
+    /// Whether the provider's prompt cache serves the request (its usage reports what was read
+    /// and written).
+    pub caches: bool,
+    /// The output tokens the request asks room for (its `max_tokens` or the like; 0 without).
+    pub requested_output: fn(&Value) -> u64,
+    /// The provider's 400 body refusing a request that overflows the context window.
+    pub context_error: fn(&Overflow) -> Value,
 }
 
 struct Inner {
@@ -300,6 +347,8 @@ struct Inner {
     gate: Arc<Notify>,
     connections: AtomicUsize,
     cache: Mutex<(PromptCache, Vec<CacheUse>)>,
+    /// The model's context window in tokens, if the fake enforces one.
+    window: Mutex<Option<u64>>,
 }
 
 /// A running fake server; stops when dropped.
@@ -320,6 +369,7 @@ impl FakeServer {
             gate: Arc::new(Notify::new()),
             connections: AtomicUsize::new(0),
             cache: Mutex::new((PromptCache::default(), Vec::new())),
+            window: Mutex::new(None),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake server");
         let addr = listener.local_addr().expect("the fake server's address");
@@ -354,6 +404,26 @@ impl FakeServer {
     /// The reply used when the queue is empty.
     pub fn set_default(&self, reply: Reply) {
         *self.inner.default.lock().unwrap() = reply;
+    }
+
+    /// Sets (or, with `None`, lifts) the model's context window in tokens: a request whose
+    /// input tokens, or input plus requested output (`max_tokens` for Anthropic,
+    /// `max_completion_tokens` or `max_tokens` for Chat Completions, `max_output_tokens` for
+    /// Responses), exceed it is refused with the provider's 400. The input is counted as the
+    /// fake reports it in `usage` (cached tokens included). Default: no window.
+    pub fn set_context_window(&self, window: Option<u64>) {
+        *self.inner.window.lock().unwrap() = window;
+    }
+
+    /// The context window the fake enforces, if any.
+    pub fn context_window(&self) -> Option<u64> {
+        *self.inner.window.lock().unwrap()
+    }
+
+    /// The input tokens the fake counts for request `body` (what its `usage` reports, cached
+    /// tokens included, and what it holds against the context window).
+    pub fn input_tokens(&self, body: &Value) -> u64 {
+        (self.inner.wire.prompt)(body).tokens()
     }
 
     /// How many queued replies have not been used.
@@ -432,13 +502,21 @@ async fn handle(
         let request_id = (wire.request_id_header.to_owned(), format!("req_fake_{serial}"));
         return json_response(400, &(wire.error_body)(400, None, &reason), &[request_id]);
     }
+    let prompt = (wire.prompt)(&body);
+    let input = prompt.tokens();
+    let window = *inner.window.lock().unwrap();
+    if let Some(overflow) = window.and_then(|w| Overflow::of(input, (wire.requested_output)(&body), w)) {
+        let request_id = (wire.request_id_header.to_owned(), format!("req_fake_{serial}"));
+        return json_response(400, &(wire.context_error)(&overflow), &[request_id]);
+    }
     let mut reply = {
         let queued = inner.replies.lock().unwrap().pop_front();
         queued.unwrap_or_else(|| inner.default.lock().unwrap().clone())
     };
-    if let (Some(prompt), ReplyKind::Answer { .. }) = (wire.prompt, &reply.kind) {
+    reply.input = Some(input);
+    if wire.caches && matches!(reply.kind, ReplyKind::Answer { .. }) {
         let mut cache = inner.cache.lock().unwrap();
-        let used = cache.0.serve(&prompt(&body));
+        let used = cache.0.serve(&prompt);
         cache.1.push(used);
         reply.cache = Some(used);
     }

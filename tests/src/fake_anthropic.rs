@@ -12,12 +12,15 @@
 //! block signed by the fake (streamed as `thinking_delta`s, then one `signature_delta`), and
 //! the fake refuses, as Anthropic does, a request that does not send those blocks back: see
 //! [`refuse`] for each rule and where Anthropic states it.
+//!
+//! With a context window set ([`FakeServer::set_context_window`]) a request too long for it is
+//! refused with Anthropic's 400 (see [`context_error`]).
 
 use std::ops::Deref;
 
 use serde_json::{Value, json};
 
-use crate::fake::{FakeServer, Rendered, Reply, ReplyKind, Wire, fragments, sse, words};
+use crate::fake::{FakeServer, Overflow, Rendered, Reply, ReplyKind, Wire, fragments, sse, words};
 use crate::fake_prompt_cache::{CacheUse, Prompt, PromptBlock, canonical, tokens_of};
 
 /// A running fake Anthropic server; derefs to [`FakeServer`] for scripting and inspection.
@@ -36,9 +39,18 @@ impl FakeAnthropic {
             stream_error,
             error_body,
             refuse,
-            prompt: Some(prompt),
+            prompt,
+            caches: true,
+            requested_output,
+            context_error,
         };
         FakeAnthropic { server: FakeServer::start(wire).await }
+    }
+
+    /// The fake with a context window of `window` tokens (see [`FakeServer::set_context_window`]).
+    pub fn with_context_window(self, window: u64) -> Self {
+        self.server.set_context_window(Some(window));
+        self
     }
 
     /// The base URL a client is configured with: `http://127.0.0.1:<port>` (no `/v1`).
@@ -208,6 +220,39 @@ fn error_kind(status: u16) -> &'static str {
 
 fn error_body(status: u16, kind: Option<&str>, message: &str) -> Value {
     json!({"type": "error", "error": {"type": kind.unwrap_or(error_kind(status)), "message": message}})
+}
+
+/// The output a request asks room for: its `max_tokens` (required by the Messages API; 0 when
+/// missing).
+fn requested_output(request: &Value) -> u64 {
+    request.get("max_tokens").and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// Anthropic's refusal of a request that does not fit the model's context window: HTTP 400,
+/// `invalid_request_error` (the error shape and the request id header of "HTTP errors",
+/// https://docs.claude.com/en/api/errors), with the API's own messages:
+/// - the input alone too long: `prompt is too long: 208310 tokens > 200000 maximum`
+///   (reported verbatim in https://github.com/anthropics/claude-code/issues/12186 and
+///   https://github.com/boldsoftware/exe.dev/issues/62);
+/// - the input fits but not with `max_tokens`, which the window must also hold (the context
+///   window is "all the text a language model can reference when generating a response,
+///   including the response itself", "Context windows",
+///   https://platform.claude.com/docs/en/build-with-claude/context-windows): ``input length and
+///   `max_tokens` exceed context limit: 178959 + 64000 > 200000, decrease input length or
+///   `max_tokens` and try again`` (verbatim in https://github.com/docker/docker-agent/issues/569
+///   and https://github.com/anthropics/claude-code/issues/408).
+///
+/// Not to be confused with 413 `request_too_large`, a limit on the request's bytes (32 MB for
+/// the Messages API) that Cloudflare answers before the API counts any token.
+fn context_error(overflow: &Overflow) -> Value {
+    let message = match *overflow {
+        Overflow::Input { input, window } => format!("prompt is too long: {input} tokens > {window} maximum"),
+        Overflow::Output { input, output, window } => format!(
+            "input length and `max_tokens` exceed context limit: {input} + {output} > {window}, decrease input \
+             length or `max_tokens` and try again"
+        ),
+    };
+    error_body(400, None, &message)
 }
 
 fn stream_error(kind: &str, message: &str) -> String {

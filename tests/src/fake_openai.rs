@@ -7,12 +7,17 @@
 //! the finish reason, a usage chunk with no choices when the request asked for
 //! `stream_options.include_usage` (every chunk then carries `"usage": null` before it), and
 //! `data: [DONE]`. Error statuses carry `{"error": {message, type, param, code}}`.
+//!
+//! Usage reports the request's input tokens as the fake counts them ([`prompt`]; no prompt
+//! cache: `cached_tokens` is 0). With a context window set ([`FakeServer::set_context_window`])
+//! a request too long for it is refused with OpenAI's 400 (see [`context_error`]).
 
 use std::ops::Deref;
 
 use serde_json::{Value, json};
 
-use crate::fake::{FakeServer, Rendered, Reply, Wire, fragments, sse, words};
+use crate::fake::{FakeServer, Overflow, Rendered, Reply, Wire, fragments, sse, words};
+use crate::fake_prompt_cache::{Prompt, PromptBlock, canonical, tokens_of};
 
 /// The `created` timestamp of every answer.
 const CREATED: u64 = 1_700_000_000;
@@ -33,9 +38,18 @@ impl FakeOpenAi {
             stream_error,
             error_body,
             refuse,
-            prompt: None,
+            prompt,
+            caches: false,
+            requested_output,
+            context_error,
         };
         FakeOpenAi { server: FakeServer::start(wire).await }
+    }
+
+    /// The fake with a context window of `window` tokens (see [`FakeServer::set_context_window`]).
+    pub fn with_context_window(self, window: u64) -> Self {
+        self.server.set_context_window(Some(window));
+        self
     }
 
     /// The base URL a client is configured with: `http://127.0.0.1:<port>/v1`.
@@ -72,6 +86,63 @@ fn refuse(request: &Value) -> Option<String> {
             })
         })
     })
+}
+
+/// The request as the fake counts its input tokens: each tool, then each message.
+fn prompt(request: &Value) -> Prompt {
+    let model = request.get("model").and_then(Value::as_str).unwrap_or_default();
+    let tools = request.get("tools").and_then(Value::as_array).into_iter().flatten();
+    let messages = request.get("messages").and_then(Value::as_array).into_iter().flatten();
+    let blocks = tools
+        .chain(messages)
+        .map(|block| {
+            let key = canonical(block);
+            PromptBlock { tokens: tokens_of(&key), key, breakpoint: false }
+        })
+        .collect();
+    Prompt { scope: model.to_owned(), blocks, min_tokens: 1024 }
+}
+
+/// The output a request asks room for: `max_completion_tokens`, else `max_tokens` (which it
+/// deprecates, "Create chat completion",
+/// https://platform.openai.com/docs/api-reference/chat/create), else 0.
+fn requested_output(request: &Value) -> u64 {
+    ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|field| request.get(*field).and_then(Value::as_u64))
+        .unwrap_or(0)
+}
+
+/// OpenAI's refusal of a request that does not fit the model's context window: HTTP 400,
+/// `invalid_request_error`, `param` `messages`, `code` `context_length_exceeded`, the messages
+/// OpenAI's own, as reported verbatim:
+/// - the messages alone too long: `This model's maximum context length is 4097 tokens.
+///   However, your messages resulted in 4619 tokens. Please reduce the length of the
+///   messages.` (whole body in https://github.com/ChatGPTNextWeb/NextChat/issues/625 and
+///   https://github.com/chathub-dev/chathub/issues/126);
+/// - the messages fit but not with the completion asked for: `This model's maximum context
+///   length is 4097 tokens. However, you requested 4268 tokens (4012 in the messages, 256 in
+///   the completion). Please reduce the length of the messages or completion.`
+///   (https://github.com/conghaonet/hao_chatgpt/issues/4,
+///   https://github.com/n3d1117/chatgpt-telegram-bot/issues/174).
+fn context_error(overflow: &Overflow) -> Value {
+    let message = match *overflow {
+        Overflow::Input { input, window } => format!(
+            "This model's maximum context length is {window} tokens. However, your messages resulted in {input} \
+             tokens. Please reduce the length of the messages."
+        ),
+        Overflow::Output { input, output, window } => format!(
+            "This model's maximum context length is {window} tokens. However, you requested {} tokens ({input} in \
+             the messages, {output} in the completion). Please reduce the length of the messages or completion.",
+            input + output
+        ),
+    };
+    json!({"error": {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded"
+    }})
 }
 
 fn render(reply: &Reply, request: &Value, serial: u64) -> Rendered {

@@ -16,14 +16,16 @@
 //! item comes back. Usage reports `input_tokens_details.cached_tokens` (what [`prompt`] read
 //! from the fake's prompt cache) and
 //! `output_tokens_details.reasoning_tokens`. The fake refuses what OpenAI refuses: see
-//! [`refuse`] for each rule and where OpenAI states it.
+//! [`refuse`] for each rule and where OpenAI states it. With a context window set
+//! ([`FakeServer::set_context_window`]) a request too long for it is refused with OpenAI's 400
+//! (see [`context_error`]).
 
 use std::collections::HashSet;
 use std::ops::Deref;
 
 use serde_json::{Value, json};
 
-use crate::fake::{FakeServer, Rendered, Reply, ReplyKind, Wire, fragments, sse, words};
+use crate::fake::{FakeServer, Overflow, Rendered, Reply, ReplyKind, Wire, fragments, sse, words};
 use crate::fake_prompt_cache::{Prompt, PromptBlock, canonical, tokens_of};
 
 /// The `created_at` timestamp of every response.
@@ -48,9 +50,18 @@ impl FakeOpenAiResponses {
             stream_error,
             error_body: crate::fake_openai::error_body,
             refuse,
-            prompt: Some(prompt),
+            prompt,
+            caches: true,
+            requested_output,
+            context_error,
         };
         FakeOpenAiResponses { server: FakeServer::start(wire).await }
+    }
+
+    /// The fake with a context window of `window` tokens (see [`FakeServer::set_context_window`]).
+    pub fn with_context_window(self, window: u64) -> Self {
+        self.server.set_context_window(Some(window));
+        self
     }
 
     /// The base URL a client is configured with: `http://127.0.0.1:<port>/v1`.
@@ -303,6 +314,29 @@ fn stream_error(code: &str, message: &str) -> String {
     let data =
         json!({"type": "error", "code": code, "message": message, "param": null, "sequence_number": 0});
     sse(Some("error"), &data.to_string())
+}
+
+/// The output a request asks room for: its `max_output_tokens` ("Create a model response"), or 0.
+fn requested_output(request: &Value) -> u64 {
+    request.get("max_output_tokens").and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// OpenAI's refusal of a request that does not fit the model's context window: HTTP 400 with
+/// `{"error": {message, type: "invalid_request_error", param: "input", code:
+/// "context_length_exceeded"}}`; the message, the same whatever the counts, states neither the
+/// tokens nor the window. The whole body as the Responses API sends it is quoted in
+/// https://github.com/openai/codex/issues/20866 and https://github.com/openai/codex/issues/19269
+/// (the Codex CLI is a Responses client), the message also in
+/// https://github.com/openai/codex/issues/3177. That `max_output_tokens` counts against the
+/// window too is the fake's choice, as Chat Completions counts the completion asked for: OpenAI
+/// does not document whether the Responses API holds room for it.
+fn context_error(_: &Overflow) -> Value {
+    json!({"error": {
+        "message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+        "type": "invalid_request_error",
+        "param": "input",
+        "code": "context_length_exceeded"
+    }})
 }
 
 /// The request body's top-level fields the API knows ("Create a model response",

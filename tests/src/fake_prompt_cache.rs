@@ -44,6 +44,14 @@ pub struct Prompt {
     pub min_tokens: u64,
 }
 
+impl Prompt {
+    /// The whole prompt's size in tokens: what the fakes report as the request's input tokens
+    /// (cached or not) and hold against a context window.
+    pub fn tokens(&self) -> u64 {
+        self.blocks.iter().map(|b| b.tokens).sum()
+    }
+}
+
 /// What one request did with the cache, in tokens.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheUse {

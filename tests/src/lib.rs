@@ -29,6 +29,7 @@ pub mod fake_prompt_cache;
 pub mod fake_worker;
 pub mod host;
 pub mod ledger;
+pub mod model_fake;
 pub mod topology;
 
 pub use fake::{FakeServer, FakeToolCall, Recorded, Reply};
@@ -37,3 +38,4 @@ pub use fake_openai::FakeOpenAi;
 pub use fake_openai_responses::FakeOpenAiResponses;
 pub use fake_worker::{FakeAnswer, FakeWorker, Gate, WorkerRecord, tool_answer, tools_script};
 pub use host::{ApiClient, EventStream, FrameExt, SseFrame, TestHost};
+pub use model_fake::ModelFake;

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use turnstone_engine::llm_format::usage::TokenCounts;
 use turnstone_engine::session::TurnStatus;
 use turnstone_tests::fake_prompt_cache::CacheUse;
-use turnstone_tests::{FakeAnthropic, FakeOpenAiResponses, FakeServer, FakeToolCall, Reply, TestHost};
+use turnstone_tests::{FakeToolCall, ModelFake, Reply, TestHost};
 
 const PATIENCE: Duration = Duration::from_secs(15);
 const STEPS: usize = 20;
@@ -25,28 +25,8 @@ fn system_prompt() -> String {
     rule.repeat(60)
 }
 
-/// A provider's strict fake, and the `[llm]` type and model that reach it.
-struct Provider {
-    fake: Box<dyn std::ops::Deref<Target = FakeServer> + Send + Sync>,
-    base_url: String,
-    kind: &'static str,
-    model: &'static str,
-}
-
-async fn claude() -> Provider {
-    let fake = FakeAnthropic::start().await;
-    let base_url = fake.base_url();
-    Provider { fake: Box::new(fake), base_url, kind: "anthropic", model: "claude-sonnet-4-5" }
-}
-
-async fn responses() -> Provider {
-    let fake = FakeOpenAiResponses::start().await;
-    let base_url = fake.base_url();
-    Provider { fake: Box::new(fake), base_url, kind: "openai-responses", model: "gpt-5" }
-}
-
 /// The usage, cost and the fake's per-request cache use of one 20-step session.
-async fn run(provider: Provider, prompt_cache: &str) -> (TokenCounts, String, Vec<CacheUse>, Vec<Value>) {
+async fn run(provider: ModelFake, prompt_cache: &str) -> (TokenCounts, String, Vec<CacheUse>, Vec<Value>) {
     let fake = &provider.fake;
     for step in 1..=STEPS {
         fake.push(Reply::tool_calls([FakeToolCall::new(
@@ -103,8 +83,9 @@ input = {{ type = "object", properties = {{ question = {{ type = "string" }} }} 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn claude_reads_each_step_back_from_the_cache() {
-    let (cached, cached_cost, uses, bodies) = run(claude().await, "").await;
-    let (uncached, uncached_cost, _, plain) = run(claude().await, r#"prompt_cache = "off""#).await;
+    let (cached, cached_cost, uses, bodies) = run(ModelFake::anthropic().await, "").await;
+    let (uncached, uncached_cost, _, plain) =
+        run(ModelFake::anthropic().await, r#"prompt_cache = "off""#).await;
 
     // Off: no breakpoint is sent and nothing is read from or written to the cache.
     assert!(plain.iter().all(|b| !b.to_string().contains("cache_control")));
@@ -141,8 +122,8 @@ async fn claude_reads_each_step_back_from_the_cache() {
 /// when `off`), and reads the prompt of the step before it back from the cache.
 #[tokio::test(flavor = "multi_thread")]
 async fn openai_responses_reads_each_step_back_from_the_cache() {
-    let (cached, _, uses, bodies) = run(responses().await, "").await;
-    let (_, _, _, plain) = run(responses().await, r#"prompt_cache = "off""#).await;
+    let (cached, _, uses, bodies) = run(ModelFake::responses().await, "").await;
+    let (_, _, _, plain) = run(ModelFake::responses().await, r#"prompt_cache = "off""#).await;
     assert!(bodies.iter().all(|b| b["prompt_cache_key"] == "s-cache"), "{}", bodies[0]);
     assert!(plain.iter().all(|b| b.get("prompt_cache_key").is_none()));
     for (i, pair) in uses.windows(2).enumerate() {

@@ -228,6 +228,7 @@ fn message(id: &str, role: Role, content: &str) -> Message {
         tool_call_id: None,
         name: None,
         provider_blocks: None,
+        compaction: None,
     }
 }
 

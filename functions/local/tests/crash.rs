@@ -330,6 +330,81 @@ async fn kill_9_during_a_model_call_then_restart() {
     timings.print();
 }
 
+/// The host is killed while it compacts a session's conversation (issue 40): the summarizing
+/// model call is in flight. After the restart the claimed model call passes its deadline and is
+/// retried; its retry compacts again (the lost summary was never recorded) and the turn
+/// completes. The log holds one compaction, and every message.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_compaction_then_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let openai = FakeOpenAi::start().await;
+    openai.set_default(Reply::text("Noted. ".repeat(40)));
+    let config = |window: &str| {
+        format!(
+            r#"
+[defaults]
+llm = {{ timeout_secs = 2, max_retries = 2, backoff_base_secs = 0.2, backoff_max_secs = 0.5 }}
+
+[llm.m]
+type = "openai"
+base_url = "{}"
+
+[agent.notes]
+model = "gpt-fake"
+llm = "m"
+{window}
+"#,
+            openai.base_url()
+        )
+    };
+    let config_file = dir.path().join("turnstone.toml");
+    let data = dir.path().join("data");
+    let log = dir.path().join("serve.log");
+    let turn = |n: usize| {
+        json!({"type": "client.message", "agent_id": "notes", "turn_id": format!("turn-{n}"),
+            "message": {"role": "user", "content": format!("Note {n}: {}", "remember this. ".repeat(60))}})
+    };
+    // Six turns with room to spare, then a window they no longer fit: the next model call
+    // compacts first, and the summary it asks for is held by the model.
+    std::fs::write(&config_file, config("context_window = 100000")).unwrap();
+    let first = Server::start(&config_file, &data, log.clone()).await;
+    for n in 0..6 {
+        first.api.submit_ok("s-compact", &turn(n)).await;
+        let done = first.api.wait_turn("s-compact", &format!("turn-{n}")).await;
+        assert_eq!(done.status, TurnStatus::Completed, "{done:?}");
+    }
+    first.kill();
+    std::fs::write(&config_file, config("context_window = 2600\nmax_output_tokens = 256")).unwrap();
+    openai.push(Reply::text("lost summary").delay(Duration::from_secs(60)));
+    let before = openai.request_count();
+    let second = Server::start(&config_file, &data, log.clone()).await;
+    second.api.submit_ok("s-compact", &turn(6)).await;
+    let started = Instant::now();
+    while openai.request_count() == before {
+        assert!(started.elapsed() < PATIENCE, "no summary was asked for:\n{}", second.log());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let held = openai.last_request().body.to_string();
+    assert!(held.contains("compact the transcript"), "the held request is the summarizing call: {held}");
+    second.kill();
+
+    let third = Server::start(&config_file, &data, log.clone()).await;
+    let done = third.api.wait_turn("s-compact", "turn-6").await;
+    assert_eq!(done.status, TurnStatus::Completed, "{done:?}\n{}", third.log());
+    let events = third.api.events("s-compact", 0).await;
+    let compactions: Vec<&Value> =
+        events.iter().map(|e| &e.event).filter(|e| e["type"] == "context_compacted").collect();
+    assert_eq!(compactions.len(), 1, "one compaction landed: {compactions:?}");
+    let messages = third.api.messages("s-compact").await;
+    assert_eq!(messages.iter().filter(|m| m["role"] == "user").count(), 7, "every message is there once");
+    assert_eq!(messages.iter().filter(|m| m.get("compaction").is_some()).count(), 1);
+    assert_eq!(messages.iter().filter(|m| m["role"] == "assistant").count(), 7);
+    // The request answered after the restart sent the summary, not the oldest notes.
+    let last = openai.last_request().body.to_string();
+    assert!(!last.contains("Note 0:"), "the covered notes are not sent again");
+    third.kill();
+}
+
 /// An MCP tool call is in flight (the Python SDK's server runs `slow`) when the host is killed.
 /// After the restart the claimed call passes its deadline: the call may have reached the tool,
 /// which does not say repeating it is harmless, so it is not sent again; the model is told it

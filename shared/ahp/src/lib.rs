@@ -10,6 +10,7 @@
 //!
 //! Pure: no I/O, no clock; every time shown comes from the events.
 
+mod compaction;
 mod error;
 mod input;
 mod input_needed;

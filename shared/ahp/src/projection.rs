@@ -254,6 +254,9 @@ impl ChatProjection {
             Event::InterruptResumed { interrupt_id, payload } => {
                 self.interrupt_resumed(interrupt_id, payload.as_ref())
             }
+            // Its marker message, recorded just before, shows nothing itself: the compaction shows
+            // here, with its figures.
+            Event::ContextCompacted { .. } => self.compacted(event),
             // The engine's bookkeeping: decisions, retries, reporting, the outbox and agent
             // state show nothing in a chat. A closed interrupt stays unanswered in its turn,
             // as AHP keeps an input request its turn ended without. A title is the session's
@@ -601,6 +604,8 @@ impl ChatProjection {
             }
             Role::Assistant => self.assistant(message),
             Role::Tool => self.tool_message(message),
+            // A system message shows nothing; a compaction marker shows with the
+            // `context.compacted` that follows it.
             Role::System => Ok(()),
         }
     }

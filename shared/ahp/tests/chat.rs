@@ -187,33 +187,7 @@ fn delegation() -> (Driver, Driver, String) {
     let mut p = harness("p", init("boss", Some(with_sub_agent()), false));
     p.submit("find out X");
     p.run_llm(tool_calls(&[("t1", "researcher", r#"{"message":"look up X"}"#)]));
-    let spawned = p.session.plan(p.now).effects.into_iter().find_map(|e| match e {
-        Effect::Route { seq, item } => Some((seq, item)),
-        _ => None,
-    });
-    let mut child = None;
-    let mut pending = spawned.into_iter().collect::<Vec<_>>();
-    while let Some((seq, item)) = pending.pop() {
-        match route(&"p".into(), item) {
-            Route::Spawn(spawn) => {
-                let create = spawn.command(init(&spawn.agent_id, Some(AgentConfig::new("m")), false));
-                let mut c = Driver::new(spawn.session_id.clone(), Timestamp(T0));
-                c.exec(create);
-                child = Some(c);
-            }
-            Route::Send(send) => {
-                let c = child.as_mut().expect("spawned first");
-                c.exec(send.command("researcher".to_owned()));
-            }
-            Route::Deliver { .. } => panic!("nothing to deliver yet"),
-        }
-        p.exec(Command::OutboxDelivered { seq });
-        pending.extend(p.session.plan(p.now).effects.into_iter().filter_map(|e| match e {
-            Effect::Route { seq, item } => Some((seq, item)),
-            _ => None,
-        }));
-    }
-    let mut child = child.expect("a child");
+    let mut child = delegated(&mut p, AgentConfig::new("m"));
     child.run_llm(reply("X is 42"));
     let child_id = child.session.id().to_string();
     for e in child.session.plan(child.now).effects {

@@ -1114,6 +1114,7 @@ fn messages() {
             tool_call_id: None,
             name: None,
             provider_blocks: None,
+            compaction: None,
         }
     );
 }

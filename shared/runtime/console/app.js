@@ -402,6 +402,12 @@ function jsonOrText(text) {
   }
 }
 
+/** Whether message `m` goes back in a `client.messages` view: all but system messages, except
+ * a compaction marker, which the engine reads (by its id) as the branch going on through it. */
+function echoed(m) {
+  return m.role !== "system" || Boolean(m.compaction);
+}
+
 /** A message as the draft that names its recorded node (for `client.messages`). */
 function draftOf(m) {
   const d = { id: m.id, role: m.role };
@@ -448,6 +454,7 @@ class SessionLog {
     this.current = null;
     this.children = new Map(); // tool call id -> child session id
     this.forks = new Map(); // turn id -> fork session ids
+    this.compactions = new Map(); // marker message id -> its context.compacted event
   }
 
   turn(id) {
@@ -480,6 +487,9 @@ class SessionLog {
         break;
       case "call_created":
         if (e.call.spec.kind === "sub_agent") this.children.set(e.call.id, e.call.spec.session_id);
+        break;
+      case "context_compacted":
+        this.compactions.set(e.marker_id, e);
         break;
       case "forked":
         if (!this.forks.has(e.turn_id)) this.forks.set(e.turn_id, []);
@@ -556,6 +566,13 @@ function conversation(messages, ctx) {
   const items = []; // {node, turn}
   for (const m of messages) {
     if (m.role === "tool" && shown.has(m.tool_call_id)) continue;
+    if (m.compaction) {
+      // Recorded in the turn whose model call it was made for: the log says which, else the
+      // message before it does.
+      const before = items.length ? items[items.length - 1].turn : undefined;
+      items.push({ turn: (ctx.log && ctx.log.messageTurn.get(m.id)) || before, node: compactionNode(m, ctx) });
+      continue;
+    }
     const calls = (m.tool_calls || []).map((call) => {
       shown.add(call.id);
       const result = results.get(call.id);
@@ -614,6 +631,34 @@ function conversation(messages, ctx) {
     if (item.turn && ctx.turnBar && (!next || next.turn !== item.turn)) nodes.push(ctx.turnBar(item.turn));
   });
   return nodes;
+}
+
+/**
+ * A compaction marker: what the model reads from here on in place of the conversation before it
+ * (a summary), or that old tool results reach it as stubs (a clearing). The conversation itself
+ * keeps every message, so the marker is folded away, not shown as a system message; the
+ * figures come from its `context.compacted` event when the log is read.
+ */
+function compactionNode(m, ctx) {
+  const summary = m.compaction.kind === "summary";
+  const event = ctx.log && ctx.log.compactions.get(m.id);
+  const n = (x) => Number(x).toLocaleString("en-US");
+  const figures = event ? ` · about ${n(event.tokens_before)} → ${n(event.tokens_after)} tokens` : "";
+  const refused = event && event.reason === "refused" ? " (the provider refused the request as too long)" : "";
+  const through = ctx.tree && ctx.tree.byId.get(m.compaction.through);
+  const covers = through ? ["through ", h("q", {}, snippet(through.message, 60))] : "before it";
+  return h(
+    "article",
+    { class: "msg compaction", dataset: { message: m.id, compaction: m.compaction.kind } },
+    h(
+      "details",
+      { class: "compaction", dataset: { marker: m.id } },
+      h("summary", {}, summary ? "Context compacted — summary" : "Tool results cleared from the model's view", h("span", { class: "muted" }, figures)),
+      summary
+        ? [h("p", { class: "muted small" }, "The model reads this summary in place of the conversation ", covers, refused, "; the conversation keeps every message."), h("div", { class: "text" }, textOf(m.content))]
+        : h("p", { class: "muted small" }, "The model is sent the tool results ", covers, " as short stubs", refused, "; the conversation keeps them whole."),
+    ),
+  );
 }
 
 /** ` of MCP server <name>` for a call the engine runs on one of the agent's MCP servers. */
@@ -817,7 +862,7 @@ async function sessionView(id, branchId, signal) {
     // On another branch, the whole view goes: the engine continues the branch at its last
     // known message and makes it the active one.
     const body = onBranch
-      ? { type: "client.messages", agent_id: summary.agent_id, messages: [...shownPath.filter((m) => m.role !== "system").map(draftOf), message] }
+      ? { type: "client.messages", agent_id: summary.agent_id, messages: [...shownPath.filter(echoed).map(draftOf), message] }
       : { type: "client.message", agent_id: summary.agent_id, message };
     if (await submit(body, sendError)) {
       input.value = "";
@@ -849,7 +894,7 @@ async function sessionView(id, branchId, signal) {
           const body = {
             type: "client.messages",
             agent_id: summary.agent_id,
-            messages: [...before.filter((x) => x.role !== "system").map(draftOf), { role: "user", content: text.value }],
+            messages: [...before.filter(echoed).map(draftOf), { role: "user", content: text.value }],
           };
           if (await submit(body, errorSlot)) {
             editing = false;
@@ -986,9 +1031,11 @@ async function sessionView(id, branchId, signal) {
     if (editing) return sum;
     // The durable messages replace the streamed previews.
     live.clear();
-    const keepOpen = new Set([...convo.querySelectorAll("details[open]")].map((d) => d.dataset.call));
+    // A fold is a call's or a compaction marker's.
+    const fold = (d) => (d.dataset.call ? `call ${d.dataset.call}` : `marker ${d.dataset.marker}`);
+    const keepOpen = new Set([...convo.querySelectorAll("details[open]")].map(fold));
     convo.replaceChildren(...conversation(shownPath, { id, tree, log, onEdit: edit, turnBar }));
-    for (const d of convo.querySelectorAll("details")) if (keepOpen.has(d.dataset.call)) d.open = true;
+    for (const d of convo.querySelectorAll("details")) if (keepOpen.has(fold(d))) d.open = true;
     return sum;
   }
 
@@ -1067,7 +1114,7 @@ async function treeView(id, signal) {
         h(
           "a",
           { href: branchHref(id, t, cur), class: "tree-link" },
-          h("span", { class: `role-tag role-${m.role}` }, m.role),
+          h("span", { class: `role-tag role-${m.role}` }, m.compaction ? "compaction" : m.role),
           " ",
           snippet(m),
         ),

@@ -57,6 +57,8 @@ pub struct AgentRuntime {
     pub thinking_forms: BTreeMap<String, ThinkingForm>,
     /// Its MCP servers (`[[agent.<id>.mcp]]`), whose tools the engine offers and runs.
     pub mcp: Option<Arc<turnstone_mcp::AgentServers>>,
+    /// How its server model calls are kept within their model's context window.
+    pub context: crate::llm::ContextSettings,
 }
 
 impl AgentRuntime {

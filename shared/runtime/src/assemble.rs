@@ -84,6 +84,11 @@ pub fn agents(config: &Config, secrets: &Secrets) -> Result<BTreeMap<String, Age
                 prompt_cache,
                 thinking_forms,
                 mcp: mcp_servers(id, &def.mcp, secrets),
+                context: crate::llm::ContextSettings {
+                    window: def.context_window.or(llm.and_then(|l| l.context_window)),
+                    max_output: def.max_output_tokens.or(llm.and_then(|l| l.max_output_tokens)),
+                    compaction: def.compaction.clone(),
+                },
             };
             (id.clone(), agent)
         })

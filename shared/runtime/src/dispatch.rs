@@ -9,17 +9,22 @@ use std::time::Duration;
 use tracing::{Instrument, Span};
 
 use turnstone_engine::ids::{CallId, DecisionId, SessionId};
-use turnstone_engine::protocol::{PromptCache, StreamDelta, Trigger};
+use turnstone_engine::protocol::{LlmResponse, PromptCache, StreamDelta, Trigger};
 use turnstone_engine::session::{
-    CallError, CallSpec, Command, Effect, OutboxItem, Rejection, Route, Session, child_failed, route,
+    CallError, CallRecord, CallSpec, Command, ContextLimits, Effect, OutboxItem, Rejection, Route, Session,
+    ViewOptions, child_failed, route,
 };
 use turnstone_engine::time::Timestamp;
 
 use crate::app::{App, Executed, Mode, claim_command, is_stale_claim, still_claimed};
 use crate::error::{Error, Result};
+use crate::llm::ContextOverflow;
 use crate::queue::WakeUp;
 use crate::trace::{self, SpanContext};
 use crate::worker::Deliver;
+
+mod compaction;
+use compaction::{Fit, Why};
 
 /// Bounds the effects one run performs before yielding the session to the queue again.
 const MAX_EFFECTS_PER_RUN: usize = 256;
@@ -323,15 +328,78 @@ impl Dispatcher {
         session_id: &str,
         call_id: CallId,
         attempt: u32,
-        claimed: (Session, u64),
+        mut claimed: (Session, u64),
         deadline: Option<Timestamp>,
     ) -> Result<Option<Executed>> {
-        let session = &claimed.0;
-        let Some(call) = session.call(&call_id) else { return Ok(None) };
+        let agent = self.app.agent(claimed.0.agent_id());
+        // The model the request names (filled in when the call was made), without building it.
+        let model = claimed.0.call(&call_id).and_then(|c| match &c.spec {
+            CallSpec::LlmCall { action, .. } => action.model.clone(),
+            _ => None,
+        });
+        let mut limits = agent.zip(model.as_deref()).and_then(|(a, m)| a.context.limits(m));
+        if let (Some(agent), Some(limits)) = (agent, limits.as_ref()) {
+            match self.fit(session_id, (&call_id, attempt), claimed, agent, limits, Why::Threshold).await? {
+                Fit::Ready(state) => claimed = *state,
+                Fit::Gone => return Ok(None),
+                Fit::Failed(error) => {
+                    let command = Command::LlmCallFinished { call_id, attempt, outcome: Err(error) };
+                    return self.app.command_with(session_id, None, IN_RUN, command).await.map(|_| None);
+                }
+            }
+        }
+        let (mut outcome, overflow) =
+            self.call_model(session_id, &call_id, attempt, &claimed.0, limits.as_ref()).await;
+        // Refused for its length: compacted (harder than the estimate asked) and sent again, once.
+        if let (Some(overflow), Some(agent)) = (overflow, agent) {
+            let window = overflow
+                .window
+                .or(limits.map(|l| l.window))
+                .or(overflow.tokens)
+                .unwrap_or_else(|| claimed.0.call(&call_id).map_or(0, |c| whole_estimate(&claimed.0, c)));
+            let base = limits.unwrap_or_else(|| {
+                ContextLimits::with_window(window, agent.context.max_output.unwrap_or(4_096))
+            });
+            let refused = base.narrowed(window);
+            limits = Some(refused);
+            match self
+                .fit(session_id, (&call_id, attempt), claimed, agent, &refused, Why::Refused(overflow))
+                .await?
+            {
+                Fit::Ready(state) => {
+                    claimed = *state;
+                    outcome =
+                        self.call_model(session_id, &call_id, attempt, &claimed.0, limits.as_ref()).await.0;
+                }
+                Fit::Gone => return Ok(None),
+                Fit::Failed(error) => {
+                    let command = Command::LlmCallFinished { call_id, attempt, outcome: Err(error) };
+                    return self.app.command_with(session_id, None, IN_RUN, command).await.map(|_| None);
+                }
+            }
+        }
+        let command = Command::LlmCallFinished { call_id, attempt, outcome };
+        self.call_finished(session_id, claimed, command, deadline).await
+    }
+
+    /// Sends one request of a claimed server model call (its view as `limits` cut it) and
+    /// returns its outcome, and whether the provider refused it for its length.
+    async fn call_model(
+        &self,
+        session_id: &str,
+        call_id: &CallId,
+        attempt: u32,
+        session: &Session,
+        limits: Option<&ContextLimits>,
+    ) -> (std::result::Result<LlmResponse, CallError>, Option<ContextOverflow>) {
+        let Some(call) = session.call(call_id) else {
+            return (Err(CallError::terminal("the call is gone")), None);
+        };
         let stream = matches!(call.spec, CallSpec::LlmCall { stream: true, .. });
         let timeout = call.policy.timeout_ms().map(Duration::from_millis);
         let agent = self.app.agent(session.agent_id());
-        let mut request = session.llm_request(call);
+        let view = limits.map(ViewOptions::from).unwrap_or_default();
+        let mut request = session.llm_request_with(call, &view);
         if let Some(request) = request.as_mut() {
             if request.reasoning.is_none() {
                 request.reasoning = agent.and_then(|a| a.reasoning.clone());
@@ -344,10 +412,11 @@ impl Dispatcher {
         let provider = agent.and_then(|a| a.provider.clone());
         let turn_id = call.turn_id.as_ref().map(|t| session.resolve_turn_id(t).as_str());
         let about = trace::About { session_id, turn_id, agent_id: session.agent_id() };
-        let context = SpanContext::work(session_id, turn_id, "llm.call", &call_id, attempt);
+        let context = SpanContext::work(session_id, turn_id, "llm.call", call_id, attempt);
         let model = request.as_ref().map_or("", |r| r.model.as_str());
         let provider_name = provider.as_ref().map_or("none", |p| p.name());
-        let span = trace::llm_call_span(&context, about, &call_id, attempt, model, provider_name);
+        let span = trace::llm_call_span(&context, about, call_id, attempt, model, provider_name);
+        let mut overflow = None;
         let outcome = match (request, provider) {
             (Some(request), Some(provider)) => {
                 let notifier = Arc::clone(self.app.notifier());
@@ -356,10 +425,13 @@ impl Dispatcher {
                     notifier.delta(&sid, &cid, delta);
                 };
                 let call = provider.complete(&request, stream, timeout, &mut on_delta);
-                trace::scope(context, call.instrument(span.clone())).await.map_err(|e| e.into_call_error())
+                trace::scope(context, call.instrument(span.clone())).await.map_err(|e| {
+                    overflow = e.context_overflow();
+                    e.into_call_error()
+                })
             }
-            (None, _) => Err(turnstone_engine::session::CallError::terminal("the call has no model to call")),
-            (_, None) => Err(turnstone_engine::session::CallError::terminal(format!(
+            (None, _) => Err(CallError::terminal("the call has no model to call")),
+            (_, None) => Err(CallError::terminal(format!(
                 "agent {:?} has no model provider (set `llm` in its config)",
                 session.agent_id()
             ))),
@@ -367,9 +439,7 @@ impl Dispatcher {
         let failure =
             outcome.as_ref().err().map(|e| (e.code.map_or_else(|| "error".to_owned(), code_name), &e.error));
         trace::record_outcome(&span, failure.as_ref().map_or(Ok(()), |(code, error)| Err((code, error))));
-        drop(span);
-        let command = Command::LlmCallFinished { call_id, attempt, outcome };
-        self.call_finished(session_id, claimed, command, deadline).await
+        (outcome, overflow)
     }
 
     /// Runs an attempt of a server tool call: a call of one of the agent's MCP servers' tools.
@@ -571,4 +641,10 @@ fn split(after: Option<Executed>) -> (Option<(Session, u64)>, Option<Effect>) {
         Some(e) => (Some((e.session, e.version)), e.claimed),
         None => (None, None),
     }
+}
+
+/// A request's tokens estimated from the whole of its view: the window a refusal that named
+/// none is taken to have.
+fn whole_estimate(session: &Session, call: &CallRecord) -> u64 {
+    session.llm_request(call).map_or(0, |r| session.prompt_estimate(call, &r, &ViewOptions::default()))
 }

@@ -1,7 +1,8 @@
 //! What a host did, counted from the events it commits: turns started and ended, steps,
-//! decision deliveries and their outcomes, model and tool call latency, tokens and cost. Every
-//! commit passes through [`App`](crate::app::App), so counting there sees every commit this
-//! process makes, whichever path made it, and needs no hook in the dispatcher.
+//! decision deliveries and their outcomes, model and tool call latency, compactions, tokens and
+//! cost (a compaction's summarizing call's included). Every commit passes through
+//! [`App`](crate::app::App), so counting there sees every commit this process makes, whichever
+//! path made it, and needs no hook in the dispatcher.
 //!
 //! Two renderings of one set of numbers: the Prometheus text format for `GET /metrics` on the
 //! local host ([`Metrics::prometheus`]), and CloudWatch Embedded Metric Format lines on Lambda
@@ -20,6 +21,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use serde_json::{Map, Value, json};
 use turnstone_engine::ids::CallId;
 use turnstone_engine::llm_format::usage::TokenCounts;
+use turnstone_engine::protocol::{CompactionKind, LlmResponse};
 use turnstone_engine::session::{CallSpec, CallValue, Event, Session};
 use turnstone_engine::time::Timestamp;
 
@@ -191,21 +193,29 @@ impl Metrics {
                     self.attempt_ended(session, call_id, *attempt, value, result, now, &label, &mut delta);
                     if let Some(CallValue::Llm(response)) = value {
                         let labels = label(&[("model", self.model_label(session, call_id))]);
-                        let counts = response.usage.as_ref().map(TokenCounts::of).unwrap_or_default();
-                        // Input and output always, once anything was counted; the others
-                        // where the provider reports them.
-                        for (kind, n) in token_kinds(&counts) {
-                            if !counts.is_empty() && (n > 0 || matches!(kind, "input" | "output")) {
-                                let mut labels = labels.clone();
-                                labels.push(("kind", kind.to_owned()));
-                                delta.tokens.push((labels, n));
-                            }
-                        }
-                        let mut usage = turnstone_engine::session::Usage::default();
-                        usage.add(None, response.cost.as_deref());
-                        if usage.cost_picodollars != 0 {
-                            delta.cost.push((labels, usage.cost_picodollars));
-                        }
+                        model_usage(labels, response, &mut delta);
+                    }
+                }
+                // A summary's model call is recorded on the compaction, not settled as a call:
+                // its tokens and cost count as a model call's do, under the reply's model if the
+                // configuration names it, else the model of the call it was made for (which
+                // summarizes unless `[agent.<id>.compaction] model` names another).
+                Event::ContextCompacted { call_id, kind, response, reason, .. } => {
+                    // Labels stay bounded: the engine writes one of two reasons.
+                    let reason = if matches!(reason.as_str(), "threshold" | "refused") {
+                        reason.as_str()
+                    } else {
+                        "other"
+                    };
+                    let labels =
+                        label(&[("kind", compaction_kind(*kind).to_owned()), ("reason", reason.to_owned())]);
+                    delta.counters.push(("turnstone_compactions_total", labels));
+                    if let Some(response) = response {
+                        let model = Some(&response.model)
+                            .filter(|model| self.models.contains(*model))
+                            .cloned()
+                            .unwrap_or_else(|| self.model_label(session, call_id));
+                        model_usage(label(&[("model", model)]), response, &mut delta);
                     }
                 }
                 _ => {}
@@ -258,7 +268,9 @@ impl Metrics {
         let counts = lock(&self.total);
         let mut out = String::new();
         let mut last = "";
-        for ((name, labels), n) in &counts.counters {
+        // Tokens are among the counters but rendered apart, below (once: a family's lines
+        // must not repeat).
+        for ((name, labels), n) in counts.counters.iter().filter(|((name, _), _)| *name != TOKENS) {
             if *name != last {
                 let _ = writeln!(out, "# HELP {name} {}\n# TYPE {name} counter", help(name));
                 last = name;
@@ -313,7 +325,7 @@ impl Metrics {
             lines.entry(labels.clone()).or_default().insert(name.clone(), value);
             units.entry(labels.clone()).or_default().push((name, unit));
         };
-        for ((name, labels), n) in &counts.counters {
+        for ((name, labels), n) in counts.counters.iter().filter(|((name, _), _)| *name != TOKENS) {
             put(labels, emf_name(name), json!(n), "Count");
         }
         for (labels, n) in counts.tokens() {
@@ -389,6 +401,33 @@ fn apply(counts: &mut Counts, delta: &Delta) {
     }
 }
 
+/// The tokens and cost of a model's reply, under `labels` (its agent and model).
+fn model_usage(labels: Labels, response: &LlmResponse, delta: &mut Delta) {
+    let counts = response.usage.as_ref().map(TokenCounts::of).unwrap_or_default();
+    // Input and output always, once anything was counted; the others where the provider
+    // reports them.
+    for (kind, n) in token_kinds(&counts) {
+        if !counts.is_empty() && (n > 0 || matches!(kind, "input" | "output")) {
+            let mut labels = labels.clone();
+            labels.push(("kind", kind.to_owned()));
+            delta.tokens.push((labels, n));
+        }
+    }
+    let mut usage = turnstone_engine::session::Usage::default();
+    usage.add(None, response.cost.as_deref());
+    if usage.cost_picodollars != 0 {
+        delta.cost.push((labels, usage.cost_picodollars));
+    }
+}
+
+/// The `kind` label of a compaction: the protocol's name of its kind.
+fn compaction_kind(kind: CompactionKind) -> &'static str {
+    match kind {
+        CompactionKind::Summary => "summary",
+        CompactionKind::ClearedToolResults => "cleared_tool_results",
+    }
+}
+
 fn decided(label: Label<'_>, outcome: &str) -> (&'static str, Labels) {
     ("turnstone_decision_outcomes_total", label(&[("outcome", outcome.to_owned())]))
 }
@@ -411,6 +450,10 @@ fn help(name: &str) -> &'static str {
         "turnstone_decision_deliveries_total" => "Deliveries of decisions to workers (attempts).",
         "turnstone_decision_outcomes_total" => "Outcomes of delivered decisions: resolved, retried, failed.",
         "turnstone_call_attempts_total" => "Ended attempts of model, tool and sub-agent calls, by result.",
+        "turnstone_compactions_total" => {
+            "Compactions of a model's view of the conversation, by kind (summary, \
+             cleared_tool_results) and reason (threshold, refused)."
+        }
         "turnstone_tokens_total" => "Model tokens, by agent, model and the provider's usage field.",
         "turnstone_cost_dollars_total" => {
             "Model cost in dollars, by agent and model (where prices are known)."
@@ -451,6 +494,117 @@ fn render(labels: &Labels) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use turnstone_engine::protocol::CompactionKind;
+
+    /// A model's reply from `model`: 900 prompt and 100 completion tokens, one cent.
+    fn response(model: &str) -> LlmResponse {
+        serde_json::from_value(json!({
+            "model": model,
+            "content": "the summary",
+            "usage": {"prompt_tokens": 900, "completion_tokens": 100},
+            "cost": "0.01",
+        }))
+        .unwrap()
+    }
+
+    fn compacted(kind: CompactionKind, response: Option<LlmResponse>, reason: &str) -> Event {
+        Event::ContextCompacted {
+            call_id: "llm_1".into(),
+            attempt: 1,
+            marker_id: "msg_marker".into(),
+            kind,
+            through: "msg_1".into(),
+            response,
+            tokens_before: 12_000,
+            tokens_after: 3_000,
+            reason: reason.into(),
+            at: Timestamp(0),
+        }
+    }
+
+    /// The lines of `text` naming `metric`, without the comments.
+    fn lines<'a>(text: &'a str, metric: &str) -> Vec<&'a str> {
+        text.lines().filter(|l| l.starts_with(metric)).collect()
+    }
+
+    #[test]
+    fn a_compaction_counts_by_kind_and_its_summary_counts_tokens_and_cost_as_a_model_call_does() {
+        let session = Session::new("s");
+        let compactions = Metrics::for_models(["summarizer".to_owned()]);
+        compactions.observe(
+            &session,
+            &[
+                compacted(CompactionKind::Summary, Some(response("summarizer")), "threshold"),
+                compacted(CompactionKind::ClearedToolResults, None, "refused"),
+                compacted(CompactionKind::Summary, Some(response("unconfigured")), "whatever"),
+            ],
+            Timestamp(0),
+        );
+        let text = compactions.prometheus(0);
+        assert_eq!(
+            lines(&text, "turnstone_compactions_total"),
+            [
+                r#"turnstone_compactions_total{agent="",kind="cleared_tool_results",reason="refused"} 1"#,
+                r#"turnstone_compactions_total{agent="",kind="summary",reason="other"} 1"#,
+                r#"turnstone_compactions_total{agent="",kind="summary",reason="threshold"} 1"#,
+            ]
+        );
+        for family in
+            ["turnstone_compactions_total", "turnstone_tokens_total", "turnstone_cost_dollars_total"]
+        {
+            let typed = format!("# TYPE {family} counter");
+            assert_eq!(text.lines().filter(|l| *l == typed).count(), 1, "{family} is typed once: {text}");
+        }
+        // Under the configured model its reply names, else the call's (here unknown: `other`).
+        assert_eq!(
+            lines(&text, "turnstone_tokens_total"),
+            [
+                r#"turnstone_tokens_total{agent="",model="other",kind="input"} 900"#,
+                r#"turnstone_tokens_total{agent="",model="other",kind="output"} 100"#,
+                r#"turnstone_tokens_total{agent="",model="summarizer",kind="input"} 900"#,
+                r#"turnstone_tokens_total{agent="",model="summarizer",kind="output"} 100"#,
+            ]
+        );
+        assert_eq!(
+            lines(&text, "turnstone_cost_dollars_total"),
+            [
+                r#"turnstone_cost_dollars_total{agent="",model="other"} 0.01"#,
+                r#"turnstone_cost_dollars_total{agent="",model="summarizer"} 0.01"#,
+            ]
+        );
+        // The same reply settling a model call counts the same tokens and cost.
+        let calls = Metrics::for_models(["summarizer".to_owned()]);
+        let settled = Event::CallSettled {
+            call_id: "llm_2".into(),
+            attempt: 1,
+            outcome: Ok(CallValue::Llm(response("unconfigured"))),
+            at: None,
+        };
+        calls.observe(&session, &[settled], Timestamp(0));
+        let called = calls.prometheus(0);
+        for metric in ["turnstone_tokens_total", "turnstone_cost_dollars_total"] {
+            let other =
+                |text| lines(text, metric).into_iter().filter(|l| l.contains("other")).collect::<Vec<_>>();
+            assert_eq!(other(&called), other(&text), "{metric}");
+        }
+        // No attempt of a call ended: a compaction is none.
+        assert!(lines(&text, "turnstone_call_attempts_total").is_empty());
+        let emf: Vec<Value> = compactions
+            .drain_emf(EMF_NAMESPACE, Timestamp(0))
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert!(
+            emf.iter().any(|l| l["Compactions"] == 1 && l["kind"] == "summary" && l["reason"] == "threshold")
+        );
+        for line in &emf {
+            let metrics = line["_aws"]["CloudWatchMetrics"][0]["Metrics"].as_array().unwrap();
+            let mut names: Vec<String> = metrics.iter().map(|m| m["Name"].to_string()).collect();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), metrics.len(), "a metric is named once a line: {line}");
+        }
+    }
 
     #[test]
     fn no_emf_line_carries_more_than_100_values_of_a_metric() {

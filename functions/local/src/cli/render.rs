@@ -298,6 +298,7 @@ mod tests {
             tool_call_id: None,
             name: None,
             provider_blocks: None,
+            compaction: None,
         }
     }
 

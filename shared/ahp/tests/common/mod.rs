@@ -10,7 +10,7 @@ use ahp_types::state::{
 };
 pub use turnstone_ahp::{ChatProjection, StateAction, chat_from_log};
 use turnstone_engine::protocol::{AgentConfig, AgentTool, ToolHandler};
-use turnstone_engine::session::{Event, SessionInit};
+use turnstone_engine::session::{Command, Effect, Event, Route, SessionInit, route};
 pub use turnstone_engine::testing::{
     Driver, approval, client_result, init, message, reply, steer, tool_calls,
 };
@@ -176,4 +176,45 @@ pub fn agent_with_tools() -> AgentConfig {
         },
     ]);
     a
+}
+
+/// The child session parent `p`'s model call just delegated to (a sub-agent declaring
+/// `config`), created and given its message as the runtime routes them: its turn runs,
+/// unanswered.
+pub fn delegated(p: &mut Driver, config: AgentConfig) -> Driver {
+    let parent_id = p.session.id().clone();
+    let routes = |p: &Driver| {
+        p.session
+            .plan(p.now)
+            .effects
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Route { seq, item } => Some((seq, item)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut child = None;
+    // The spawn comes first; each delivery's follow-up routes after it.
+    let mut pending = routes(p);
+    pending.truncate(1);
+    while let Some((seq, item)) = pending.pop() {
+        match route(&parent_id, item) {
+            Route::Spawn(spawn) => {
+                let create = spawn.command(init(&spawn.agent_id, Some(config.clone()), false));
+                let mut c = Driver::new(spawn.session_id.clone(), Timestamp(T0));
+                c.exec(create);
+                child = Some(c);
+            }
+            Route::Send(send) => {
+                let c = child.as_mut().expect("spawned first");
+                let agent_id = c.session.agent_id().to_owned();
+                c.exec(send.command(agent_id));
+            }
+            Route::Deliver { .. } => panic!("nothing to deliver yet"),
+        }
+        p.exec(Command::OutboxDelivered { seq });
+        pending.extend(routes(p));
+    }
+    child.expect("a child")
 }

@@ -86,6 +86,7 @@ fn agents(world: &Arc<World>, life: &Arc<Life>) -> BTreeMap<String, AgentRuntime
         prompt_cache: None,
         thinking_forms: Default::default(),
         mcp: None,
+        context: Default::default(),
     };
     BTreeMap::from([
         (

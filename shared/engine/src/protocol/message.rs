@@ -351,6 +351,7 @@ impl DraftMessage {
             tool_call_id: self.tool_call_id,
             name: self.name,
             provider_blocks: self.provider_blocks,
+            compaction: None,
         }
     }
 
@@ -381,6 +382,36 @@ pub struct Message {
     /// For an assistant message: what its model's provider needs back with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_blocks: Option<Box<ProviderBlocks>>,
+    /// Set on the engine's compaction marker: a system message recording what the model's view
+    /// of the conversation leaves out from here on (an extension of the protocol, see
+    /// [`Compaction`]). Only the engine writes one; a draft cannot carry it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<Box<Compaction>>,
+}
+
+/// What a compaction marker does to the model's view of the path it is on (an extension of the
+/// protocol). The conversation itself is never changed: every message stays recorded and in
+/// `messages`; only the requests the engine builds for a model leave out what a marker covers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(remote = "Self")]
+pub struct Compaction {
+    /// What it does: `summary` (the marker's content summarizes the path through `through`,
+    /// which a model is sent instead) or `cleared_tool_results` (the bodies of the tool
+    /// results through `through` are sent as a short stub).
+    pub kind: CompactionKind,
+    /// The last message it covers, an ancestor of the marker; the messages after it are sent
+    /// as they are.
+    pub through: MessageId,
+}
+
+/// The kinds of [`Compaction`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum CompactionKind {
+    Summary,
+    ClearedToolResults,
 }
 
 impl Message {
@@ -441,5 +472,6 @@ super::parse::objects_only!(
     DraftMessage,
     Message,
     MessageTree,
-    TreeNode
+    TreeNode,
+    Compaction
 );

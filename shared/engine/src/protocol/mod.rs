@@ -39,8 +39,8 @@ pub use llm::{
     ThinkingForm, ToolCallDelta,
 };
 pub use message::{
-    AudioData, Content, ContentPart, DraftMessage, FileData, FunctionCall, Message, MessageTree,
-    ProviderBlocks, Role, ToolCall, TreeNode, UrlRef,
+    AudioData, Compaction, CompactionKind, Content, ContentPart, DraftMessage, FileData, FunctionCall,
+    Message, MessageTree, ProviderBlocks, Role, ToolCall, TreeNode, UrlRef,
 };
 pub use parse::{ProtocolError, parse, parse_response, parse_slice, parse_str};
 pub use trigger::{

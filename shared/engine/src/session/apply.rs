@@ -5,6 +5,7 @@ use super::outbox::OutboxItem;
 use super::records::{CallSpec, ChildTask, TurnStatus};
 use super::{CallClosure, Session};
 use crate::ids::{CallId, DecisionId, SessionId, TurnId};
+use crate::llm_format::usage::TokenCounts;
 use crate::protocol::{CallStatus, DraftMessage};
 
 impl Session {
@@ -186,10 +187,34 @@ impl Session {
                     (outcome, &call.spec)
                 {
                     let turn_id = call.turn_id.clone();
+                    let counts = response.usage.as_ref().map(TokenCounts::of).unwrap_or_default();
+                    if call.is_server_llm() {
+                        // A small prompt is estimated whole at little cost: the head carries
+                        // no measure for it.
+                        self.prompt_measure =
+                            (counts.input >= super::context::MEASURED_PROMPT_TOKENS).then(|| {
+                                super::PromptMeasure {
+                                    anchor: call.anchor.clone(),
+                                    input_tokens: counts.input,
+                                }
+                            });
+                    }
                     let (usage, cost) = (response.usage.clone(), response.cost.clone());
                     self.usage.add(usage.as_ref(), cost.as_deref());
                     if let Some(turn) = turn_id.and_then(|t| self.turns.get_mut(&t)) {
                         turn.usage.add(usage.as_ref(), cost.as_deref());
+                    }
+                }
+            }
+            Event::ContextCompacted { call_id, marker_id, response, .. } => {
+                let Some(call) = self.call_mut(call_id) else { return };
+                call.anchor = Some(marker_id.clone());
+                let turn_id = call.turn_id.clone();
+                if let Some(response) = response {
+                    let (usage, cost) = (response.usage.as_ref(), response.cost.as_deref());
+                    self.usage.add(usage, cost);
+                    if let Some(turn) = turn_id.and_then(|t| self.turns.get_mut(&t)) {
+                        turn.usage.add(usage, cost);
                     }
                 }
             }

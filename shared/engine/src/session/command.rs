@@ -6,8 +6,8 @@ use super::records::{CallError, SessionInit, TurnOrigin};
 use super::request::Transcript;
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
 use crate::protocol::{
-    Action, AgentTool, CallStatus, ClientInput, ClientMessageInput, Content, DecisionResponse, LlmResponse,
-    Message, ProtocolError,
+    Action, AgentTool, CallStatus, ClientInput, ClientMessageInput, Compaction, Content, DecisionResponse,
+    LlmResponse, Message, ProtocolError,
 };
 
 /// Something that asks to change a session.
@@ -92,6 +92,22 @@ pub enum Command {
         attempt: u32,
         /// The model's response or the failure.
         outcome: Result<LlmResponse, CallError>,
+    },
+    /// The runtime compacted the model's view of the conversation for the claimed attempt
+    /// `attempt` of server model call `call_id`, before sending it: record the marker (a
+    /// summary, with the summarizing call's response, or a clearing of tool results) at the
+    /// head, which must be the call's anchor. Fenced by the attempt, so a crashed or timed-out
+    /// attempt's compaction never lands after the next one's.
+    Compact {
+        call_id: CallId,
+        attempt: u32,
+        compaction: Compaction,
+        /// The summarizing call's response (its `content` is the summary); `None` for a clearing.
+        response: Option<LlmResponse>,
+        tokens_before: u64,
+        tokens_after: u64,
+        /// `threshold` or `refused`.
+        reason: String,
     },
     /// The runtime starts an attempt of a server tool call, an MCP tool (claims the effect).
     ClaimToolCall {

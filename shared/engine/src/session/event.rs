@@ -9,7 +9,7 @@ use super::records::{
     TurnRecord, TurnStatus,
 };
 use crate::ids::{CallId, DecisionId, InterruptId, MessageId, SessionId, TurnId};
-use crate::protocol::{AgentConfig, DecisionResponse, ErrorCode, Message};
+use crate::protocol::{AgentConfig, CompactionKind, DecisionResponse, ErrorCode, LlmResponse, Message};
 use crate::time::Timestamp;
 
 /// One fact in a session's log.
@@ -247,6 +247,31 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         at: Option<Timestamp>,
     },
+    /// The model's view of the conversation was compacted before an attempt of a server
+    /// model call (`call_id`, at `attempt`, which it was claimed for): the marker `marker_id`
+    /// (recorded just before, at the head) now covers the path through its `through`, and the
+    /// call reads from the marker.
+    ContextCompacted {
+        call_id: CallId,
+        attempt: u32,
+        /// The marker message.
+        marker_id: MessageId,
+        /// What the marker does.
+        kind: CompactionKind,
+        /// The last message it covers.
+        through: MessageId,
+        /// The summarizing model call's response (model, usage, cost; its text is the
+        /// marker's content); `None` for a clearing, which calls no model.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        response: Option<LlmResponse>,
+        /// The request's estimated tokens before and after.
+        tokens_before: u64,
+        tokens_after: u64,
+        /// Why: `threshold` (the estimate passed the agent's `compact_at`) or `refused` (the
+        /// provider refused the request for its length).
+        reason: String,
+        at: Timestamp,
+    },
     /// A settled call was reported (its `*.finished` decision opened, or the client's view
     /// carried its result): it leaves the session's open calls.
     CallReported { call_id: CallId },
@@ -288,6 +313,7 @@ impl Event {
             | Event::CallDispatched { at, .. }
             | Event::CallRetryScheduled { at, .. }
             | Event::CallSettled { at, .. } => *at,
+            Event::ContextCompacted { at, .. } => Some(*at),
             _ => None,
         }
     }
@@ -327,6 +353,7 @@ impl Event {
             Event::CallApproved { .. } => "call.approved",
             Event::CallRequeued { .. } => "call.requeued",
             Event::CallSettled { .. } => "call.settled",
+            Event::ContextCompacted { .. } => "context.compacted",
             Event::CallReported { .. } => "call.reported",
             Event::CallVoided { .. } => "call.voided",
             Event::InterruptOpened { .. } => "interrupt.opened",

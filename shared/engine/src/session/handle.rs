@@ -136,6 +136,17 @@ impl Tx {
             Command::LlmCallFinished { call_id, attempt, outcome } => {
                 self.settle(&call_id, Some(attempt), outcome.map(CallValue::Llm), Fence::Reject)?
             }
+            Command::Compact {
+                call_id,
+                attempt,
+                compaction,
+                response,
+                tokens_before,
+                tokens_after,
+                reason,
+            } => {
+                self.compact(&call_id, attempt, compaction, response, (tokens_before, tokens_after), reason)?
+            }
             Command::ClaimToolCall { call_id, attempt } => self.claim_tool_call(&call_id, attempt)?,
             Command::ToolCallFinished { call_id, attempt, outcome } => {
                 let outcome = outcome.and_then(|content| self.server_tool_value(content));

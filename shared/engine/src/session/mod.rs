@@ -7,6 +7,7 @@
 mod apply;
 mod calls;
 mod command;
+mod context;
 mod decide;
 mod event;
 mod handle;
@@ -29,6 +30,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use command::{Command, Rejection};
+pub use context::{
+    CompactionPlan, ContextLimits, DEFAULT_SUMMARY_PROMPT, PromptMeasure, SUMMARY_PREFACE, TooLarge,
+    ViewOptions, message_tokens, tokens_for_bytes, truncate_middle,
+};
 pub use event::Event;
 pub use handle::{MAX_TITLE_CHARS, title_from};
 pub use limits::Limits;
@@ -93,6 +98,7 @@ pub fn turn_from_log<'a>(
                 call_turns.insert(&call.id, call.turn_id.as_ref() == Some(turn_id));
             }
             Event::CallSettled { call_id, outcome: Ok(CallValue::Llm(response)), .. }
+            | Event::ContextCompacted { call_id, response: Some(response), .. }
                 if call_turns.get(call_id) == Some(&true) =>
             {
                 if let Some(t) = turn.as_mut() {
@@ -208,6 +214,10 @@ pub struct Session {
     /// Its title, once its first turn or a person gave it one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     title: Option<String>,
+    /// What the provider counted for the last completed server model call's prompt: the
+    /// base of the next request's token estimate (see [`context`]).
+    #[serde(default, rename = "prompt", skip_serializing_if = "Option::is_none")]
+    prompt_measure: Option<PromptMeasure>,
 }
 
 fn is_zero(n: &u64) -> bool {

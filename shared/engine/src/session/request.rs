@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::Session;
+use super::context::ViewOptions;
 use super::records::{CallRecord, CallSpec, PathRef};
 use crate::ids::TurnId;
 use crate::protocol::*;
@@ -134,8 +135,14 @@ impl Session {
     }
 
     /// The request of an LLM call's next attempt: explicit messages as given, otherwise the
-    /// system prompt and the conversation from the root to the call's anchor.
+    /// system prompt and the model's view of the conversation from the root to the call's
+    /// anchor (compaction markers applied, [`Session::model_view`]).
     pub fn llm_request(&self, call: &CallRecord) -> Option<LlmRequest> {
+        self.llm_request_with(call, &ViewOptions::default())
+    }
+
+    /// [`Session::llm_request`] with the view's tool results cut as `view` says.
+    pub fn llm_request_with(&self, call: &CallRecord, view: &ViewOptions) -> Option<LlmRequest> {
         let CallSpec::LlmCall { action, system, agent, .. } = &call.spec else { return None };
         // The config the call refers to: without a worker the declared one for good, with one
         // the version it names (records written before kept copies, which are equal).
@@ -156,7 +163,7 @@ impl Session {
             None => {
                 let mut messages: Vec<Arc<DraftMessage>> =
                     system.into_iter().map(|s| Arc::new(DraftMessage::text(Role::System, s))).collect();
-                messages.extend(self.tree.path_drafts(call.anchor.as_ref()));
+                messages.extend(self.model_view(call.anchor.as_ref(), view));
                 messages
             }
         };

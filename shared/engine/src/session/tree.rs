@@ -12,7 +12,7 @@ use std::sync::{Arc, OnceLock};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{CallId, IdMinter, MessageId};
-use crate::protocol::{DraftMessage, Message, MessageTree, Role, TreeNode};
+use crate::protocol::{CompactionKind, DraftMessage, Message, MessageTree, Role, TreeNode};
 
 /// Every recorded message of a session, with the branch structure and the head.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -54,6 +54,17 @@ struct Meta {
     /// shared by every request after (a cell shared by copies of the tree, filled once with
     /// the same value whichever fills it).
     draft: OnceLock<Arc<DraftMessage>>,
+    /// The compaction markers in force on the path root..node (indices in `nodes`): the
+    /// newest summary and the newest clearing of tool results. Shared with the parent's unless
+    /// the node is one.
+    marks: Marks,
+}
+
+/// The newest compaction markers on a path, by index in the tree's nodes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    pub summary: Option<usize>,
+    pub cleared: Option<usize>,
 }
 
 /// A tree serializes as its head only: messages are immutable and a store keeps them apart
@@ -138,6 +149,12 @@ impl Tree {
         self.bytes += 2 * crate::json_len(&*node);
         let at = self.nodes.len();
         let parent = node.parent_id.as_ref().and_then(|p| self.index.get(p.as_str()).copied());
+        let mut marks = parent.map(|p| self.meta[p].marks).unwrap_or_default();
+        match node.message.compaction.as_deref().map(|c| c.kind) {
+            Some(CompactionKind::Summary) => marks.summary = Some(at),
+            Some(CompactionKind::ClearedToolResults) => marks.cleared = Some(at),
+            None => {}
+        }
         let (depth, jump, mut open) = match parent.map(|p| (p, &self.meta[p])) {
             None => (0, at, Arc::from([])),
             Some((p, up)) => {
@@ -177,7 +194,7 @@ impl Tree {
             _ => {}
         }
         self.index.insert(Arc::from(message.id.as_str()), at);
-        self.meta.push_back(Meta { depth, parent, jump, open, draft: OnceLock::new() });
+        self.meta.push_back(Meta { depth, parent, jump, open, draft: OnceLock::new(), marks });
         self.nodes.push_back(node);
     }
 
@@ -311,6 +328,47 @@ impl Tree {
         path
     }
 
+    /// The compaction markers in force at `node` (none for the empty root).
+    pub fn marks_at(&self, node: Option<&MessageId>) -> Marks {
+        node.and_then(|n| self.index.get(n.as_str())).map(|&i| self.meta[i].marks).unwrap_or_default()
+    }
+
+    /// The node at `index` (as [`Marks`] name them).
+    pub fn node_at(&self, index: usize) -> Option<&TreeNode> {
+        self.nodes.get(index).map(|n| &**n)
+    }
+
+    /// The nodes of the path root..`node` after `after` (an ancestor of `node`; `None`: the
+    /// root's, so the whole path), root side first, each with its index and its shared draft:
+    /// a walk of the part taken, not of the path.
+    pub fn path_after(
+        &self,
+        node: Option<&MessageId>,
+        after: Option<&MessageId>,
+    ) -> Vec<(usize, &TreeNode, Arc<DraftMessage>)> {
+        let stop = after.and_then(|a| self.index.get(a.as_str()).copied());
+        let mut at = node.and_then(|n| self.index.get(n.as_str()).copied());
+        let mut part = Vec::new();
+        while let Some(i) = at.filter(|&i| Some(i) != stop) {
+            let meta = &self.meta[i];
+            let draft = Arc::clone(meta.draft.get_or_init(|| Arc::new(self.nodes[i].message.to_draft())));
+            part.push((i, &*self.nodes[i], draft));
+            at = meta.parent;
+        }
+        part.reverse();
+        part
+    }
+
+    /// The depth of the node at `index` (a root is 0).
+    pub fn depth_at(&self, index: usize) -> Option<u32> {
+        self.meta.get(index).map(|m| m.depth)
+    }
+
+    /// The index of a recorded node.
+    pub fn index_of(&self, id: &MessageId) -> Option<usize> {
+        self.index.get(id.as_str()).copied()
+    }
+
     /// The last `n` nodes of the path from the root to `node`, root side first, and how many
     /// nodes of the path come before them: a walk of `n` nodes, not of the path.
     pub fn path_end(&self, node: Option<&MessageId>, n: usize) -> (Vec<&TreeNode>, usize) {
@@ -368,6 +426,18 @@ impl Tree {
         let mut new_from = drafts.len();
         for (i, draft) in drafts.iter().enumerate() {
             if draft.role == Role::System {
+                // A compaction marker echoed back (the only system message a tree holds): the
+                // branch goes on through it. Any other system message is the agent's.
+                if new_nodes.is_empty()
+                    && draft
+                        .id
+                        .as_ref()
+                        .and_then(|id| self.get(id))
+                        .is_some_and(|n| n.message.compaction.is_some())
+                    && let Some(id) = self.continues(cursor.as_ref(), draft)
+                {
+                    cursor = Some(id);
+                }
                 continue;
             }
             if new_nodes.is_empty() {

@@ -486,6 +486,117 @@ async function run() {
   await bufferedPage.locator("#conversation .msg.assistant", { hasText: "You said: sent while the stream is down" }).waitFor({ timeout: TIMEOUT });
   await buffered.close();
 
+  step = "a compaction marker: folded apart from the messages, its summary on expand, echoed back in a view";
+  // The demo's scripted model names no context window, so the demo host never compacts: this
+  // page is served a real session's messages with two markers put where the engine records them
+  // (at the head before a turn's model call: between the turn's message and its reply, with the
+  // `compaction` that `GET .../messages` carries), and their `context_compacted` events in place
+  // of two events the session view does not read. The rest is the host's.
+  const cs = `console-compaction-${Date.now().toString(36)}`;
+  for (const said of ["compact one", "compact two", "compact three"]) {
+    const res = await fetch(`${base}/v1/sessions/${cs}/inputs`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ type: "client.message", agent_id: "demo", message: { role: "user", content: said } }),
+    });
+    check(res.status === 202, `sending "${said}" answered ${res.status}`);
+    const { turn_id: turnId } = await res.json();
+    let status = "";
+    for (let i = 0; i < 30 && status !== "completed"; i++) {
+      const t = await (await fetch(`${base}/v1/sessions/${cs}/turns/${turnId}?wait=1`)).json();
+      status = (t.turn || t).status;
+    }
+    check(status === "completed", `the turn of "${said}" is ${status}`);
+  }
+  const SUMMARY = "The user said three things; each was said back.";
+  const MARKERS = { summary: "msg_console_summary", cleared_tool_results: "msg_console_cleared" };
+  const contentText = (m) => (typeof m.content === "string" ? m.content : (m.content || []).map((p) => p.text || "").join("\n"));
+  const marked = await browser.newContext();
+  const markedPage = await marked.newPage();
+  current = markedPage;
+  markedPage.on("pageerror", (err) => pageErrors.push(String(err)));
+  await markedPage.route(
+    (u) => u.pathname === `/v1/sessions/${cs}/messages` && u.searchParams.get("tree") === "1",
+    async (r) => {
+      const response = await r.fetch();
+      const tree = await response.json();
+      const byText = (t) => tree.nodes.find((n) => contentText(n.message) === t);
+      // A marker under user message `under` (recorded before its turn's model call): the
+      // reply now hangs under the marker.
+      const mark = (under, kind, through, content) => {
+        const parent = byText(under);
+        if (!parent || !through) return;
+        for (const n of tree.nodes) if (n.parent_id === parent.message.id) n.parent_id = MARKERS[kind];
+        const marker = { id: MARKERS[kind], role: "system", content, compaction: { kind, through: through.message.id } };
+        tree.nodes.splice(tree.nodes.indexOf(parent) + 1, 0, { message: marker, parent_id: parent.message.id });
+      };
+      mark("compact two", "summary", byText("You said: compact one"), SUMMARY);
+      mark("compact three", "cleared_tool_results", byText("You said: compact two"), "[tool results are sent to the model as stubs]");
+      await r.fulfill({ response, json: tree });
+    },
+  );
+  await markedPage.route(
+    (u) => u.pathname === `/v1/sessions/${cs}/events`,
+    async (r) => {
+      const response = await r.fetch();
+      const page = await response.json();
+      const viewed = ["session_created", "turn_started", "turn_activated", "turn_ended", "message_recorded", "call_created", "forked"];
+      const spare = page.events.filter(({ event }) => !viewed.includes(event.type));
+      Object.entries(MARKERS).forEach(([kind, markerId], i) => {
+        if (!spare[i]) return;
+        spare[i].event = {
+          type: "context_compacted", call_id: "llm_console", attempt: 1, marker_id: markerId, kind, through: "msg_console",
+          tokens_before: 12345, tokens_after: 2345, reason: i ? "refused" : "threshold", at: Date.now(),
+        };
+      });
+      await r.fulfill({ response, json: page });
+    },
+  );
+  const sentViews = [];
+  await markedPage.route(`**/v1/sessions/${cs}/inputs*`, (r) => {
+    sentViews.push(r.request().postDataJSON());
+    return r.continue();
+  });
+  await markedPage.goto(`${base}/#/sessions/${cs}`);
+  const summaryMarker = markedPage.locator(`#conversation .msg.compaction[data-compaction="summary"]`);
+  const clearedMarker = markedPage.locator(`#conversation .msg.compaction[data-compaction="cleared_tool_results"]`);
+  await summaryMarker.waitFor({ timeout: TIMEOUT });
+  check((await markedPage.locator("#conversation .msg.system").count()) === 0, "a marker is shown as a system message");
+  const read = await markedPage.locator("#conversation article").evaluateAll((els) =>
+    els.map((e) => (e.classList.contains("compaction") ? `marker ${e.dataset.compaction}` : e.querySelector(".text").textContent)),
+  );
+  const expected = ["compact one", "You said: compact one", "compact two", "marker summary", "You said: compact two", "compact three", "marker cleared_tool_results", "You said: compact three"];
+  check(JSON.stringify(read) === JSON.stringify(expected), `the conversation reads ${JSON.stringify(read)}`);
+  check((await markedPage.locator(".turn-bar").count()) === 3, "a marker split its turn: not one bar per turn");
+  const heading = await summaryMarker.locator("summary").textContent();
+  check(heading.includes("Context compacted — summary") && heading.includes("about 12,345 → 2,345 tokens"), `the summary's marker reads "${heading}"`);
+  const summaryText = summaryMarker.locator(".text");
+  check(!(await summaryText.isVisible()), "the summary shows before the marker is expanded");
+  await markedPage.screenshot({ path: `${shots}/session-compaction.png`, fullPage: true });
+  await summaryMarker.locator("summary").click();
+  await summaryText.waitFor({ state: "visible", timeout: TIMEOUT });
+  check((await summaryText.textContent()) === SUMMARY, `the expanded marker shows "${await summaryText.textContent()}"`);
+  check((await summaryMarker.textContent()).includes("You said: compact one"), "the marker does not say what it covers");
+  const clearedHeading = await clearedMarker.locator("summary").textContent();
+  check(clearedHeading.includes("Tool results cleared from the model's view"), `the clearing's marker reads "${clearedHeading}"`);
+  check(!(await clearedMarker.locator("details").evaluate((d) => d.open)), "the clearing's marker is not folded");
+  check(!(await clearedMarker.textContent()).includes("[tool results"), "the clearing shows the marker's own sentence");
+  await markedPage.screenshot({ path: `${shots}/session-compaction-open.png`, fullPage: true });
+
+  step = "an edit after a compaction sends the marker back with the view, so the branch goes through it";
+  await markedPage.locator("#conversation .msg.user", { hasText: "compact three" }).getByRole("button", { name: "Edit" }).click();
+  await markedPage.getByLabel("Edited message").fill("compact three, edited");
+  await markedPage.getByRole("button", { name: "Save as a new branch" }).click();
+  await markedPage.locator("#conversation .msg.assistant", { hasText: "You said: compact three, edited" }).waitFor({ timeout: TIMEOUT });
+  check(sentViews.length === 1 && sentViews[0].type === "client.messages", `the edit sent ${JSON.stringify(sentViews)}`);
+  const view = sentViews[0].messages.map((m) => (m.role === "system" ? `${m.role} ${m.id}` : m.role));
+  const throughMarker = ["user", "assistant", "user", `system ${MARKERS.summary}`, "assistant", "user"];
+  check(JSON.stringify(view) === JSON.stringify(throughMarker), `the edit's view is ${JSON.stringify(view)}`);
+  // The summary stays expanded across the refreshes the edit made.
+  check(await summaryMarker.locator("details").evaluate((d) => d.open), "a refresh folded the expanded marker again");
+  check(pageErrors.length === 0, `errors on the page: ${pageErrors.join("; ")}`);
+  await marked.close();
+
   step = "the API key prompt on 401, kept in sessionStorage";
   // The host under test has no [auth]; a route answers 401 to requests without the key, as a
   // host with [auth] would, and lets the rest through.

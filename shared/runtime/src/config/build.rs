@@ -75,6 +75,9 @@ pub(super) struct RawAgent {
     pub(super) max_cost: Option<RawMoney>,
     pub(super) max_llm_calls: Option<u64>,
     pub(super) mcp: Option<Vec<McpServerConfig>>,
+    pub(super) context_window: Option<u64>,
+    pub(super) max_output_tokens: Option<u64>,
+    pub(super) compaction: Option<CompactionConfig>,
 }
 
 /// Dollars, as a TOML string (`"0.50"`, exact) or number (`0.5`).
@@ -192,6 +195,7 @@ pub(super) fn check_llm(id: &str, llm: &LlmConfig, problems: &mut Problems<'_>) 
             check_env_name(var, at("api_key_env"), problems);
         }
     }
+    check_context(llm.context_window, llm.max_output_tokens, &|f: &str| at(f), problems);
     if llm.kind == LlmKind::Scripted && !llm.prices.is_empty() {
         problems.add(at("prices"), "the scripted model is free: it takes no prices");
     }
@@ -343,6 +347,9 @@ pub(super) fn build_agent(
     let budget = Budget { max_cost_picodollars, max_llm_calls: raw.max_llm_calls };
     let mcp = raw.mcp.unwrap_or_default();
     check_mcp(&mcp, &config, &at, problems);
+    let compaction = raw.compaction.unwrap_or_default();
+    check_context(raw.context_window, raw.max_output_tokens, &at, problems);
+    check_compaction(&compaction, &at, problems);
     AgentDef {
         id,
         config,
@@ -352,6 +359,49 @@ pub(super) fn build_agent(
         worker_messages,
         budget,
         mcp,
+        context_window: raw.context_window,
+        max_output_tokens: raw.max_output_tokens,
+        compaction,
+    }
+}
+
+/// A window and a reply reserve that leave room for a request.
+fn check_context(
+    window: Option<u64>,
+    max_output: Option<u64>,
+    at: &dyn Fn(&str) -> Vec<Seg>,
+    problems: &mut Problems<'_>,
+) {
+    if window.is_some_and(|w| w < 1_024) {
+        problems.add(at("context_window"), "must be at least 1024 tokens");
+    }
+    if max_output == Some(0) {
+        problems.add(at("max_output_tokens"), "must be at least 1");
+    }
+    if let (Some(w), Some(m)) = (window, max_output)
+        && m >= w
+    {
+        problems.add(at("max_output_tokens"), format!("must be less than context_window ({w})"));
+    }
+}
+
+/// `[agent.<id>.compaction]`: shares of the window between 0 and 1, positive sizes.
+fn check_compaction(c: &CompactionConfig, at: &dyn Fn(&str) -> Vec<Seg>, problems: &mut Problems<'_>) {
+    let field = |name: &str| join(at("compaction"), name);
+    if !(c.at > 0.0 && c.at <= 1.0) {
+        problems.add(field("at"), "must be a share of the window, more than 0 and at most 1 (e.g. 0.8)");
+    }
+    if !(c.keep_recent > 0.0 && c.keep_recent < c.at.min(1.0)) {
+        problems.add(field("keep_recent"), format!("must be more than 0 and less than `at` ({})", c.at));
+    }
+    if c.tool_result_max_tokens == Some(0) {
+        problems.add(field("tool_result_max_tokens"), "must be at least 1 (leave it out for no cap)");
+    }
+    if c.summary_max_tokens == Some(0) {
+        problems.add(field("summary_max_tokens"), "must be at least 1");
+    }
+    if c.model.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        problems.add(field("model"), "must not be empty (leave it out for the call's own model)");
     }
 }
 

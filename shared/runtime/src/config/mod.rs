@@ -341,6 +341,71 @@ pub struct LlmConfig {
     /// (Anthropic). Ids naming a Claude version need none.
     #[serde(default)]
     pub thinking: BTreeMap<String, ThinkingSetting>,
+    /// The context window of its models in tokens, for models the engine's table does not
+    /// know (a compatible server, a local model) or to override it.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+    /// The largest reply of its models in tokens: the reserve a request keeps for it when it
+    /// names no `max_completion_tokens`.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+}
+
+/// How an agent keeps its model requests within the context window (`[agent.<id>.compaction]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionConfig {
+    /// Whether the engine compacts at all (a request past the window then fails).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Compact when a request's estimated prompt plus reply passes this share of the window.
+    #[serde(default = "default_compact_at")]
+    pub at: f64,
+    /// How much of the window the newest messages kept word for word may take.
+    #[serde(default = "default_keep_recent")]
+    pub keep_recent: f64,
+    /// Clear old tool results' bodies (no model call) before summarizing, when that is enough.
+    #[serde(default = "yes")]
+    pub clear_tool_results: bool,
+    /// The most one tool result may take in a model's request, in tokens (the log keeps it whole).
+    #[serde(default)]
+    pub tool_result_max_tokens: Option<u64>,
+    /// The model that summarizes (on the agent's provider); default: the call's own model.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The summarizing call's instructions; default: the engine's.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// The longest summary asked for, in tokens; default: a twentieth of the window, 1,024 to 8,192.
+    #[serde(default)]
+    pub summary_max_tokens: Option<u64>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn default_compact_at() -> f64 {
+    0.8
+}
+
+fn default_keep_recent() -> f64 {
+    0.25
+}
+
+impl Default for CompactionConfig {
+    fn default() -> Self {
+        CompactionConfig {
+            enabled: true,
+            at: default_compact_at(),
+            keep_recent: default_keep_recent(),
+            clear_tool_results: true,
+            tool_result_max_tokens: None,
+            model: None,
+            prompt: None,
+            summary_max_tokens: None,
+        }
+    }
 }
 
 /// A value of `[llm.<id>] thinking`.
@@ -467,6 +532,13 @@ pub struct AgentDef {
     /// How much of the conversation its worker's decision requests carry (`worker_messages`):
     /// the whole of it (the protocol's request), or the last messages of the active path.
     pub worker_messages: Transcript,
+    /// The context window of its model in tokens (`context_window`), over the `[llm]` block's
+    /// and the engine's table.
+    pub context_window: Option<u64>,
+    /// Its model's largest reply in tokens (`max_output_tokens`).
+    pub max_output_tokens: Option<u64>,
+    /// How its requests are kept within the window (`[agent.<id>.compaction]`).
+    pub compaction: CompactionConfig,
     /// Per-turn limits (`max_cost` in dollars, `max_llm_calls`): a turn past one fails with
     /// `budget_exceeded`.
     pub budget: Budget,

@@ -187,6 +187,8 @@ fn a_full_example_parses_to_every_field() {
             reasoning: None,
             prompt_cache: PromptCacheSetting::FiveMinutes,
             thinking: BTreeMap::new(),
+            context_window: None,
+            max_output_tokens: None,
         }
     );
     assert_eq!(
@@ -204,6 +206,8 @@ fn a_full_example_parses_to_every_field() {
             }),
             prompt_cache: PromptCacheSetting::FiveMinutes,
             thinking: BTreeMap::new(),
+            context_window: None,
+            max_output_tokens: None,
         }
     );
     assert_eq!(config.llms["claude"].kind.provider_kind(), crate::llm::ProviderKind::Anthropic);
@@ -258,6 +262,9 @@ fn a_full_example_parses_to_every_field() {
             worker_messages: Transcript::Whole,
             budget: Budget::default(),
             mcp: Vec::new(),
+            context_window: None,
+            max_output_tokens: None,
+            compaction: CompactionConfig::default(),
         }
     );
     assert!(main.has_worker());
@@ -312,7 +319,8 @@ fn unknown_keys_are_named_where_they_are() {
         err(&with_llm("[agent.demo]\nmodel = \"x\"\nmodle = \"y\"\n")),
         "turnstone.toml:6:1: agent.demo.modle: unknown key \"modle\" (did you mean \"model\"?); \
          expected one of: model, system, stream, handler, format, retry, tools, sub_agents, llm, \
-         worker, worker_secret_env, worker_messages, max_cost, max_llm_calls, mcp"
+         worker, worker_secret_env, worker_messages, max_cost, max_llm_calls, mcp, context_window, \
+         max_output_tokens, compaction"
     );
     assert_eq!(
         err(&with_llm(
@@ -340,7 +348,8 @@ fn unknown_keys_are_named_where_they_are() {
     assert_eq!(
         err("[llm.openai]\ntype = \"openai\"\napi_key = \"x\"\n"),
         "turnstone.toml:3:1: llm.openai.api_key: unknown key \"api_key\" (did you mean \"api_key_env\"?); \
-         expected one of: type, base_url, api_key_env, prices, reasoning, prompt_cache, thinking"
+         expected one of: type, base_url, api_key_env, prices, reasoning, prompt_cache, thinking, \
+         context_window, max_output_tokens"
     );
     assert_eq!(
         err("[server]\nport = 8787\n"),
@@ -925,4 +934,44 @@ fn mcp_server_mistakes_are_named_with_their_line_and_field() {
         "[agent.demo]\nmodel = \"m\"\n\n[[agent.demo.mcp]]\nname = \"f\"\nurl = \"http://h/mcp\"\n\n[[agent.demo.mcp]]\nname = \"f\"\nurl = \"http://h/mcp\"\n",
     ));
     assert!(twice.contains("duplicate MCP server"), "{twice}");
+}
+
+#[test]
+fn context_windows_and_compaction_are_read_and_checked() {
+    let config = Config::parse(
+        r#"
+[llm.local]
+type = "openai"
+base_url = "http://localhost:11434/v1"
+context_window = 32768
+max_output_tokens = 2048
+
+[agent.a]
+model = "llama-3"
+llm = "local"
+context_window = 16384
+
+[agent.a.compaction]
+at = 0.7
+keep_recent = 0.2
+tool_result_max_tokens = 4000
+prompt = "Summarize tersely."
+"#,
+        "turnstone.toml",
+    )
+    .unwrap();
+    let a = config.agent("a").unwrap();
+    assert_eq!(a.context_window, Some(16_384));
+    assert_eq!(a.compaction.at, 0.7);
+    assert_eq!(a.compaction.tool_result_max_tokens, Some(4_000));
+    assert_eq!(config.llms["local"].context_window, Some(32_768));
+
+    let e = err("[llm.s]\ntype = \"scripted\"\ncontext_window = 100\n[agent.a]\nmodel = \"m\"\n");
+    assert!(e.contains("llm.s.context_window: must be at least 1024 tokens"), "{e}");
+    let e = err(&with_llm("[agent.a]\nmodel = \"m\"\n[agent.a.compaction]\nat = 1.5\n"));
+    assert!(e.contains("agent.a.compaction.at: must be a share of the window"), "{e}");
+    let e = err(&with_llm("[agent.a]\nmodel = \"m\"\ncontext_window = 4096\nmax_output_tokens = 8192\n"));
+    assert!(e.contains("agent.a.max_output_tokens: must be less than context_window (4096)"), "{e}");
+    let e = err(&with_llm("[agent.a]\nmodel = \"m\"\n[agent.a.compaction]\nkeep_recnt = 0.5\n"));
+    assert!(e.contains("keep_recnt"), "{e}");
 }

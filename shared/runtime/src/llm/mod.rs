@@ -18,6 +18,7 @@
 //! streams are parsed with [`crate::net::SseStream`].
 
 pub mod anthropic;
+pub mod context;
 pub mod error;
 mod http;
 pub mod openai;
@@ -36,7 +37,8 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use turnstone_engine::protocol::{LlmRequest, LlmResponse, StreamDelta};
 
 pub use anthropic::AnthropicProvider;
-pub use error::ProviderError;
+pub use context::{ContextSettings, ModelWindow, model_window};
+pub use error::{ContextOverflow, ProviderError};
 pub use openai::OpenAiProvider;
 pub use openai_responses::OpenAiResponsesProvider;
 pub use provider::HttpProvider;
