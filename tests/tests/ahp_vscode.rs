@@ -32,6 +32,21 @@ use turnstone_tests::{ApiClient, FakeAnswer, FakeWorker, TestHost};
 
 const PATIENCE: Duration = Duration::from_secs(15);
 
+/// What VS Code's desktop renderer adds to its agent host socket's upgrade (§1): the origin of
+/// its Electron page (`vscode-file://vscode-app`, the scheme the workbench is loaded from) and
+/// its user agent (Electron's Chromium with `Code/<version>` and `Electron/<version>`).
+const VSCODE_UPGRADE_HEADERS: &[(&str, &str)] = &[
+    ("origin", "vscode-file://vscode-app"),
+    (
+        "user-agent",
+        "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Code/1.107.0 \
+         Chrome/142.0.7444.175 Electron/39.2.3 Safari/537.36",
+    ),
+    ("pragma", "no-cache"),
+    ("cache-control", "no-cache"),
+    ("accept-language", "en-US,en;q=0.9"),
+];
+
 /// The scripted model (`/tool <name> <args>` calls a tool), and a tool that needs approval.
 const CONFIG: &str = r#"
 [llm.s]
@@ -87,7 +102,9 @@ struct VsCode {
 
 impl VsCode {
     /// Opens the socket as `WebSocketClientTransport.connect()` does (§1): `ws://` in front,
-    /// the token as the `tkn` query parameter, no subprotocol, no headers.
+    /// the token as the `tkn` query parameter, no subprotocol, no custom headers; and as the
+    /// desktop renderer's browser `WebSocket` sends it, with the Electron page's origin and
+    /// user agent (§1, "Upgrade headers").
     async fn connect(
         host: &TestHost,
         token: Option<&str>,
@@ -96,7 +113,11 @@ impl VsCode {
         if let Some(token) = token {
             url.push_str(&format!("?tkn={}", urlencode(token)));
         }
-        let (socket, _) = tokio_tungstenite::connect_async(url.into_client_request()?).await?;
+        let mut request = url.into_client_request()?;
+        for (name, value) in VSCODE_UPGRADE_HEADERS {
+            request.headers_mut().insert(*name, value.parse().unwrap());
+        }
+        let (socket, _) = tokio_tungstenite::connect_async(request).await?;
         Ok(VsCode {
             socket,
             client_id: "0b4f8a52-5d1c-4c1e-9d3a-6a1f2b7c9e01".to_owned(),

@@ -5,7 +5,8 @@
 //!   listens on every address, which `serve` does only with `allow_anonymous`, takes any name);
 //! - a WebSocket upgrade or a state-changing request (any method but GET, HEAD, OPTIONS)
 //!   whose `Origin` is present and is not this host's own origin is refused with 403: a page
-//!   of another site sends its origin, and browsers neither let it set nor drop that header;
+//!   of another site sends its origin, and browsers neither let it set nor drop that header
+//!   (VS Code's desktop origin, which no web page can send, may open a socket);
 //! - a request with a body says `Content-Type: application/json`, else 415: a cross-site
 //!   form (`text/plain`, `application/x-www-form-urlencoded`, `multipart/form-data`) is sent
 //!   with no preflight, but cannot set that type without one.
@@ -91,7 +92,7 @@ impl OpenHost {
             && let Some(origin) = headers.get(header::ORIGIN)
         {
             let origin = origin.to_str().unwrap_or("");
-            if !same_origin(origin, host) {
+            if !same_origin(origin, host) && !(upgrade && origin == VSCODE_DESKTOP_ORIGIN) {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
                     "cross_origin",
@@ -143,6 +144,14 @@ fn host_name(host: &str) -> &str {
         },
     )
 }
+
+/// The origin VS Code's desktop renderer sends on every request it makes, its agent host
+/// client's WebSocket included: the workbench is an Electron page loaded from the
+/// `vscode-file` scheme (`vscode-file://vscode-app/.../workbench.html`). No web page can carry
+/// it (a browser sends the page's own scheme and host, and neither lets a script set the
+/// header), so letting it open a socket keeps the open host closed to web pages. Only for
+/// WebSocket upgrades: VS Code talks to an agent host over its socket alone.
+const VSCODE_DESKTOP_ORIGIN: &str = "vscode-file://vscode-app";
 
 /// Whether `origin` (`scheme://host[:port]`, or `null`) is the origin of a page this host
 /// served under `host`.
@@ -211,6 +220,20 @@ mod tests {
         assert_eq!(code(Method::DELETE, &[local, ("origin", "http://evil.example")]), Some(403));
         // A page of another site may read nothing it could not read anyway, but may not upgrade.
         assert_eq!(code(Method::GET, &[local, ("origin", "http://evil.example")]), None);
+        // VS Code's desktop renderer opens its agent host socket from its own scheme; nothing
+        // else of it, and no look-alike, gets through.
+        let vscode = ("origin", "vscode-file://vscode-app");
+        assert_eq!(code(Method::GET, &[local, vscode, ("upgrade", "websocket")]), None);
+        assert_eq!(code(Method::POST, &[local, json, body, vscode]), Some(403));
+        for other in ["vscode-file://vscode-app.evil.example", "vscode-webview://abc", "https://vscode-app"] {
+            assert_eq!(
+                code(Method::GET, &[local, ("origin", other), ("upgrade", "websocket")]),
+                Some(403),
+                "{other}"
+            );
+        }
+        let rebound = ("host", "evil.example:8787");
+        assert_eq!(code(Method::GET, &[rebound, vscode, ("upgrade", "websocket")]), Some(421));
         assert_eq!(
             code(Method::GET, &[local, ("origin", "http://evil.example"), ("upgrade", "websocket")]),
             Some(403)
