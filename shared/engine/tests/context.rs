@@ -258,3 +258,22 @@ fn a_rewind_to_before_a_marker_leaves_its_summary_behind() {
     assert!(sent.iter().all(|t| !t.contains("THE SUMMARY")), "{sent:?}");
     assert!(sent.iter().any(|t| t.starts_with("question 0 ")));
 }
+
+#[test]
+fn the_estimate_builds_on_what_the_provider_reported() {
+    let mut h = harness_with("s");
+    h.submit("first");
+    let (call_id, attempt) = h.claim_llm();
+    let mut response = reply("an answer");
+    response.usage =
+        Some(serde_json::json!({"input_tokens": 100, "cache_read_input_tokens": 19_900, "output_tokens": 5}));
+    h.exec(Command::LlmCallFinished { call_id, attempt, outcome: Ok(response) });
+    let (call, _) = next_call(&mut h, "second");
+    let request = h.session.llm_request(&call).unwrap();
+    let estimate = h.session.prompt_estimate(&call, &request, &ViewOptions::default());
+    // 20,000 reported, plus the reply and the new message (a few dozen tokens).
+    assert!((20_000..20_100).contains(&estimate), "{estimate}");
+    // Without the report (a prompt too small to keep one), the whole view's bytes are counted.
+    let whole: u64 = request.messages.iter().map(|m| message_tokens(m)).sum();
+    assert!(whole < 100, "{whole}");
+}

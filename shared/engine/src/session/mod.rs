@@ -266,6 +266,12 @@ impl Session {
         &self.id
     }
 
+    /// What the provider counted for the last completed server model call's prompt, when it
+    /// was large enough to keep ([`context`]).
+    pub fn prompt_measure(&self) -> Option<&PromptMeasure> {
+        self.prompt_measure.as_ref()
+    }
+
     /// Agent, owner, parent and defaults; `None` until created.
     pub fn init(&self) -> Option<&SessionInit> {
         self.init.as_ref()

@@ -92,7 +92,7 @@ impl OpenHost {
             && let Some(origin) = headers.get(header::ORIGIN)
         {
             let origin = origin.to_str().unwrap_or("");
-            if !same_origin(origin, host) && !(upgrade && origin == VSCODE_DESKTOP_ORIGIN) {
+            if !(same_origin(origin, host) || (upgrade && origin == VSCODE_DESKTOP_ORIGIN)) {
                 return Err(ApiError::new(
                     StatusCode::FORBIDDEN,
                     "cross_origin",
