@@ -55,6 +55,10 @@ export type CallStatus = "pending" | "completed" | "failed" | "retry_scheduled" 
  */
 export type DecisionId = string;
 /**
+ * The kinds of `Compaction`.
+ */
+export type CompactionKind = "summary" | "cleared_tool_results";
+/**
  * A message body: plain text or a list of typed parts.
  */
 export type Content = string | ContentPart[];
@@ -786,6 +790,12 @@ export interface TreeNode {
  * A recorded message: a node of the session's message tree.
  */
 export interface Message {
+  /**
+   * Set on the engine's compaction marker: a system message recording what the model's view
+   * of the conversation leaves out from here on (an extension of the protocol, see
+   * `Compaction`). Only the engine writes one; a draft cannot carry it.
+   */
+  compaction?: Compaction | null;
   content?: Content | null;
   id: MessageId;
   /**
@@ -805,6 +815,15 @@ export interface Message {
    * Tool calls the assistant made.
    */
   tool_calls?: ToolCall[] | null;
+}
+/**
+ * What a compaction marker does to the model's view of the path it is on (an extension of the
+ * protocol). The conversation itself is never changed: every message stays recorded and in
+ * `messages`; only the requests the engine builds for a model leave out what a marker covers.
+ */
+export interface Compaction {
+  kind: CompactionKind;
+  through: MessageId;
 }
 /**
  * `{ url }`, as used by image and video parts.
