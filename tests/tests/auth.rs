@@ -362,3 +362,26 @@ async fn who_may_settle_which_call() {
     gate.open();
     host.stop().await;
 }
+
+/// One leeway rule for every route that reads a token (issue 46): none. A JWT that expired 25 s
+/// ago is refused over HTTP and at the WebSocket upgrade alike; one valid for 30 s more opens both.
+#[tokio::test]
+async fn a_token_just_past_its_expiry_is_refused_on_every_route() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let (host, _dir) = start().await;
+    let upgrade = |token: String| {
+        let url = format!("{}?tkn={token}", host.ahp_url());
+        async move { tokio_tungstenite::connect_async(url.into_client_request().unwrap()).await.map(drop) }
+    };
+    let late = jwt("alice", -25, json!({}));
+    let (status, body) = host.with_token(late.clone()).get("/v1/sessions").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("token_expired")), "{body}");
+    let refused = upgrade(late).await.unwrap_err();
+    assert!(refused.to_string().contains("401"), "{refused}");
+
+    let fresh = jwt("alice", 30, json!({}));
+    let (status, body) = host.with_token(fresh.clone()).get("/v1/sessions").await;
+    assert_eq!(status, 200, "{body}");
+    upgrade(fresh).await.unwrap();
+    host.stop().await;
+}

@@ -275,7 +275,13 @@ impl Authenticator {
         };
         let jwt = secrets.jwt_secret().map(|secret| {
             let mut validation = Validation::new(Algorithm::HS256);
-            validation.leeway = 30;
+            // One rule on every route that reads a token (requests, WebSocket upgrades, an open
+            // socket, pushes to its subscriptions): valid until its `exp`, not on or after it
+            // (RFC 7519, 4.1.4), with no leeway. A leeway on requests alone let a token open
+            // nothing a request could not, yet be refused at an upgrade; a socket lives until
+            // its token's `exp`, so that is where every route ends it. Issuers allow for clock
+            // skew in the `exp` they set.
+            validation.leeway = 0;
             validation.set_required_spec_claims(&["exp", "sub"]);
             // A token not valid yet is refused as one past its `exp` is.
             validation.validate_nbf = true;
@@ -312,7 +318,7 @@ impl Authenticator {
     /// The caller of a WebSocket upgrade: by its `Authorization` header's value as every
     /// request's or, without one, by `token`, the token a browser's WebSocket (which cannot set
     /// headers) carries in the URL's `tkn` parameter. The header wins when both are there. A
-    /// token past its expiry is refused, even within the leeway requests get.
+    /// token past its expiry is refused, as on every route.
     pub fn authenticate_upgrade(
         &self,
         authorization: Option<&str>,
@@ -322,8 +328,8 @@ impl Authenticator {
             (None, Some(token)) => self.authenticate_token(token),
             (authorization, _) => self.authenticate(authorization),
         }?;
-        // The token check allows some leeway past `exp`; a socket opened with such a token
-        // would be closed at once, so it is not opened.
+        // A key's caller never expires; a JWT's was checked against its `exp` already, and
+        // this says so for a token that expires between the two checks.
         if expired(caller.expires_at()) {
             return Err(AuthError::Expired);
         }
