@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
-from mcp_types import ListToolsResult, ToolAnnotations
+from mcp_types import CallToolResult, ListToolsResult, TextContent, ToolAnnotations
 
 INVALID_PARAMS = -32602
 PAGE_SIZE = 3  # tools/list pages, so that clients must follow nextCursor
@@ -58,6 +58,17 @@ class Sum(TypedDict):
 def add(a: float, b: float) -> Sum:
     """Adds two numbers (structured content, with an output schema)."""
     return {"sum": a + b}
+
+
+@mcp.tool()
+def tally(a: float, b: float) -> CallToolResult:
+    """Adds two numbers, saying so in a sentence, with the figures as structured content only
+    (servers SHOULD also send the JSON as text; many send a sentence instead)."""
+    total = a + b
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"The total of the two is {total:g}.")],
+        structuredContent={"total": total, "terms": [a, b]},
+    )
 
 
 @mcp.tool()

@@ -90,6 +90,13 @@ async fn the_model_calls_a_tool_of_an_mcp_server_and_reads_its_result() {
     approve_waiting_call(&host, "s-echo").await;
     assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);
     assert!(host.last_tool_result("s-echo").await.contains("5"), "{}", host.last_tool_result("s-echo").await);
+    // A sentence beside structured content: the tool message (the log, what workers, clients
+    // and the console read, and what the model is sent) keeps both.
+    let turn = host.submit_ok("s-echo", &message(r#"/tool files__tally {"a": 2, "b": 3}"#)).await;
+    approve_waiting_call(&host, "s-echo").await;
+    assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);
+    let tally = host.last_tool_result("s-echo").await;
+    assert_eq!(tally, "The total of the two is 5.\n{\"terms\":[2.0,3.0],\"total\":5.0}");
     let turn = host.submit_ok("s-echo", &message(r#"/tool files__fail {"message": "disk on fire"}"#)).await;
     approve_waiting_call(&host, "s-echo").await;
     assert_eq!(host.wait_turn_within("s-echo", &turn, PATIENCE).await.status, TurnStatus::Completed);

@@ -719,7 +719,7 @@ async fn main() -> anyhow::Result<()> {
             wall,
         });
         before = now;
-        if n % 50 == 0 || n == args.turns {
+        if n.is_multiple_of(50) || n == args.turns {
             let last = turns.last().and_then(TurnFigures::main_request).map_or(0, CacheUse::input);
             eprintln!(
                 "  turn {n}/{}: {:.0} s, compactions {}, last request {} tokens, ${:.4} so far",

@@ -23,7 +23,8 @@ pub struct ToolResult {
 
 impl ToolResult {
     /// What a model reads: the text blocks, joined by newlines; the structured content as JSON
-    /// when no block is text; other blocks summarised (`[image image/png, 1234 bytes base64]`).
+    /// unless a text block already carries it (first when no block is text, else after the
+    /// blocks); other blocks summarised (`[image image/png, 1234 bytes base64]`).
     pub fn text(&self) -> String {
         self.lines().collect::<Vec<_>>().join("\n")
     }
@@ -35,23 +36,50 @@ impl ToolResult {
         if !self.content.iter().any(is_model_image) {
             return Content::Text(self.text());
         }
-        let lead = self.structured_text().map(|text| ContentPart::Text { text });
+        let (lead, tail) = self.structured_text();
         let blocks = self.content.iter().map(|block| match model_image(block) {
             Some(url) => ContentPart::ImageUrl { image_url: UrlRef { url } },
             None => ContentPart::Text { text: summary(block) },
         });
-        Content::Parts(lead.into_iter().chain(blocks).collect())
+        let text = |text| ContentPart::Text { text };
+        Content::Parts(lead.map(text).into_iter().chain(blocks).chain(tail.map(text)).collect())
     }
 
-    /// The result's lines: the structured content when no block is text, then each block.
+    /// The result's lines: the structured content where [`ToolResult::text`] puts it, and each
+    /// block.
     fn lines(&self) -> impl Iterator<Item = String> + '_ {
-        self.structured_text().into_iter().chain(self.content.iter().map(summary))
+        let (lead, tail) = self.structured_text();
+        lead.into_iter().chain(self.content.iter().map(summary)).chain(tail)
     }
 
-    /// The structured content as JSON, when it stands in for text no block gives.
-    fn structured_text(&self) -> Option<String> {
-        let has_text = self.content.iter().any(|b| kind(b) == "text");
-        self.structured.as_ref().filter(|_| !has_text).map(Value::to_string)
+    /// The structured content as JSON, unless a text block carries it already (the spec asks a
+    /// server to send it as text too, but many send a sentence instead, and the data would be
+    /// lost): before the blocks when none is text (it stands in for the text), else after them.
+    fn structured_text(&self) -> (Option<String>, Option<String>) {
+        let Some(structured) = &self.structured else { return (None, None) };
+        let texts: Vec<&str> =
+            self.content.iter().filter(|b| kind(b) == "text").map(|b| field(b, "text")).collect();
+        if texts.iter().any(|t| carries(t, structured)) {
+            return (None, None);
+        }
+        let json = Some(structured.to_string());
+        if texts.is_empty() { (json, None) } else { (None, json) }
+    }
+}
+
+/// Whether text `text` says what `structured` holds: it is that JSON, or, for an SDK's wrapping
+/// of a tool's plain return value as a one-field object (the Python SDK's `{"result": …}`), it
+/// is that value (as JSON, or as the string itself).
+fn carries(text: &str, structured: &Value) -> bool {
+    let parsed = serde_json::from_str::<Value>(text).ok();
+    if parsed.as_ref() == Some(structured) {
+        return true;
+    }
+    match structured.as_object() {
+        Some(fields) if fields.len() == 1 => {
+            fields.values().next().is_some_and(|v| v.as_str() == Some(text) || parsed.as_ref() == Some(v))
+        }
+        _ => false,
     }
 }
 
@@ -161,7 +189,35 @@ mod tests {
             vec![json!({"type": "text", "text": "a"}), json!({"type": "text", "text": "b"})],
             Some(json!({"x": 1})),
         );
-        assert_eq!(r.text(), "a\nb");
+        assert_eq!(r.text(), "a\nb\n{\"x\":1}");
+    }
+
+    #[test]
+    fn structured_content_a_text_block_carries_is_not_repeated() {
+        let r = result(vec![json!({"type": "text", "text": "{\"x\": 1}"})], Some(json!({"x": 1})));
+        assert_eq!(r.text(), "{\"x\": 1}");
+        // The Python SDK's wrapping of a plain return value.
+        let r = result(vec![json!({"type": "text", "text": "hello"})], Some(json!({"result": "hello"})));
+        assert_eq!(r.text(), "hello");
+        let r = result(vec![json!({"type": "text", "text": "42"})], Some(json!({"result": 42})));
+        assert_eq!(r.text(), "42");
+        let r = result(vec![json!({"type": "text", "text": "hello"})], Some(json!({"result": "bye"})));
+        assert_eq!(r.text(), "hello\n{\"result\":\"bye\"}");
+    }
+
+    #[test]
+    fn structured_content_beside_a_sentence_is_kept_after_it() {
+        let r = result(vec![json!({"type": "text", "text": "The total is 3."})], Some(json!({"total": 3})));
+        assert_eq!(r.text(), "The total is 3.\n{\"total\":3}");
+        let with_image = result(
+            vec![
+                json!({"type": "text", "text": "See."}),
+                json!({"type": "image", "mimeType": "image/png", "data": "AAAA"}),
+            ],
+            Some(json!({"n": 1})),
+        );
+        let Content::Parts(parts) = with_image.content() else { panic!("parts") };
+        assert_eq!(parts.last(), Some(&ContentPart::Text { text: "{\"n\":1}".into() }));
     }
 
     #[test]

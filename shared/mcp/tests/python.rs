@@ -58,6 +58,13 @@ async fn calls_tools_and_reads_their_results() {
     let add = servers.call_tool("py", "add", args(json!({"a": 2, "b": 3.5}))).await.unwrap();
     assert_eq!(add.structured, Some(json!({"sum": 5.5})));
     assert!(add.text().contains("5.5"), "{}", add.text());
+    // The SDK sends the structured content as text too: the model reads it once.
+    assert_eq!(add.text().matches("5.5").count(), 1, "{}", add.text());
+
+    // A sentence beside structured content: the model reads both (issue 46).
+    let tally = servers.call_tool("py", "tally", args(json!({"a": 2, "b": 3}))).await.unwrap();
+    assert_eq!(tally.structured, Some(json!({"total": 5.0, "terms": [2.0, 3.0]})));
+    assert_eq!(tally.text(), "The total of the two is 5.\n{\"terms\":[2.0,3.0],\"total\":5.0}");
 
     // A tool execution error is a result the model reads (spec "Tools", error handling).
     let fail = servers.call_tool("py", "fail", args(json!({"message": "disk full"}))).await.unwrap();
