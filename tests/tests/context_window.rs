@@ -82,9 +82,16 @@ async fn many_turns(provider: ModelFake, window: u64, turns: usize) {
         let record = host.wait_turn_within(session, &last_turn, PATIENCE).await;
         assert_eq!(record.status, TurnStatus::Completed, "turn {turn}: {record:?}");
     }
-    // The estimates build on what the provider reported (prompts this long are measured).
+    // The estimates build on what the provider reported: prompts past 8,192 tokens are
+    // measured (a 40,000-token window's stay past it), smaller ones estimated whole.
     let (head, _) = host.app().load(session).await.unwrap();
-    assert!(head.prompt_measure().is_some_and(|m| m.input_tokens >= 8_192), "{:?}", head.prompt_measure());
+    if window >= 40_000 {
+        assert!(
+            head.prompt_measure().is_some_and(|m| m.input_tokens >= 8_192),
+            "{:?}",
+            head.prompt_measure()
+        );
+    }
     let compacted = compactions(&host, session).await;
     assert!(compacted.len() >= turns / 20, "{} compactions in {turns} turns", compacted.len());
     for c in &compacted {
