@@ -30,7 +30,7 @@ type = "scripted"
 
 [agent.demo]
 model = "scripted-1"
-retry = {{ timeout_secs = 30, max_retries = 3, backoff_base_secs = 0.5, backoff_max_secs = 1 }}
+retry = {{ timeout_secs = 30, max_retries = 6, backoff_base_secs = 0.5, backoff_max_secs = 2 }}
 
 [[agent.demo.mcp]]
 name = "files"
@@ -135,7 +135,9 @@ async fn a_call_to_a_server_that_is_down_is_sent_again_once_it_is_back() {
 
     server.kill();
     let turn = host.submit_ok("s-down", &message(r#"/tool files__echo {"text": "second"}"#)).await;
-    // The first attempt finds nothing listening: never sent, so retried by the agent's policy.
+    // The first attempt finds nothing listening: never sent, so retried by the agent's policy
+    // (six retries over about 9.5 s: the Python server takes a second or more to come back,
+    // longer on a loaded machine).
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _back = HttpServer::python(port, Some(TOKEN), None);
     assert_eq!(host.wait_turn_within("s-down", &turn, PATIENCE).await.status, TurnStatus::Completed);
