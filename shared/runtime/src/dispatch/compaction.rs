@@ -12,7 +12,7 @@ use std::time::Duration;
 use turnstone_engine::ids::CallId;
 use turnstone_engine::protocol::LlmRequest;
 use turnstone_engine::session::{
-    CallError, CallSpec, Command, CompactionPlan, ContextLimits, Session, TooLarge, ViewOptions,
+    CallError, CallSpec, Command, CompactionPlan, ContextLimits, Rejection, Session, TooLarge, ViewOptions,
 };
 
 use super::{Dispatcher, IN_RUN};
@@ -126,11 +126,19 @@ impl Dispatcher {
                 tokens_after: plan.tokens_after,
                 reason: why.name().to_owned(),
             };
+            let known = claimed.clone();
             claimed = match self.app.command_with(session_id, Some(claimed), IN_RUN, command).await {
                 Ok(done) => (done.session, done.version),
-                Err(Error::Rejected(e)) => {
+                // The attempt is no longer the claimed one: nothing more to do for it.
+                Err(Error::Rejected(e @ Rejection::StaleClaim(_))) => {
                     tracing::info!(session_id, call_id = %call_id, "compaction not recorded: {e}");
                     return Ok(Fit::Gone);
+                }
+                // The compaction cannot be recorded (the conversation moved on past the call's
+                // anchor): the request goes as it is, and a refusal for length fails the call.
+                Err(Error::Rejected(e)) => {
+                    tracing::warn!(session_id, call_id = %call_id, "compaction refused, sending as is: {e}");
+                    return Ok(Fit::Ready(Box::new(known)));
                 }
                 Err(e) => return Err(e),
             };
