@@ -12,19 +12,7 @@ use turnstone_engine::session::*;
 fn harness_with(system: &str) -> Harness {
     let mut config = agent("m");
     config.system = Some(system.into());
-    config.tools = Some(
-        ["lookup", "read"]
-            .map(|name| AgentTool {
-                name: name.into(),
-                description: None,
-                input: None,
-                output: None,
-                handler: Some(ToolHandler::Client),
-                approval: None,
-                mcp: None,
-            })
-            .to_vec(),
-    );
+    config.tools = Some(vec![client_tool("lookup"), client_tool("read")]);
     harness("s", init("a", Some(config), false))
 }
 

@@ -155,18 +155,6 @@ fn client_view(agent_id: &str, messages: Vec<DraftMessage>, tools: Option<Vec<Ag
     }
 }
 
-fn client_tool(name: &str) -> AgentTool {
-    AgentTool {
-        name: name.into(),
-        description: None,
-        input: None,
-        output: None,
-        handler: Some(ToolHandler::Client),
-        approval: None,
-        mcp: None,
-    }
-}
-
 fn drafts(h: &Harness) -> Vec<DraftMessage> {
     h.session.tree().active_path().iter().map(|m| m.to_draft()).collect()
 }

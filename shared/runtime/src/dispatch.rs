@@ -9,7 +9,8 @@ use std::time::Duration;
 use tracing::{Instrument, Span};
 
 use turnstone_engine::ids::{CallId, DecisionId, SessionId};
-use turnstone_engine::protocol::{LlmResponse, PromptCache, StreamDelta, Trigger};
+use turnstone_engine::llm_format::anthropic::DEFAULT_MAX_TOKENS;
+use turnstone_engine::protocol::{LlmRequest, LlmResponse, PromptCache, StreamDelta, Trigger};
 use turnstone_engine::session::{
     CallError, CallRecord, CallSpec, Command, ContextLimits, Effect, OutboxItem, Rejection, Route, Session,
     ViewOptions, child_failed, route,
@@ -338,18 +339,18 @@ impl Dispatcher {
             _ => None,
         });
         let mut limits = agent.zip(model.as_deref()).and_then(|(a, m)| a.context.limits(m));
+        let mut prepared = None;
         if let (Some(agent), Some(limits)) = (agent, limits.as_ref()) {
             match self.fit(session_id, (&call_id, attempt), claimed, agent, limits, Why::Threshold).await? {
-                Fit::Ready(state) => claimed = *state,
+                Fit::Ready(ready) => (claimed, prepared) = (ready.claimed, ready.request),
                 Fit::Gone => return Ok(None),
                 Fit::Failed(error) => {
-                    let command = Command::LlmCallFinished { call_id, attempt, outcome: Err(error) };
-                    return self.app.command_with(session_id, None, IN_RUN, command).await.map(|_| None);
+                    return self.model_call_failed(session_id, call_id, attempt, error).await;
                 }
             }
         }
         let (mut outcome, overflow) =
-            self.call_model(session_id, &call_id, attempt, &claimed.0, limits.as_ref()).await;
+            self.call_model(session_id, &call_id, attempt, &claimed.0, limits.as_ref(), prepared).await;
         // Refused for its length: compacted (harder than the estimate asked) and sent again, once.
         if let (Some(overflow), Some(agent)) = (overflow, agent) {
             let window = overflow
@@ -358,7 +359,7 @@ impl Dispatcher {
                 .or(overflow.tokens)
                 .unwrap_or_else(|| claimed.0.call(&call_id).map_or(0, |c| whole_estimate(&claimed.0, c)));
             let base = limits.unwrap_or_else(|| {
-                ContextLimits::with_window(window, agent.context.max_output.unwrap_or(4_096))
+                ContextLimits::with_window(window, agent.context.max_output.unwrap_or(DEFAULT_MAX_TOKENS))
             });
             let refused = base.narrowed(window);
             limits = Some(refused);
@@ -366,15 +367,17 @@ impl Dispatcher {
                 .fit(session_id, (&call_id, attempt), claimed, agent, &refused, Why::Refused(overflow))
                 .await?
             {
-                Fit::Ready(state) => {
-                    claimed = *state;
-                    outcome =
-                        self.call_model(session_id, &call_id, attempt, &claimed.0, limits.as_ref()).await.0;
+                Fit::Ready(ready) => {
+                    claimed = ready.claimed;
+                    let session = &claimed.0;
+                    outcome = self
+                        .call_model(session_id, &call_id, attempt, session, limits.as_ref(), ready.request)
+                        .await
+                        .0;
                 }
                 Fit::Gone => return Ok(None),
                 Fit::Failed(error) => {
-                    let command = Command::LlmCallFinished { call_id, attempt, outcome: Err(error) };
-                    return self.app.command_with(session_id, None, IN_RUN, command).await.map(|_| None);
+                    return self.model_call_failed(session_id, call_id, attempt, error).await;
                 }
             }
         }
@@ -382,8 +385,21 @@ impl Dispatcher {
         self.call_finished(session_id, claimed, command, deadline).await
     }
 
-    /// Sends one request of a claimed server model call (its view as `limits` cut it) and
-    /// returns its outcome, and whether the provider refused it for its length.
+    /// Commits the failure of a model call's attempt that was never sent (it cannot fit).
+    async fn model_call_failed(
+        &self,
+        session_id: &str,
+        call_id: CallId,
+        attempt: u32,
+        error: CallError,
+    ) -> Result<Option<Executed>> {
+        let command = Command::LlmCallFinished { call_id, attempt, outcome: Err(error) };
+        self.app.command_with(session_id, None, IN_RUN, command).await.map(|_| None)
+    }
+
+    /// Sends one request of a claimed server model call (`prepared`, when checking its size
+    /// built it already, else its view as `limits` cut it) and returns its outcome, and whether
+    /// the provider refused it for its length.
     async fn call_model(
         &self,
         session_id: &str,
@@ -391,6 +407,7 @@ impl Dispatcher {
         attempt: u32,
         session: &Session,
         limits: Option<&ContextLimits>,
+        prepared: Option<LlmRequest>,
     ) -> (std::result::Result<LlmResponse, CallError>, Option<ContextOverflow>) {
         let Some(call) = session.call(call_id) else {
             return (Err(CallError::terminal("the call is gone")), None);
@@ -399,7 +416,7 @@ impl Dispatcher {
         let timeout = call.policy.timeout_ms().map(Duration::from_millis);
         let agent = self.app.agent(session.agent_id());
         let view = limits.map(ViewOptions::from).unwrap_or_default();
-        let mut request = session.llm_request_with(call, &view);
+        let mut request = prepared.or_else(|| session.llm_request_with(call, &view));
         if let Some(request) = request.as_mut() {
             if request.reasoning.is_none() {
                 request.reasoning = agent.and_then(|a| a.reasoning.clone());

@@ -278,8 +278,8 @@ impl Session {
 
     /// The estimated prompt tokens of `request`, an engine-built request of `call` (its
     /// messages are the model view of the call's anchor): what the provider reported for the
-    /// last completed call's prompt and reply, when this view only grew from that one, plus an
-    /// estimate of what is new; otherwise an estimate of the whole.
+    /// last completed call's prompt, when this view only grew from that one, plus an estimate
+    /// of what is new (that call's reply included); otherwise an estimate of the whole.
     pub fn prompt_estimate(&self, call: &CallRecord, request: &LlmRequest, options: &ViewOptions) -> u64 {
         let fixed = tokens_for_bytes(crate::json_len(&request.tools));
         let whole = || fixed + request.messages.iter().map(|m| message_tokens(m)).sum::<u64>();
@@ -321,10 +321,9 @@ impl Session {
         let cleared = self.cleared_depth(anchor);
         let part: Vec<PathNode<'_>> =
             part.into_iter().filter(|(_, n, _)| n.message.compaction.is_none()).collect();
-        let tokens: Vec<u64> = part
-            .iter()
-            .map(|(i, n, d)| message_tokens(&self.viewed(*i, n, Arc::clone(d), cleared, &options)))
-            .collect();
+        let viewed: Vec<Arc<DraftMessage>> =
+            part.iter().map(|(i, n, d)| self.viewed(*i, n, Arc::clone(d), cleared, &options)).collect();
+        let tokens: Vec<u64> = viewed.iter().map(|m| message_tokens(m)).collect();
         let minimum =
             |keep_from: usize| fixed + limits.summary_max_tokens + tokens[keep_from..].iter().sum::<u64>();
         // Cuts: keep part[k..] for k in 1..len where part[k] is no tool result.
@@ -347,7 +346,6 @@ impl Session {
             .find(fits)
             .or_else(|| cuts.iter().copied().find(fits))
             .unwrap_or(last_cut);
-        let through = part[cut - 1].1.message.id.clone();
         let threshold = limits.threshold(reserve);
         // Clearing: the tool results before the cut are sent as stubs; worth it alone when
         // the request then fits under the threshold.
@@ -363,6 +361,7 @@ impl Session {
                 .sum();
             let after = estimate.saturating_sub(stub_saving);
             if stub_saving > 0 && after <= threshold {
+                let through = part[cut - 1].1.message.id.clone();
                 return Ok(Some(CompactionPlan {
                     compaction: Compaction { kind: CompactionKind::ClearedToolResults, through },
                     previous_summary: None,
@@ -379,10 +378,7 @@ impl Session {
             return Err(TooLarge { tokens: after + reserve, window: limits.window });
         }
         let through = part[cut - 1].1.message.id.clone();
-        let summarized = part[..cut]
-            .iter()
-            .map(|(i, n, d)| self.viewed(*i, n, Arc::clone(d), cleared, &options))
-            .collect();
+        let summarized = viewed[..cut].to_vec();
         Ok(Some(CompactionPlan {
             compaction: Compaction { kind: CompactionKind::Summary, through },
             previous_summary,

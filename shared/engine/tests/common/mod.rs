@@ -29,6 +29,19 @@ pub fn agent(model: &str) -> AgentConfig {
     AgentConfig::new(model)
 }
 
+/// A tool the client runs, with no schema.
+pub fn client_tool(name: &str) -> AgentTool {
+    AgentTool {
+        name: name.into(),
+        description: None,
+        input: None,
+        output: None,
+        handler: Some(ToolHandler::Client),
+        approval: None,
+        mcp: None,
+    }
+}
+
 /// Sessions that deliver their outbox items to each other through [`route`].
 #[derive(Default)]
 pub struct World {

@@ -38,14 +38,28 @@ impl Why {
     }
 }
 
+/// A request that fits, or may be sent as it is.
+pub(super) struct Ready {
+    /// The session as the attempt now stands (compacted or not).
+    pub claimed: (Session, u64),
+    /// The request built from it while checking, when nothing changed after: sent as it is
+    /// instead of built again.
+    pub request: Option<LlmRequest>,
+}
+
 /// What making a request fit came to.
 pub(super) enum Fit {
-    /// The session as the attempt now stands (compacted or not): build the request from it.
-    Ready(Box<(Session, u64)>),
+    Ready(Box<Ready>),
     /// It cannot fit: the call fails with this error.
     Failed(CallError),
     /// The attempt is no longer claimed (timed out, voided): nothing more to do.
     Gone,
+}
+
+impl Fit {
+    fn ready(claimed: (Session, u64), request: Option<LlmRequest>) -> Self {
+        Fit::Ready(Box::new(Ready { claimed, request }))
+    }
 }
 
 impl Dispatcher {
@@ -70,10 +84,10 @@ impl Dispatcher {
             };
             // Explicit messages are the worker's own view: sent as given.
             if matches!(&call.spec, CallSpec::LlmCall { action, .. } if action.messages.is_some()) {
-                return Ok(Fit::Ready(Box::new(claimed)));
+                return Ok(Fit::ready(claimed, None));
             }
             let Some(request) = session.llm_request_with(call, &view) else {
-                return Ok(Fit::Ready(Box::new(claimed)));
+                return Ok(Fit::ready(claimed, None));
             };
             let reserve = agent.context.reserve(&request, limits);
             let mut estimate = session.prompt_estimate(call, &request, &view);
@@ -82,7 +96,7 @@ impl Dispatcher {
                 estimate = estimate.max(overflow.tokens.unwrap_or(0).saturating_sub(reserve));
             }
             if !forced && estimate <= limits.threshold(reserve) {
-                return Ok(Fit::Ready(Box::new(claimed)));
+                return Ok(Fit::ready(claimed, Some(request)));
             }
             let plan = match session.plan_compaction(
                 call,
@@ -92,7 +106,9 @@ impl Dispatcher {
                 estimate,
             ) {
                 Ok(Some(plan)) => plan,
-                Ok(None) if estimate + reserve <= limits.window => return Ok(Fit::Ready(Box::new(claimed))),
+                Ok(None) if estimate + reserve <= limits.window => {
+                    return Ok(Fit::ready(claimed, Some(request)));
+                }
                 Ok(None) => {
                     let tokens = estimate + reserve;
                     return Ok(Fit::Failed(too_large(TooLarge { tokens, window: limits.window })));
@@ -138,17 +154,17 @@ impl Dispatcher {
                 // anchor): the request goes as it is, and a refusal for length fails the call.
                 Err(Error::Rejected(e)) => {
                     tracing::warn!(session_id, call_id = %call_id, "compaction refused, sending as is: {e}");
-                    return Ok(Fit::Ready(Box::new(known)));
+                    return Ok(Fit::ready(known, None));
                 }
                 Err(e) => return Err(e),
             };
             // A refused request compacted once is sent again; a threshold's is checked again.
             forced = false;
             if matches!(why, Why::Refused(_)) {
-                return Ok(Fit::Ready(Box::new(claimed)));
+                return Ok(Fit::ready(claimed, None));
             }
         }
-        Ok(Fit::Ready(Box::new(claimed)))
+        Ok(Fit::ready(claimed, None))
     }
 
     /// The summarizing model call of `plan`, on the agent's provider: the agent's summary
