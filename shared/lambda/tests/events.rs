@@ -14,13 +14,19 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use tower::ServiceExt;
 use turnstone_embedded::MemoryQueue;
+use turnstone_engine::session::UsedId;
+use turnstone_engine::time::Timestamp;
 use turnstone_lambda::http::api_router;
 use turnstone_lambda::schedule::handle_schedule;
 use turnstone_lambda::sqs::handle_batch;
+use turnstone_runtime::app::App;
 use turnstone_runtime::assemble::{self, Engine, Topology};
 use turnstone_runtime::config::Config;
 use turnstone_runtime::http::{HttpConfig, StreamEnds};
 use turnstone_runtime::queue::{Consumer, Delivery};
+use turnstone_runtime::store::{
+    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
+};
 
 const CONFIG: &str = r#"
 [llm.s]
@@ -100,8 +106,12 @@ fn http_api_event(method: &str, path: &str, query: &str, body: Option<&Value>) -
 }
 
 async fn call_api(engine: &Engine, event: &str) -> (u16, Value) {
+    call_app(Arc::clone(&engine.app), event).await
+}
+
+async fn call_app(app: Arc<App>, event: &str) -> (u16, Value) {
     let request = lambda_http::request::from_str(event).unwrap();
-    let response = api_router(Arc::clone(&engine.app), HttpConfig::default()).oneshot(request).await.unwrap();
+    let response = api_router(app, HttpConfig::default()).oneshot(request).await.unwrap();
     let status = response.status().as_u16();
     let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
     (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
@@ -235,6 +245,78 @@ async fn one_batch_merges_a_sessions_wake_ups() {
     let response = handle_batch(&f.engine.dispatcher, event, None, None, None).await;
     assert!(response.batch_item_failures.is_empty(), "{:?}", response.batch_item_failures);
     assert_eq!(f.queue.sessions(), 1, "a later look for the announced commit is armed");
+}
+
+/// The SQLite store, its commits written only after `delay` (a throttled or loaded DynamoDB).
+struct SlowCommits {
+    inner: turnstone_embedded::SqliteStore,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Store for SlowCommits {
+    async fn load(&self, session_id: &str) -> Result<Option<Loaded>, StoreError> {
+        self.inner.load(session_id).await
+    }
+    async fn used_ids(&self, session_id: &str, ids: &[UsedId]) -> Result<Vec<UsedId>, StoreError> {
+        self.inner.used_ids(session_id, ids).await
+    }
+    async fn commit(&self, session_id: &str, expected: u64, commit: Commit<'_>) -> Result<u64, StoreError> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.commit(session_id, expected, commit).await
+    }
+    async fn events_after(&self, id: &str, after: u64, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
+        self.inner.events_after(id, after, limit).await
+    }
+    async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<SessionListing>, StoreError> {
+        self.inner.list_sessions(filter, cursor, limit).await
+    }
+    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError> {
+        self.inner.due(now, limit).await
+    }
+    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
+        self.inner.dispose(session_id).await
+    }
+}
+
+/// A commit slower than the dispatch run waits for: the run its wake-up started gives up on it
+/// and arms a look a minute later, so once the commit lands its wake-up goes out again, and
+/// the turn runs at once instead of a minute late. (Found when a loaded moto held a turn of the
+/// IAM-gated topology's MCP test past its patience.)
+#[tokio::test]
+async fn a_slow_commit_is_announced_again_once_it_lands() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::parse(CONFIG, "lambda.toml").unwrap();
+    let secrets = config.resolve_secrets(|_| None).unwrap();
+    let (inner, _) = turnstone_embedded::open_local(&config, dir.path()).unwrap();
+    let store = SlowCommits { inner, delay: Duration::from_millis(1_500) };
+    let queue = Arc::new(MemoryQueue::new(Duration::from_secs(30)));
+    let agents = assemble::agents(&config, &secrets).unwrap();
+    let engine = assemble::engine(&config, agents, Arc::new(store), queue.clone(), Topology::Split).unwrap();
+    let input = turnstone_engine_input("slow");
+    let submit = http_api_event("POST", "/v1/sessions/slow/inputs", "", Some(&input));
+    let app = Arc::clone(&engine.app);
+    let submitted = tokio::spawn(async move { call_app(app, &submit).await });
+    // The wake-up goes out before the commit: its run waits, gives up, and arms a later look.
+    let announced = queue.receive(1, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(announced.len(), 1, "the commit's wake-up goes out before it is written");
+    queue.ack(&announced[0]).await.unwrap();
+    engine.dispatcher.run(&announced[0].wake_up).await.unwrap();
+    assert!(!submitted.is_finished(), "the run gave up before the commit landed");
+    assert_eq!(submitted.await.unwrap().0, 202);
+    // Landed: announced again, due now.
+    let again = drain(&queue).await;
+    assert_eq!(again.len(), 1, "the slow commit's wake-up goes out again");
+    assert_eq!(again[0].wake_up.seq, announced[0].wake_up.seq);
+    engine.dispatcher.run(&again[0].wake_up).await.unwrap();
+    let (_, turn) =
+        call_api(&engine, &http_api_event("GET", "/v1/sessions/slow/turns/t-slow", "", None)).await;
+    assert_eq!(turn["status"], "completed", "{turn}");
 }
 
 /// A record the event source sent without a `messageId` is never reported with an empty

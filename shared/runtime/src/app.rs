@@ -35,6 +35,12 @@ use crate::worker::WorkerEndpoint;
 /// How often a commit is retried when another writer moved the session on.
 const MAX_CONFLICT_RETRIES: usize = 16;
 
+/// A commit that lands this long after its wake-up went out is announced again: the run that
+/// wake-up started waits half a second for it (`dispatch::ANNOUNCED_COMMIT_LAST_PAUSE`), so one
+/// that landed sooner was surely seen. (A commit that slow is a throttled or loaded store; the
+/// second wake-up costs one send, where missing it would leave the session a minute idle.)
+const SLOW_COMMIT: Duration = Duration::from_millis(250);
+
 /// What the runtime knows about one agent: its declared config and how its work is run.
 #[derive(Clone)]
 pub struct AgentRuntime {
@@ -583,15 +589,17 @@ impl App {
                 Some(at)
                     if !mode.in_run && claimed.is_none() && scheduled.is_none_or(|before| at < before) =>
                 {
-                    self.announce(session_id, at, session.events_applied()).await
+                    self.announce(session_id, at, session.events_applied())
+                        .await
+                        .then(|| (at, self.clock.now()))
                 }
-                _ => false,
+                _ => None,
             };
             let commit = Commit {
                 session: &session,
                 events: &events,
                 wake_at,
-                wake_queued: mode.in_run || announced,
+                wake_queued: mode.in_run || announced.is_some(),
                 sessions_per_owner: self.limits.sessions_per_owner.map(|n| n as u64),
             };
             // Until the store answers for sure, the commit may land unseen (see `PendingCommit`).
@@ -610,6 +618,14 @@ impl App {
             }
             match outcome {
                 Ok(version) => {
+                    // A slow commit: the run its wake-up started may have stopped waiting for it
+                    // (and looks again only a minute later), so the news goes out once more.
+                    if let Some((at, sent)) = announced
+                        && self.clock.now().0 - sent.0 >= SLOW_COMMIT.as_millis() as i64
+                    {
+                        tracing::info!(session_id, "a slow commit landed; its wake-up goes out again");
+                        self.announce(session_id, at, session.events_applied()).await;
+                    }
                     self.remember_commit(session_id, &session, version);
                     self.remember_messages(&session);
                     self.notify(session_id, &session, &events, status_before);
