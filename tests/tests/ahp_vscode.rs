@@ -98,6 +98,9 @@ struct VsCode {
     envelopes: Vec<ActionEnvelope>,
     /// Every other notification received (`root/...`), in order.
     notifications: Vec<Value>,
+    /// Whether its `initialize` says it names sessions `ahp-session:/<id>` (the newest
+    /// protocol client's `vscode.ahpSessionUris`; an older build's does not).
+    ahp_session_uris: bool,
 }
 
 impl VsCode {
@@ -129,11 +132,17 @@ impl VsCode {
             pending: Vec::new(),
             envelopes: Vec::new(),
             notifications: Vec::new(),
+            ahp_session_uris: true,
         })
     }
 
     /// `initialize` as VS Code sends it (§2), and its result read as VS Code reads it.
     async fn initialize(&mut self) {
+        let mut meta =
+            json!({"vscode.telemetryLevel": "off", "vscode.clientConnectionKind": "direct_websocket"});
+        if self.ahp_session_uris {
+            meta["vscode.ahpSessionUris"] = json!(true);
+        }
         let init = self
             .request(
                 "initialize",
@@ -142,8 +151,7 @@ impl VsCode {
                     "protocolVersions": PROTOCOL_VERSIONS,
                     "clientId": self.client_id,
                     "clientInfo": {"name": "vscode-editor-window", "title": "Visual Studio Code"},
-                    "_meta": {"vscode.telemetryLevel": "off", "vscode.clientConnectionKind": "direct_websocket",
-                              "vscode.ahpSessionUris": true},
+                    "_meta": meta,
                     "initialSubscriptions": ["ahp-root://"],
                 }),
             )
@@ -165,8 +173,11 @@ impl VsCode {
 
     /// [`VsCode::create_session`] with VS Code's `tools` in its active client.
     async fn create_session_with_tools(&mut self, session_uri: &str, tools: Value) -> String {
-        // The provider is the URI's scheme (§6).
-        let provider = session_uri.split_once(":/").map_or("demo", |(scheme, _)| scheme);
+        // The provider is the URI's scheme (§6), or the agent an `ahp-session:` URI leaves unsaid.
+        let provider = match session_uri.split_once(":/") {
+            Some((scheme, _)) if scheme != "ahp-session" => scheme,
+            _ => "demo",
+        };
         self.request(
             "createSession",
             json!({
@@ -621,6 +632,70 @@ async fn completed_as(host: &TestHost, token: Option<&str>, session: &str, turn_
         }
         assert!(Instant::now() < deadline, "turn {turn_id} never completed: {body}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// §5, §6: each window is told of a session as it named it, since VS Code matches sessions by
+/// URI. The newest client names a new session `ahp-session:/<uuid>` (its protocol client's
+/// `newAgentHostSessionUri`, for a host that is not VS Code's own) and says so in `initialize`;
+/// its editor handler names one `demo:/<uuid>`; an older build (no `vscode.ahpSessionUris`)
+/// keys sessions by their scheme. Every listing and root notification spells each so, for
+/// each window; a session neither named (driven over HTTP) in each window's own style.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_window_is_told_of_a_session_as_it_named_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut newer = VsCode::connect(&host, None).await.unwrap();
+    newer.initialize().await;
+    let mut older = VsCode::connect(&host, None).await.unwrap();
+    older.client_id = "5a0c7e13-2b8d-4f61-9e4a-c3d2b1a09f87".to_owned();
+    older.ahp_session_uris = false;
+    older.initialize().await;
+    let (a, b, c) = (
+        "3f2a9b1c-0d4e-4f5a-8b6c-7d8e9f0a1b2c",
+        "6e5d4c3b-2a19-4807-b6f5-e4d3c2b1a098",
+        "c0ffee00-1111-4222-8333-944455566677",
+    );
+    let chat_a = newer.create_session(&format!("ahp-session:/{a}")).await;
+    newer.create_session(&format!("demo:/{b}")).await;
+    turn_over_http(&host, c, "c-1", "Driven elsewhere").await;
+    newer.turn(&chat_a, "request_1", "Named the new way").await;
+    completed_as(&host, None, a, "request_1").await;
+
+    let told = |v: &VsCode, method: &str, session: &str| {
+        v.notifications.iter().any(|n| {
+            n["method"] == method
+                && (n["params"]["session"] == json!(session)
+                    || n["params"]["summary"]["resource"] == json!(session))
+        })
+    };
+    for (window, uris) in [
+        (&mut newer, [format!("ahp-session:/{a}"), format!("demo:/{b}"), format!("ahp-session:/{c}")]),
+        (&mut older, [format!("demo:/{a}"), format!("demo:/{b}"), format!("demo:/{c}")]),
+    ] {
+        let [uri_a, uri_b, uri_c] = &uris;
+        window
+            .until("each session added as the window names it", |v| {
+                uris.iter().all(|uri| told(v, "root/sessionAdded", uri))
+            })
+            .await;
+        window.until("a's title changed", |v| told(v, "root/sessionSummaryChanged", uri_a)).await;
+        window.until("c's title changed", |v| told(v, "root/sessionSummaryChanged", uri_c)).await;
+        // No notification names a session otherwise.
+        let named: Vec<&Value> = window
+            .notifications
+            .iter()
+            .filter_map(|n| n["params"].get("session").or_else(|| n["params"]["summary"].get("resource")))
+            .filter(|uri| [a, b, c].iter().any(|id| uri.as_str().unwrap().ends_with(id)))
+            .collect();
+        assert!(named.iter().all(|uri| uris.iter().any(|u| *uri == u)), "{uris:?}: {named:?}");
+        let listed = window.request("listSessions", json!({"channel": "ahp-root://"})).await.unwrap();
+        let resources: Vec<&str> =
+            listed["items"].as_array().unwrap().iter().map(|i| i["resource"].as_str().unwrap()).collect();
+        for uri in [uri_a, uri_b, uri_c] {
+            assert!(resources.contains(&uri.as_str()), "{uri} listed: {listed}");
+        }
+        assert!(listed["items"].as_array().unwrap().iter().all(|i| i["provider"] == "demo"), "{listed}");
     }
 }
 

@@ -24,7 +24,7 @@ use super::channels::{Control, Live, follow};
 use super::methods::{self, Refused, Subscribed, Transport};
 use super::rpc::{self, RpcError};
 use super::sequence::{Ledger, Sequence};
-use super::sessions::{self, UriStyle, not_found};
+use super::sessions::{self, Spelling, UriStyle, not_found};
 use super::{AhpHost, CLOSE_TOKEN_EXPIRED, CLOSE_TOO_BIG, time_left};
 use crate::app::{Removed, SessionChanged};
 use crate::auth::{Authenticator, Caller};
@@ -252,14 +252,11 @@ impl Transport for Connection {
         self.subscriptions.len() - usize::from(self.subscriptions.contains_key(channel))
     }
 
-    async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
+    async fn set_client(&mut self, client_id: String, style: Option<UriStyle>) -> Result<(), RpcError> {
         self.host.active_clients.connected(&client_id);
         self.leave();
         self.previous = self.host.ledgers.register(&self.caller, &client_id, Arc::clone(&self.ledger));
-        // Spelled as the client's connection before this one was (an `initialize` then says).
-        if let Some(previous) = &self.previous {
-            self.set_uri_style(previous.uri_style());
-        }
+        self.ledger.set_spelling(style, self.previous.as_deref());
         self.client_id = client_id;
         Ok(())
     }
@@ -268,12 +265,12 @@ impl Transport for Connection {
         Some((Arc::clone(&self.ledger), self.previous.clone()))
     }
 
-    fn uri_style(&self) -> UriStyle {
-        self.ledger.uri_style()
+    async fn spelling(&mut self) -> Spelling {
+        self.ledger.spelling()
     }
 
-    fn set_uri_style(&mut self, style: UriStyle) {
-        self.ledger.set_uri_style(style);
+    fn name_session(&mut self, id: &SessionId, uri: &str) {
+        self.ledger.name_session(id, uri);
     }
 
     async fn renew(&mut self, token: &str) -> Result<(), RpcError> {
@@ -296,11 +293,12 @@ impl Transport for Connection {
                         removed: host.app.sessions_removed(),
                         changed: host.app.sessions_changed(),
                     };
-                    let news =
-                        root_news(host, self.caller.clone(), self.uri_style(), feeds, self.out.clone());
+                    let ledger = Arc::clone(&self.ledger);
+                    let news = root_news(host, self.caller.clone(), ledger, feeds, self.out.clone());
                     Held::Root(tokio::spawn(news))
                 }
                 Subscribed::Session(id) => {
+                    self.ledger.name_session(&id, &uri);
                     // Listening before the task runs: nothing dispatched next is missed.
                     let news = (self.host.active_clients.news(), self.host.app.sessions_changed());
                     let task = super::session_news::follow(
@@ -384,11 +382,11 @@ struct RootFeeds {
 /// The root channel's notifications: `root/sessionAdded` for every session this process
 /// creates (over AHP, over HTTP, or as a sub-agent) and `root/sessionRemoved` for every one it
 /// disposes, and `root/sessionSummaryChanged` as its commits change one's status, title or
-/// chat, for the sessions the caller may see, spelled in `style`.
+/// chat, for the sessions the caller may see, spelled as the client names them (`ledger`).
 async fn root_news(
     host: Arc<AhpHost>,
     caller: Caller,
-    style: UriStyle,
+    ledger: Arc<Ledger>,
     mut feeds: RootFeeds,
     out: mpsc::Sender<Outgoing>,
 ) {
@@ -399,14 +397,14 @@ async fn root_news(
         // Notifications are ephemeral: a lagging client misses some (AHP never replays them).
         let frame = tokio::select! {
             id = feeds.added.recv() => match id {
-                Ok(id) => sessions::added(&host, &caller, style, &id).await,
+                Ok(id) => sessions::added(&host, &caller, &ledger.spelling(), &id).await,
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
             },
             gone = feeds.removed.recv() => match gone {
                 Ok(gone) => {
                     shown.remove(&gone.session_id);
-                    sessions::removed(&caller, style, &gone)
+                    sessions::removed(&caller, &ledger.spelling(), &gone)
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
@@ -417,7 +415,7 @@ async fn root_news(
                         shown.clear();
                     }
                     let last = shown.entry(changed.session_id.clone()).or_default();
-                    sessions::summary_changed(&caller, style, &changed, last)
+                    sessions::summary_changed(&caller, &ledger.spelling(), &changed, last)
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,

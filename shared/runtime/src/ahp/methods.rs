@@ -30,7 +30,7 @@ use super::reconnect::reconnect;
 use super::registry::ClientLedger;
 use super::rpc::{self, Incoming, RpcError};
 use super::sequence::{Ledger, Numbering};
-use super::sessions::{self, UriStyle, internal, reachable, session_id};
+use super::sessions::{self, Spelling, UriStyle, internal, reachable, session_id};
 use crate::auth::{Access, Caller};
 
 /// A channel a URI names, resolved for a caller.
@@ -82,16 +82,16 @@ pub(crate) trait Transport: Send {
     fn subscriptions_besides(&self, channel: &str) -> usize;
 
     /// Sets the client id (from `initialize` or `reconnect`), making this connection the
-    /// client's latest.
-    async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError>;
+    /// client's latest, and how it spells session URIs it did not name (`None`, a `reconnect`:
+    /// as its connection before).
+    async fn set_client(&mut self, client_id: String, style: Option<UriStyle>) -> Result<(), RpcError>;
 
-    /// How the client spells session URIs best ([`UriStyle`]; set by `initialize`).
-    fn uri_style(&self) -> UriStyle {
-        UriStyle::AhpSession
-    }
+    /// How the client is told of sessions ([`Spelling`]).
+    async fn spelling(&mut self) -> Spelling;
 
-    /// Keeps the spelling `initialize` chose.
-    fn set_uri_style(&mut self, _style: UriStyle) {}
+    /// The client names session `id` `uri` (in `createSession`; a session channel's
+    /// subscription is its own record of it).
+    fn name_session(&mut self, _id: &SessionId, _uri: &str) {}
 
     /// The connection's ledger and that of the client's connection before it (set by
     /// [`Transport::set_client_id`]), when the transport numbers from the host's sequence;
@@ -237,7 +237,7 @@ async fn request(
         "reconnect" => {
             let params: ReconnectParams = rpc::params(with_root_channel(params))?;
             within_subscription_limit(host, params.subscriptions.len())?;
-            transport.set_client_id(params.client_id.clone()).await?;
+            transport.set_client(params.client_id.clone(), None).await?;
             transport.drop_subscription(None).await;
             let numbering = match numbering(host, transport) {
                 Numbering::Recorded { .. } => Numbering::Recorded { ledger: transport.client_ledger().await },
@@ -292,10 +292,15 @@ async fn request(
         }
         "listSessions" => {
             let params: ListSessionsParams = rpc::params(params)?;
-            just(rpc::to_value(&sessions::list(host, caller, transport.uri_style(), params).await?)?)
+            let spelling = transport.spelling().await;
+            just(rpc::to_value(&sessions::list(host, caller, &spelling, params).await?)?)
         }
         "createSession" => {
             let params: CreateSessionParams = rpc::params(params)?;
+            // Named before it exists: the `root/sessionAdded` it is told spells it so.
+            if let Some((id, _)) = sessions::session_of(host, &params.channel) {
+                transport.name_session(&id, &params.channel);
+            }
             sessions::create(host, caller, transport.client_id(), params).await?;
             just(Value::Null)
         }
@@ -485,8 +490,8 @@ async fn initialize(
         .with_data(rpc::to_value(&data)?));
     };
     within_subscription_limit(host, params.initial_subscriptions.as_ref().map_or(0, Vec::len))?;
-    transport.set_uri_style(UriStyle::of(params.client_info.as_ref()));
-    transport.set_client_id(params.client_id.clone()).await?;
+    let style = UriStyle::of(params.client_info.as_ref(), params.meta.as_ref());
+    transport.set_client(params.client_id.clone(), Some(style)).await?;
     let mut snapshots = Vec::new();
     let mut subscribed = Vec::new();
     for uri in params.initial_subscriptions.unwrap_or_default() {

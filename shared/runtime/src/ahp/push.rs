@@ -85,8 +85,11 @@ use turnstone_engine::ids::{CallId, SessionId, TurnId};
 use turnstone_engine::protocol::{StreamDelta, ToolCallDelta};
 
 use super::channels::{ChatFeed, ProjectError};
-use super::registry::{Frames, Posted, Registry, RegistryError, SessionSubscriber, Subscriber};
+use super::registry::{
+    Frames, Posted, Registry, RegistryError, RootSubscriber, SessionSubscriber, Subscriber,
+};
 use super::rpc;
+use super::sessions::Spelling;
 use super::{AhpHost, expired};
 use crate::app::{App, SessionChanged};
 use crate::auth::Access;
@@ -126,6 +129,10 @@ pub struct Pushes {
     /// Whose catalog lists each session this process committed lately as a chat (a
     /// sub-agent's parent, a fork's source): its session channel hears what the chat waits for.
     chats_of: Mutex<HashMap<SessionId, SessionId>>,
+    /// The sessions this process's connections named in `createSession` (by connection): the
+    /// `root/sessionAdded` its commit pushes spells each so to its creator, who subscribes to
+    /// its channel (the record later notices read) only after.
+    created_as: Mutex<HashMap<(String, SessionId), String>>,
 }
 
 /// A session's chat feed as far as this process projected it, and its latest actions.
@@ -174,7 +181,39 @@ impl Pushes {
             frames,
             feeds: Mutex::new(HashMap::new()),
             chats_of: Mutex::new(HashMap::new()),
+            created_as: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Connection `connection` creates session `session` as `uri`.
+    pub(crate) fn creating(&self, connection: &str, session: &SessionId, uri: &str) {
+        // Only a hint lives here: a poisoned map is still a usable one.
+        let mut created_as = self.created_as.lock().unwrap_or_else(|p| p.into_inner());
+        if created_as.len() >= FEEDS {
+            created_as.clear();
+        }
+        created_as.insert((connection.to_owned(), session.clone()), uri.to_owned());
+    }
+
+    /// How root subscriber `subscriber` is told of `session`: as the channel of it it
+    /// subscribed (one of `channels`), or created, else in its style.
+    fn spelling(
+        &self,
+        subscriber: &RootSubscriber,
+        session: &SessionId,
+        channels: &[SessionSubscriber],
+    ) -> Spelling {
+        let mut spelling = Spelling::new(subscriber.uri_style);
+        let subscribed =
+            channels.iter().find(|c| c.connection_id == subscriber.connection_id).map(|c| c.channel.clone());
+        let created = || {
+            let created_as = self.created_as.lock().unwrap_or_else(|p| p.into_inner());
+            created_as.get(&(subscriber.connection_id.clone(), session.clone())).cloned()
+        };
+        if let Some(uri) = subscribed.or_else(created) {
+            spelling.name(session, &uri);
+        }
+        spelling
     }
 
     /// Records that session `chat` is a chat of session `of`'s catalog (told by each commit
@@ -459,6 +498,14 @@ impl Pushes {
         if subscribers.is_empty() {
             return Ok(());
         }
+        // A connection subscribed to the session's channel is told of it as it spelled that.
+        let session = match notice {
+            RootNotice::SessionAdded(id) => id,
+            RootNotice::SummaryChanged(changed) => &changed.session_id,
+            RootNotice::SessionRemoved(removed) => &removed.session_id,
+        };
+        let channels = self.registry.session_subscribers(session).await?;
+        let spelling = |subscriber: &RootSubscriber| self.spelling(subscriber, session, &channels);
         match notice {
             RootNotice::SessionAdded(id) => {
                 // Read once for every subscriber; each may see it or not (as `sessions::added`).
@@ -471,7 +518,7 @@ impl Pushes {
                         self.gone(&subscriber.connection_id).await?;
                         continue;
                     }
-                    let frame = super::sessions::added_frame(&session, subscriber.uri_style);
+                    let frame = super::sessions::added_frame(&session, &spelling(subscriber));
                     self.post(&subscriber.connection_id, &frame).await?;
                 }
             }
@@ -482,9 +529,9 @@ impl Pushes {
                         continue;
                     }
                     // No memory of what each connection was told: status and title both.
-                    let style = subscriber.uri_style;
+                    let spelling = spelling(subscriber);
                     if let Some(frame) =
-                        super::sessions::summary_changed(&subscriber.caller, style, changed, &mut None)
+                        super::sessions::summary_changed(&subscriber.caller, &spelling, changed, &mut None)
                     {
                         self.post(&subscriber.connection_id, &frame).await?;
                     }
@@ -497,7 +544,7 @@ impl Pushes {
                         continue;
                     }
                     if let Some(frame) =
-                        super::sessions::removed(&subscriber.caller, subscriber.uri_style, removed)
+                        super::sessions::removed(&subscriber.caller, &spelling(subscriber), removed)
                     {
                         self.post(&subscriber.connection_id, &frame).await?;
                     }

@@ -23,10 +23,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ahp::reducers::apply_action_to_session;
 use ahp_types::actions::StateAction;
 use ahp_types::state::SessionState;
+use turnstone_engine::ids::SessionId;
 use turnstone_engine::time::Timestamp;
 
 use super::registry::ClientLedger;
-use super::sessions::UriStyle;
+use super::sessions::{Spelling, UriStyle};
 use crate::auth::Caller;
 use crate::memo::Memo;
 
@@ -68,11 +69,11 @@ impl Sequence {
 
 /// What one connection was sent, per chat: `(serverSeq, position)` pairs, oldest first; and
 /// how its client spells session URIs, which a `reconnect` (unlike an `initialize`) does not
-/// say.
+/// say, with the sessions it named.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     channels: Mutex<HashMap<String, VecDeque<(u64, u64)>>>,
-    uri_style: Mutex<UriStyle>,
+    spelling: Mutex<Spelling>,
     /// Each session channel as the client holds it: its snapshot, then every session action
     /// it was sent ([`super::session_replay`]).
     sessions: Mutex<HashMap<String, SessionState>>,
@@ -101,12 +102,29 @@ impl Ledger {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn uri_style(&self) -> UriStyle {
-        *self.uri_style.lock().unwrap_or_else(|p| p.into_inner())
+    /// How the client is told of sessions (a clone: a root channel's task reads it for each
+    /// notification).
+    pub fn spelling(&self) -> Spelling {
+        self.spelled().clone()
     }
 
-    pub fn set_uri_style(&self, style: UriStyle) {
-        *self.uri_style.lock().unwrap_or_else(|p| p.into_inner()) = style;
+    /// Takes the client's style, and the names of sessions `previous` (its connection before
+    /// this one) learnt; `style` None: the style `previous` had.
+    pub fn set_spelling(&self, style: Option<UriStyle>, previous: Option<&Ledger>) {
+        let before = previous.map(Ledger::spelling).unwrap_or_default();
+        let mut spelling = self.spelled();
+        spelling.style = style.unwrap_or(before.style);
+        spelling.learn(&before);
+    }
+
+    /// The client named session `id` `uri`.
+    pub fn name_session(&self, id: &SessionId, uri: &str) {
+        self.spelled().name(id, uri);
+    }
+
+    fn spelled(&self) -> MutexGuard<'_, Spelling> {
+        // Names are a courtesy to the client; a poisoned lock still holds usable ones.
+        self.spelling.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records that `server_seq` went out on `channel` for the action (or snapshot) at

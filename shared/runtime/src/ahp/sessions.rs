@@ -7,6 +7,8 @@
 //! not be guessed makes them random. A failure inside the host is answered as a generic internal
 //! error, its detail logged ([`RpcError::internal`]).
 
+use std::collections::HashMap;
+
 use ahp_types::commands::{
     ChatSource, CreateChatParams, CreateSessionParams, ListSessionsParams, ListSessionsResult,
 };
@@ -56,16 +58,19 @@ pub(crate) fn session_of<'a>(host: &AhpHost, uri: &'a str) -> Option<(SessionId,
     Some((id, Some(scheme)))
 }
 
-/// How a connection's client spells session URIs in what the host sends it unasked (listings,
-/// root notifications): `ahp-session:/X`, or `<agent>:/X` for VS Code, whose session list
-/// keys a session by its URI's scheme (the agent, as its `provider`). Either spelling is
-/// accepted from every client.
+/// How a connection's client spells session URIs it did not name itself: `ahp-session:/X`, or
+/// `<agent>:/X` for a VS Code build that keys a session by its URI's scheme (the agent, as its
+/// `provider`). Either spelling is accepted from every client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum UriStyle {
     #[default]
     AhpSession,
     Provider,
 }
+
+/// The `initialize` `_meta` key by which VS Code says it names sessions `ahp-session:/<id>`
+/// (`AgentHostSessionUrisCapabilityMetaKey`, docs/vscode-ahp-client.md §2).
+const AHP_SESSION_URIS_META: &str = "vscode.ahpSessionUris";
 
 impl UriStyle {
     /// Its name in a record (a connection's, a root subscription's).
@@ -81,10 +86,17 @@ impl UriStyle {
         if name == UriStyle::Provider.name() { UriStyle::Provider } else { UriStyle::AhpSession }
     }
 
-    /// The spelling a client that introduced itself as `client_info` reads best.
-    pub fn of(client_info: Option<&ahp_types::commands::Implementation>) -> UriStyle {
+    /// The spelling a client that introduced itself as `client_info`, with `meta`, reads best:
+    /// a VS Code build that says it names sessions `ahp-session:/<id>` is told them so, an
+    /// older one (whose session list takes the provider from the URI's scheme) `<agent>:/<id>`.
+    pub fn of(
+        client_info: Option<&ahp_types::commands::Implementation>,
+        meta: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> UriStyle {
+        let ahp_session_uris =
+            meta.and_then(|m| m.get(AHP_SESSION_URIS_META)) == Some(&serde_json::Value::Bool(true));
         match client_info {
-            Some(info) if info.name.starts_with("vscode") => UriStyle::Provider,
+            Some(info) if info.name.starts_with("vscode") && !ahp_session_uris => UriStyle::Provider,
             _ => UriStyle::AhpSession,
         }
     }
@@ -95,6 +107,45 @@ impl UriStyle {
             UriStyle::AhpSession => session_uri(id),
             UriStyle::Provider => format!("{agent_id}:/{id}"),
         }
+    }
+}
+
+/// Sessions whose names a [`Spelling`] keeps (a client that named more starts over: the
+/// sessions it named before are spelled in its style until it names them again).
+const NAMED_SESSIONS: usize = 1024;
+
+/// How a client is told of sessions: each one it named itself (the channel of its
+/// `createSession`, of a session channel it subscribed) as it spelled it, since AHP clients
+/// match sessions by URI as a string; any other in its [`UriStyle`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Spelling {
+    pub style: UriStyle,
+    named: HashMap<SessionId, String>,
+}
+
+impl Spelling {
+    pub fn new(style: UriStyle) -> Spelling {
+        Spelling { style, named: HashMap::new() }
+    }
+
+    /// The client named session `id` `uri`.
+    pub fn name(&mut self, id: &SessionId, uri: &str) {
+        if self.named.len() >= NAMED_SESSIONS && !self.named.contains_key(id) {
+            self.named.clear();
+        }
+        self.named.insert(id.clone(), uri.to_owned());
+    }
+
+    /// Keeps the names another spelling of the same client learnt (its connection before).
+    pub fn learn(&mut self, other: &Spelling) {
+        for (id, uri) in &other.named {
+            self.named.entry(id.clone()).or_insert_with(|| uri.clone());
+        }
+    }
+
+    /// Session `id` of agent `agent_id` as the client names it.
+    pub fn uri(&self, id: &SessionId, agent_id: &str) -> String {
+        self.named.get(id).cloned().unwrap_or_else(|| self.style.uri(id, agent_id))
     }
 }
 
@@ -156,11 +207,11 @@ async fn visible(host: &AhpHost, caller: &Caller, id: &SessionId) -> bool {
 }
 
 /// `listSessions`: the caller's sessions, most recently created first as the store lists them,
-/// their URIs spelled in `style`.
+/// their URIs spelled as the client names them.
 pub(crate) async fn list(
     host: &AhpHost,
     caller: &Caller,
-    style: UriStyle,
+    spelling: &Spelling,
     params: ListSessionsParams,
 ) -> Result<ListSessionsResult, RpcError> {
     let owner = match caller.listing() {
@@ -195,7 +246,7 @@ pub(crate) async fn list(
         .map(|(listing, head)| {
             let id = SessionId::from(listing.session_id.as_str());
             let times = (listing.created_at.to_rfc3339(), listing.updated_at.to_rfc3339());
-            summary(&id, &listing.agent_id, style, head.status, head.title, times)
+            summary(&id, &listing.agent_id, spelling, head.status, head.title, times)
         })
         .collect();
     Ok(ListSessionsResult { next_cursor: page.next_cursor, items })
@@ -246,7 +297,7 @@ type Times = (String, String);
 fn summary(
     id: &SessionId,
     agent_id: &str,
-    style: UriStyle,
+    spelling: &Spelling,
     status: u32,
     title: Option<String>,
     (created_at, modified_at): Times,
@@ -260,7 +311,7 @@ fn summary(
         project: None,
         working_directories: None,
         annotations: None,
-        resource: style.uri(id, agent_id),
+        resource: spelling.uri(id, agent_id),
         created_at,
         modified_at,
         changes: None,
@@ -411,10 +462,10 @@ pub(crate) async fn dispose(host: &AhpHost, caller: &Caller, channel: &str) -> R
 }
 
 /// `root/sessionRemoved` for `removed`, if `caller` may see it.
-pub(crate) fn removed(caller: &Caller, style: UriStyle, removed: &Removed) -> Option<String> {
+pub(crate) fn removed(caller: &Caller, spelling: &Spelling, removed: &Removed) -> Option<String> {
     caller.listing().shows(removed.owner.as_deref()).then(|| {
         let session = match &removed.agent_id {
-            Some(agent_id) => style.uri(&removed.session_id, agent_id),
+            Some(agent_id) => spelling.uri(&removed.session_id, agent_id),
             None => session_uri(&removed.session_id),
         };
         rpc::notification(
@@ -429,7 +480,7 @@ pub(crate) fn removed(caller: &Caller, style: UriStyle, removed: &Removed) -> Op
 /// title (then updated), and `modifiedAt`.
 pub(crate) fn summary_changed(
     caller: &Caller,
-    style: UriStyle,
+    spelling: &Spelling,
     changed: &SessionChanged,
     shown: &mut Option<(u32, Option<String>)>,
 ) -> Option<String> {
@@ -448,7 +499,7 @@ pub(crate) fn summary_changed(
         "root/sessionSummaryChanged",
         &SessionSummaryChangedParams {
             channel: ROOT_RESOURCE_URI.to_owned(),
-            session: style.uri(&changed.session_id, &changed.agent_id),
+            session: spelling.uri(&changed.session_id, &changed.agent_id),
             changes,
         },
     ))
@@ -521,22 +572,22 @@ pub(crate) fn chat_summary(chat: &ChatState) -> ChatSummary {
 pub(crate) async fn added(
     host: &AhpHost,
     caller: &Caller,
-    style: UriStyle,
+    spelling: &Spelling,
     id: &SessionId,
 ) -> Option<String> {
     let session = host.app.session(id).await.ok().filter(|s| caller.may(Access::Read, s))?;
     if chat_of(&session).is_some() {
         return None;
     }
-    Some(added_frame(&session, style))
+    Some(added_frame(&session, spelling))
 }
 
 /// `root/sessionAdded` for `session` (for a caller that may read it), as it stands.
-pub(crate) fn added_frame(session: &Session, style: UriStyle) -> String {
+pub(crate) fn added_frame(session: &Session, spelling: &Spelling) -> String {
     let at = session.created_at().to_rfc3339();
     let status = status(crate::api::SessionStatus::of(session));
     let title = session.title().map(str::to_owned);
-    let summary = summary(session.id(), session.agent_id(), style, status, title, (at.clone(), at));
+    let summary = summary(session.id(), session.agent_id(), spelling, status, title, (at.clone(), at));
     rpc::notification(
         "root/sessionAdded",
         &SessionAddedParams { channel: ROOT_RESOURCE_URI.to_owned(), summary },

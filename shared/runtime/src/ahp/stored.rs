@@ -30,7 +30,7 @@ use super::position::Position;
 use super::push::Pushes;
 use super::registry::{ClientLedger, ConnectionRecord, Posted, RegistryError};
 use super::rpc::{self, Incoming, RpcError};
-use super::sessions::{self, UriStyle, internal, session_id};
+use super::sessions::{self, Spelling, UriStyle, internal, session_id};
 use super::{expired, turns};
 use crate::auth::{AuthError, Authenticator, Caller};
 
@@ -122,7 +122,6 @@ impl Gateway {
             auth: self.auth.clone(),
             id: connection_id.to_owned(),
             record,
-            styled: false,
         };
         // What the message tells session channels, heard as the local host's channels hear it.
         let (mut news, mut changed) = (host.active_clients.news(), host.app.sessions_changed());
@@ -193,9 +192,6 @@ struct Stored {
     auth: Option<Arc<Authenticator>>,
     id: String,
     record: ConnectionRecord,
-    /// This message set the spelling (`initialize`); otherwise a `reconnect` takes the
-    /// client's recorded one.
-    styled: bool,
 }
 
 impl Stored {
@@ -265,8 +261,7 @@ impl Transport for Stored {
 
     /// Records the client id with the URI style `initialize` set, or takes the one the client
     /// had (a `reconnect` does not say it).
-    async fn set_client_id(&mut self, client_id: String) -> Result<(), RpcError> {
-        let style = self.styled.then_some(self.record.uri_style);
+    async fn set_client(&mut self, client_id: String, style: Option<UriStyle>) -> Result<(), RpcError> {
         self.record.uri_style =
             self.pushes.registry.set_client(&self.id, &client_id, style).await.map_err(internal)?;
         self.record.client_id = client_id;
@@ -330,13 +325,27 @@ impl Transport for Stored {
         Ok(())
     }
 
-    fn uri_style(&self) -> UriStyle {
-        self.record.uri_style
+    fn name_session(&mut self, id: &SessionId, uri: &str) {
+        self.pushes.creating(&self.id, id, uri);
     }
 
-    fn set_uri_style(&mut self, style: UriStyle) {
-        self.record.uri_style = style;
-        self.styled = true;
+    /// Its style, and the session channels it subscribed as it spelled them (one read each;
+    /// a connection holds few).
+    async fn spelling(&mut self) -> Spelling {
+        let mut spelling = Spelling::new(self.record.uri_style);
+        for session in &self.record.sessions {
+            match self.pushes.registry.session_subscribers(session).await {
+                Ok(subscribers) => {
+                    if let Some(mine) = subscribers.iter().find(|s| s.connection_id == self.id) {
+                        spelling.name(session, &mine.channel);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(connection_id = %self.id, error = %e, "a session channel's spelling could not be read; its style goes");
+                }
+            }
+        }
+        spelling
     }
 
     /// A connection's records carry its token's identity and expiry (its chat and root
