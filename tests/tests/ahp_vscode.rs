@@ -558,7 +558,40 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
         .await;
     let echo = vscode.echoed("the confirmation's echo", seq).await;
     assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    // §8: `deploy` runs on a client, and this window does not offer it (no client does):
+    // VS Code's person is asked for its result, an input request named by the call, in the
+    // chat and in the session's inputNeeded; the answer is the call's result.
+    vscode
+        .until("the input request for deploy's result", |v| {
+            v.chats[&chat].active_turn.as_ref().is_some_and(|t| {
+                t.response_parts.iter().any(
+                    |p| matches!(p, ahp_types::state::ResponsePart::InputRequest(i) if i.request.id == call_id),
+                )
+            })
+        })
+        .await;
+    vscode
+        .until("the request in the session's inputNeeded", |v| {
+            v.envelopes.iter().any(|e| {
+                matches!(&e.action, StateAction::SessionInputNeededSet(set)
+                    if matches!(&set.request, SessionInputRequest::ChatInput(c) if c.request.id == call_id))
+            })
+        })
+        .await;
+    let seq = vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/inputCompleted", "requestId": call_id, "response": "accept",
+                   "answers": {"result": {"state": "submitted", "value": {"kind": "text", "value": "Deployed to prod"}}}}),
+        )
+        .await;
+    let echo = vscode.echoed("the answer's echo", seq).await;
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    completed_as(host, token, session_id, "request_2").await;
     vscode.settle(host, token, &chat, session_id).await;
+    let messages: Value = api(host, token).get_ok(&format!("/v1/sessions/{session_id}/messages")).await;
+    let result = messages["messages"].as_array().unwrap().iter().rev().find(|m| m["role"] == "tool").unwrap();
+    assert_eq!(result["content"], "Deployed to prod", "{result}");
     // Nothing VS Code sent was refused: the root configuration included.
     let refused: Vec<_> = vscode.envelopes.iter().filter(|e| e.rejection_reason.is_some()).collect();
     assert!(refused.is_empty(), "{refused:#?}");
@@ -898,6 +931,56 @@ async fn vs_code_runs_its_own_tools() {
         serde_json::to_string(&last.response_parts).unwrap().contains("readFile returned: # Turnstone"),
         "{last:#?}"
     );
+}
+
+/// A window that offers a tool the agent declares as a client tool (`deploy`, here VS Code's
+/// own implementation) runs the agent's calls of it: the call is contributed by that window,
+/// so VS Code runs it once approved, and no person is asked for a result.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_window_offering_an_agents_client_tool_runs_its_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let session_id = "d-40c2";
+    let deploy = json!({"name": "deploy", "description": "Deploys from this workspace.",
+                        "inputSchema": {"type": "object", "properties": {"target": {"type": "string"}}}});
+    let chat = vscode.create_session_with_tools(&format!("demo:/{session_id}"), json!([deploy])).await;
+    vscode.dispatch(&chat, turn_started("request_1", "/tool deploy {\"target\":\"prod\"}")).await;
+    vscode.until_confirmation(&chat).await;
+    let call = |v: &VsCode| {
+        let parts =
+            serde_json::to_value(&v.chats[&chat].active_turn.as_ref().unwrap().response_parts).unwrap();
+        parts.as_array().unwrap().iter().find(|p| p["toolCall"]["toolName"] == "deploy").unwrap()["toolCall"]
+            .clone()
+    };
+    let call_id = call(&vscode)["toolCallId"].as_str().unwrap().to_owned();
+    vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/toolCallConfirmed", "turnId": "request_1", "toolCallId": call_id,
+                   "approved": true, "confirmed": "user-action"}),
+        )
+        .await;
+    vscode.until("the call running", |v| call(v)["status"] == "running").await;
+    // HND `_setupToolCallPart`: VS Code runs a call only if it is the contributor.
+    assert_eq!(call(&vscode)["contributor"], json!({"kind": "client", "clientId": vscode.client_id}));
+    let seq = vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/toolCallComplete", "turnId": "request_1", "toolCallId": call_id,
+                   "result": {"success": true, "pastTenseMessage": "Deployed",
+                              "content": [{"type": "text", "text": "deployed build 412"}]}}),
+        )
+        .await;
+    let echo = vscode.echoed("the result's echo", seq).await;
+    assert!(echo.rejection_reason.is_none(), "{echo:?}");
+    completed_as(&host, None, session_id, "request_1").await;
+    vscode.settle(&host, None, &chat, session_id).await;
+    let last = vscode.chats[&chat].turns.last().unwrap();
+    let parts = serde_json::to_string(&last.response_parts).unwrap();
+    assert!(parts.contains("deployed build 412"), "{last:#?}");
+    assert!(!parts.contains("inputRequest"), "nobody is asked: {last:#?}");
 }
 
 /// Older VS Code builds (the editor handler at 00738c8d9c54646044b1f7d4debeb14163086cdb, §7)

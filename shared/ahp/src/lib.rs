@@ -26,6 +26,7 @@ mod usage;
 pub use ahp_types::StateAction;
 pub use ahp_types::state::ChatState;
 pub use error::ProjectionError;
+pub use input::TOOL_RESULT_QUESTION;
 pub use input_needed::{entry_key, input_needed};
 pub use projection::{ChatProjection, chat_from_log, shows_in_chat};
 pub use turn::Resumption;

@@ -733,19 +733,48 @@ impl ChatProjection {
         Ok(())
     }
 
-    /// A client tool is run by a client: the one whose tools the turn brought (its AHP client
-    /// id), or, for the agent's own client tools (any client of the session may answer them),
-    /// the session's owner.
+    /// A client tool is run by the client that drove the turn when it offers a tool of that
+    /// name (its own, or one the agent declares that it implements): AHP clients run only the
+    /// calls they contributed. An agent's client tool no client offers has no contributor: a
+    /// person is asked for its result instead ([`Projection::ask_person`]).
     fn contributor(&self, name: &str) -> Option<ToolCallContributor> {
         let turn_id = self.turn.as_ref().map(|t| &t.id);
         let declared = self.session.tool_declaration(name, turn_id)?;
-        (declared.handler == Some(ToolHandler::Client)).then(|| {
-            let client_id = match self.session.tool_client(name, turn_id) {
-                Some(client) => client.to_owned(),
-                None => self.session.identity().id.unwrap_or_else(|| "client".to_owned()),
-            };
-            ToolCallContributor::Client(ToolCallClientContributor { client_id })
-        })
+        if declared.handler != Some(ToolHandler::Client) {
+            return None;
+        }
+        let client_id = self.session.tool_client(name, turn_id)?.to_owned();
+        Some(ToolCallContributor::Client(ToolCallClientContributor { client_id }))
+    }
+
+    /// A client tool's call that runs with no client to run it is asked of a person: an input
+    /// request whose answer is its result (AHP's own way to put a question to whoever watches
+    /// the chat; any HTTP client may still settle the call).
+    fn ask_person(&mut self, call: &CallRecord) -> Result<(), ProjectionError> {
+        let CallSpec::ToolCall { name, arguments, handler: ToolHandler::Client, .. } = &call.spec else {
+            return Ok(());
+        };
+        if self.contributor(name).is_some() {
+            return Ok(());
+        }
+        let turn = self.turn.as_ref().map(|t| &t.id);
+        let description = self.session.tool_declaration(name, turn).and_then(|t| t.description);
+        self.emit(input::tool_requested(&call.id, name, description.as_deref(), arguments))?;
+        if let Some(turn) = self.open_turn() {
+            turn.asked.insert(call.id.clone());
+        }
+        Ok(())
+    }
+
+    /// The input request `ask_person` showed for `call_id`, completed as the call settled
+    /// (`None`: cancelled).
+    fn answered_for(
+        &mut self,
+        call_id: &CallId,
+        outcome: Option<&CallOutcome>,
+    ) -> Result<(), ProjectionError> {
+        let asked = self.open_turn().is_some_and(|t| t.asked.remove(call_id));
+        if asked { self.emit(input::tool_completed(call_id, outcome)) } else { Ok(()) }
     }
 
     /// A tool message answers a tool call. A call the engine made shows its settle instead;
@@ -791,13 +820,17 @@ impl ChatProjection {
         };
         self.tool_requested(&turn_id, &call.id, &name, arguments.unwrap_or_default())?;
         let confirmation = tool_call::confirmation(call);
-        let part = if confirmation.is_some() { ToolPart::Running } else { ToolPart::PendingConfirmation };
+        let runs = confirmation.is_some();
+        let part = if runs { ToolPart::Running } else { ToolPart::PendingConfirmation };
         self.emit(tool_call::ready(&turn_id, &call.id, &name, arguments, confirmation))?;
         if let Some(action) = tool_call::show_child(&turn_id, &call.id, &call.spec) {
             self.emit(action)?;
         }
         if let Some(turn) = self.open_turn() {
             turn.tools.insert(call.id.clone(), part);
+        }
+        if runs {
+            self.ask_person(call)?;
         }
         Ok(())
     }
@@ -812,7 +845,10 @@ impl ChatProjection {
         if let Some(turn) = self.open_turn() {
             turn.tools.insert(call_id.clone(), ToolPart::Running);
         }
-        Ok(())
+        match self.session.call(call_id).cloned() {
+            Some(call) => self.ask_person(&call),
+            None => Ok(()),
+        }
     }
 
     /// Where `call_id`'s part is, in the open turn.
@@ -850,6 +886,7 @@ impl ChatProjection {
                 return Ok(());
             }
         }
+        self.answered_for(call_id, Some(outcome))?;
         self.emit(tool_call::complete(&turn_id, call_id, &call.spec, outcome))?;
         self.close_tool(call_id);
         Ok(())
@@ -894,6 +931,7 @@ impl ChatProjection {
         };
         let Some(turn_id) = self.open(None)? else { return Ok(()) };
         let name = self.tool_name(call_id);
+        self.answered_for(call_id, None)?;
         for action in tool_call::cancel(&turn_id, call_id, &name, reason, waiting) {
             self.emit(action)?;
         }

@@ -54,6 +54,8 @@ pub(crate) struct OpenTurn {
     pub reply: Option<(CallId, u32)>,
     /// Interrupts shown as open input requests.
     pub inputs: BTreeSet<InterruptId>,
+    /// Client tool calls no AHP client runs, shown as open input requests to a person.
+    pub asked: BTreeSet<CallId>,
     /// Its user message is in the conversation (a resume need not send it again).
     pub recorded: bool,
     /// How many times the chat's turn it shows was resumed before.
@@ -81,6 +83,7 @@ impl OpenTurn {
             reasonings: BTreeMap::new(),
             reply: None,
             inputs: BTreeSet::new(),
+            asked: BTreeSet::new(),
             streamed_tools: BTreeMap::new(),
             recorded: false,
             resumes: 0,

@@ -100,10 +100,34 @@ fn client_turn(h: &mut Driver) {
     h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
 }
 
+/// An agent's client tool that no client offers (the turn brought no tool `pick`) runs with
+/// no AHP contributor, since none would ever run it: a person is asked for its result (an
+/// input request with the call's id and one text question), and the request completes with
+/// the result as its answer, whoever settled the call (here an HTTP client's messages).
 #[test]
-fn a_client_tool_names_its_client_and_completes_with_the_clients_answer() {
+fn an_agents_client_tool_no_client_offers_is_asked_of_a_person_and_completes_with_its_result() {
     let mut h = harness("s3", init("demo", Some(agent_with_tools()), false));
     client_turn(&mut h);
+    let asked = project(&h);
+    let active = asked.chat().active_turn.as_ref().expect("an active turn");
+    let ToolCallState::Running(running) = tool_call(&active.response_parts, "c1") else {
+        panic!("{:?}", active.response_parts)
+    };
+    assert!(running.contributor.is_none(), "{running:?}");
+    let request = active
+        .response_parts
+        .iter()
+        .find_map(|p| match p {
+            ResponsePart::InputRequest(i) if i.request.id == "c1" => Some(&i.request),
+            _ => None,
+        })
+        .expect("an input request for the call");
+    let [ChatInputQuestion::Text(question)] = request.questions.as_deref().unwrap() else {
+        panic!("{request:?}")
+    };
+    assert_eq!(question.id, turnstone_ahp::TOOL_RESULT_QUESTION);
+    assert!(question.message.contains("{}"), "{question:?}");
+    assert!(request.message.as_deref().unwrap().contains("pick"), "{request:?}");
     let mut view: Vec<DraftMessage> = h.session.tree().active_path().iter().map(|m| m.to_draft()).collect();
     view.push(DraftMessage::tool_result("c1", "pick", "blue"));
     h.exec(Command::Submit {
@@ -121,15 +145,64 @@ fn a_client_tool_names_its_client_and_completes_with_the_clients_answer() {
     let p = project(&h);
     let turn = last_turn(p.chat());
     let done = completed(&turn.response_parts, "c1");
-    let Some(ToolCallContributor::Client(client)) = &done.contributor else {
-        panic!("{:?}", done.contributor)
-    };
-    assert_eq!(client.client_id, "owner-1");
+    assert!(done.contributor.is_none(), "{:?}", done.contributor);
     assert_eq!(
         done.content.as_deref(),
         Some(&[ToolResultContent::Text(ahp_types::state::ToolResultTextContent { text: "blue".into() })][..])
     );
-    assert_eq!(part_kinds(&turn.response_parts), ["toolCall:c1:completed", "markdown:Blue it is"]);
+    let answered = turn
+        .response_parts
+        .iter()
+        .find_map(|p| match p {
+            ResponsePart::InputRequest(i) if i.request.id == "c1" => Some(i),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(answered.response, Some(ChatInputResponseKind::Accept));
+    let answer = serde_json::to_value(&answered.request.answers).unwrap();
+    assert_eq!(answer["result"]["value"]["value"], "blue", "{answer}");
+    assert_eq!(
+        part_kinds(&turn.response_parts),
+        ["toolCall:c1:completed", "inputRequest:c1", "markdown:Blue it is"]
+    );
+}
+
+/// An agent's client tool that the turn's client offers too is that client's call: AHP's
+/// contributor names it, and nobody else is asked.
+#[test]
+fn an_agents_client_tool_the_driving_client_offers_is_that_clients_call() {
+    let mut h = harness("s3b", init("demo", Some(agent_with_tools()), false));
+    let pick = AgentTool {
+        name: "pick".into(),
+        description: None,
+        input: None,
+        output: None,
+        handler: None,
+        approval: None,
+        mcp: None,
+    };
+    let client =
+        ClientContext { tools: Some(vec![pick]), client_id: Some("window-1".into()), ..Default::default() };
+    h.exec(Command::Submit {
+        input: ClientInput::Message(ClientMessageInput {
+            agent_id: "demo".into(),
+            turn_id: None,
+            message: DraftMessage::user("pick a color"),
+            stream: None,
+            client: Some(client),
+        }),
+        queue: false,
+        origin: TurnOrigin::Client,
+    });
+    h.run_llm(tool_calls(&[("c1", "pick", "{}")]));
+    let p = project(&h);
+    let active = p.chat().active_turn.as_ref().expect("an active turn");
+    let ToolCallState::Running(running) = tool_call(&active.response_parts, "c1") else {
+        panic!("{:?}", active.response_parts)
+    };
+    let Some(ToolCallContributor::Client(by)) = &running.contributor else { panic!("{running:?}") };
+    assert_eq!(by.client_id, "window-1");
+    assert_eq!(part_kinds(&active.response_parts), ["toolCall:c1:running"]);
 }
 
 #[test]
@@ -440,7 +513,8 @@ fn a_call_needing_approval_waits_pending_confirmation_and_runs_once_approved() {
     assert!(matches!(tool_call(&active.response_parts, "c1"), ToolCallState::PendingConfirmation(_)));
     h.exec(approval("c1", true, None));
     let actions = p.catch_up(&h.log);
-    assert_eq!(types(&actions), ["chat/toolCallConfirmed"]);
+    // It runs: no client offers `pick`, so a person is asked for its result.
+    assert_eq!(types(&actions), ["chat/toolCallConfirmed", "chat/inputRequested"]);
     let active = p.chat().active_turn.as_ref().unwrap();
     let ToolCallState::Running(running) = tool_call(&active.response_parts, "c1") else {
         panic!("{:?}", active.response_parts)
@@ -451,7 +525,7 @@ fn a_call_needing_approval_waits_pending_confirmation_and_runs_once_approved() {
     let p = project(&h);
     assert_eq!(
         part_kinds(&last_turn(p.chat()).response_parts),
-        ["toolCall:c1:completed", "markdown:red it is"]
+        ["toolCall:c1:completed", "inputRequest:c1", "markdown:red it is"]
     );
 }
 

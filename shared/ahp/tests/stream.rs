@@ -70,7 +70,11 @@ fn deltas_then_the_final_reply_equal_the_final_reply_without_deltas() {
     let replayed = project(&h);
     assert_eq!(live.chat(), replayed.chat(), "live and replayed chats are equal");
     let active = live.chat().active_turn.as_ref().unwrap();
-    assert_eq!(part_kinds(&active.response_parts), ["markdown:It is blue, I think", "toolCall:c1:running"]);
+    // `pick`, a client tool no client offers, runs asking a person for its result.
+    assert_eq!(
+        part_kinds(&active.response_parts),
+        ["markdown:It is blue, I think", "toolCall:c1:running", "inputRequest:c1"]
+    );
 }
 
 #[test]
@@ -104,7 +108,10 @@ fn a_streamed_tool_call_runs_and_completes_in_place() {
     live.check_actions();
     let turn = last_turn(live.chat());
     assert_eq!(turn.state, TurnState::Complete);
-    assert_eq!(part_kinds(&turn.response_parts), ["toolCall:c1:completed", "markdown:Red."]);
+    assert_eq!(
+        part_kinds(&turn.response_parts),
+        ["toolCall:c1:completed", "inputRequest:c1", "markdown:Red."]
+    );
     assert_eq!(live.chat(), project(&h).chat());
 }
 

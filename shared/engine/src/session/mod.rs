@@ -602,12 +602,13 @@ impl Session {
     }
 
     /// The client that runs tool `name`'s calls in turn `turn_id`: the one whose tools the turn
-    /// brought (`ClientContext::client_id`), when `name` is one of them and not the agent's own.
+    /// brought (`ClientContext::client_id`), when `name` is one of them (an agent's own client
+    /// tool of that name included: that client implements it). Whether the call is a client's
+    /// at all is the declaration's ([`Session::tool_declaration`]).
     pub fn tool_client(&self, name: &str, turn_id: Option<&TurnId>) -> Option<&str> {
         let turn = turn_id.and_then(|t| self.turns.get(t))?;
-        let agents = self.current_agent().is_some_and(|a| a.tools().iter().any(|t| t.name == name));
         let brought = turn.client_tools.iter().any(|t| t.name == name);
-        turn.client_id.as_deref().filter(|_| brought && !agents)
+        turn.client_id.as_deref().filter(|_| brought)
     }
 
     /// The client tools turn `turn_id` brought, as the client declared them; empty once the

@@ -8,7 +8,9 @@ use ahp_types::actions::{
     ChatToolCallConfirmedAction, ChatTruncatedAction, ChatTurnStartedAction, StateAction,
 };
 use ahp_types::commands::DispatchActionParams;
-use ahp_types::state::{PendingMessageKind, ToolResultContent};
+use ahp_types::state::{
+    ChatInputAnswer, ChatInputAnswerValue, ChatInputResponseKind, PendingMessageKind, ToolResultContent,
+};
 use serde_json::{Value, json};
 use turnstone_ahp::ChatProjection;
 use turnstone_engine::ids::{CallId, SessionId};
@@ -69,7 +71,11 @@ pub(crate) async fn dispatch(
                 host.app.command_as(&id, caller, Access::Drive, cancel).await.map(|_| ()).map_err(refusal)
             }
             StateAction::ChatInputCompleted(a) => {
-                submit(host, caller, &id, resume(a), Placement::Start).await
+                let input = match tool_answer(&session, a)? {
+                    Some(input) => input,
+                    None => resume(a),
+                };
+                submit(host, caller, &id, input, Placement::Start).await
             }
             StateAction::ChatToolCallComplete(a) => complete_tool(host, caller, &session, a).await,
             StateAction::ChatPendingMessageSet(a) => pend(host, caller, client_id, &session, a).await,
@@ -285,6 +291,37 @@ fn resume(action: &ChatInputCompletedAction) -> Value {
         payload["answers"] = json!(answers);
     }
     json!({"type": "interrupt.resume", "interrupt_id": action.request_id, "payload": payload})
+}
+
+/// `chat/inputCompleted` of the input request a client tool's call no client runs asks a
+/// person (its id is the call's, [`turnstone_ahp::TOOL_RESULT_QUESTION`] its question):
+/// `tool.result` with the answer, or `tool.error` when the person declined. `None` when the
+/// request is not such a call's (an interrupt's).
+fn tool_answer(session: &Session, action: &ChatInputCompletedAction) -> Result<Option<Value>, Refusal> {
+    let call_id = CallId::from(action.request_id.as_str());
+    let asked = session.call(&call_id).is_some_and(|c| {
+        c.is_pending() && matches!(&c.spec, CallSpec::ToolCall { handler: ToolHandler::Client, .. })
+    });
+    if !asked {
+        return Ok(None);
+    }
+    if action.response != ChatInputResponseKind::Accept {
+        let error = format!("the person asked for the result declined ({})", json!(action.response));
+        return Ok(Some(json!({"type": "tool.error", "id": call_id, "error": error, "retryable": false})));
+    }
+    let question = turnstone_ahp::TOOL_RESULT_QUESTION;
+    let value = match action.answers.as_ref().and_then(|a| a.get(question)) {
+        Some(ChatInputAnswer::Submitted(answered)) => match &answered.value {
+            ChatInputAnswerValue::Text(text) => json!(text.value),
+            other => serde_json::to_value(other).map_err(|e| e.to_string())?["value"].clone(),
+        },
+        _ => {
+            return Err(format!(
+                "answers.{question}: the result of tool call {call_id}, submitted, is required"
+            ));
+        }
+    };
+    Ok(Some(json!({"type": "tool.result", "id": call_id, "result": value})))
 }
 
 /// `chat/toolCallComplete` of a client tool's call: `tool.result` with its text, or
