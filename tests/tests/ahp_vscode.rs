@@ -983,6 +983,85 @@ async fn a_window_offering_an_agents_client_tool_runs_its_calls() {
     assert!(!parts.contains("inputRequest"), "nobody is asked: {last:#?}");
 }
 
+/// §13: what VS Code's newest client may ask of a remote host besides the session flow gets
+/// an answer it goes on with: an empty session configuration and no completions for an agent
+/// of the host (an unknown provider is -32002), and for what the host does not have (files,
+/// terminals, chats apart from their sessions) the protocol's error, saying what is missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn vs_code_is_answered_what_the_host_does_not_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(CONFIG, dir.path()).await;
+    let mut vscode = VsCode::connect(&host, None).await.unwrap();
+    vscode.initialize().await;
+    let session_uri = "demo:/u-7a10";
+    let chat = vscode.create_session(session_uri).await;
+
+    // PICK / CFGSUB: the config chips of a new chat.
+    let config = vscode
+        .request(
+            "resolveSessionConfig",
+            json!({"channel": "ahp-root://", "provider": "demo", "workingDirectory": "file:///home/ana/project"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(config, json!({"schema": {"type": "object", "properties": {}}, "values": {}}));
+    let unknown = vscode
+        .request("resolveSessionConfig", json!({"channel": "ahp-root://", "provider": "nope"}))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown["code"], -32002, "{unknown}");
+    let items = vscode
+        .request(
+            "sessionConfigCompletions",
+            json!({"channel": "ahp-root://", "provider": "demo", "property": "model", "query": "g"}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(items, json!({"items": []}));
+    // HND `provideChatInputCompletions`.
+    let completions = vscode
+        .request(
+            "completions",
+            json!({"channel": session_uri, "kind": "userMessage", "text": "/to", "offset": 3}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(completions, json!({"items": []}));
+
+    // The `vscode-agent-host` file system: no files here.
+    let listed = vscode
+        .request("resourceList", json!({"channel": "ahp-root://", "uri": "file:///home/ana/project"}))
+        .await
+        .unwrap_err();
+    assert_eq!(listed["code"], -32008, "{listed}");
+    assert!(listed["message"].as_str().unwrap().contains("file:///home/ana/project"), "{listed}");
+    let written = vscode
+        .request(
+            "resourceWrite",
+            json!({"channel": "ahp-root://", "uri": "file:///home/ana/project/a.txt", "data": "aGk="}),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(written["code"], -32009, "{written}");
+    let terminal = vscode
+        .request("createTerminal", json!({"channel": "ahp-root://", "terminal": "ahp-terminal:/t1"}))
+        .await
+        .unwrap_err();
+    assert_eq!(terminal["code"], -32601, "{terminal}");
+    assert!(terminal["message"].as_str().unwrap().contains("terminals"), "{terminal}");
+    let disposed = vscode.request("disposeChat", json!({"channel": chat})).await.unwrap_err();
+    assert_eq!(disposed["code"], -32601, "{disposed}");
+    // A method AHP does not define is just unknown.
+    let unknown = vscode.request("frobnicate", json!({"channel": "ahp-root://"})).await.unwrap_err();
+    assert_eq!(
+        (unknown["code"].as_i64(), unknown["message"].as_str()),
+        (Some(-32601), Some("unknown method \"frobnicate\""))
+    );
+    // The connection goes on: the session still runs a turn.
+    vscode.turn(&chat, "request_1", "Still here").await;
+    completed_as(&host, None, "u-7a10", "request_1").await;
+}
+
 /// Older VS Code builds (the editor handler at 00738c8d9c54646044b1f7d4debeb14163086cdb, §7)
 /// start a turn without `startedAt` and cancel it without `duration`; both are understood.
 #[tokio::test(flavor = "multi_thread")]

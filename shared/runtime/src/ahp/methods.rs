@@ -319,9 +319,13 @@ async fn request(
             transport.fetch_turns(&params.channel, params.cursor).await?;
             just(rpc::to_value(&FetchTurnsResult {})?)
         }
-        other => {
-            Err(RpcError::new(json_rpc_error_codes::METHOD_NOT_FOUND, format!("unknown method {other:?}")))
-        }
+        other => match super::unserved::answer(host, other, params) {
+            Some(answer) => answer.map(Answer::just),
+            None => Err(RpcError::new(
+                json_rpc_error_codes::METHOD_NOT_FOUND,
+                format!("unknown method {other:?}"),
+            )),
+        },
     }
 }
 

@@ -100,6 +100,7 @@ mod session_replay;
 mod sessions;
 mod stored;
 pub(crate) mod turns;
+mod unserved;
 
 use std::sync::Arc;
 
