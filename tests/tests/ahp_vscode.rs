@@ -47,7 +47,8 @@ const VSCODE_UPGRADE_HEADERS: &[(&str, &str)] = &[
     ("accept-language", "en-US,en;q=0.9"),
 ];
 
-/// The scripted model (`/tool <name> <args>` calls a tool), and a tool that needs approval.
+/// The scripted model (`/tool <name> <args>` calls a tool), and the demo agent's client tools:
+/// `confirm`, and `deploy`, which needs approval.
 const CONFIG: &str = r#"
 [llm.s]
 type = "scripted"
@@ -55,6 +56,12 @@ type = "scripted"
 [agent.demo]
 model = "scripted"
 llm = "s"
+
+[[agent.demo.tools]]
+name = "confirm"
+description = "Ask the user a yes/no question and wait for the answer."
+handler = "client"
+input = { type = "object", properties = { question = { type = "string" } }, required = ["question"] }
 
 [[agent.demo.tools]]
 name = "deploy"
@@ -525,6 +532,34 @@ async fn a_window_works(host: &TestHost, token: Option<&str>) {
     assert_eq!(session["snapshot"]["state"]["title"], "Deploy review");
     assert!(vscode.chats[&chat].turns.iter().any(|t| t.id == "request_1"), "{:#?}", vscode.chats[&chat]);
 
+    // §8: the demo's `confirm`, a client tool no window offers: VS Code's person is asked (an
+    // input request named by the call, with the call's arguments) and the answer is its result.
+    vscode.dispatch(&chat, turn_started("request_c", "/tool confirm {\"question\":\"Ship it?\"}")).await;
+    let asked = |v: &VsCode| {
+        v.chats[&chat].active_turn.as_ref().and_then(|t| {
+            t.response_parts.iter().find_map(|p| match p {
+                ahp_types::state::ResponsePart::InputRequest(i) if i.response.is_none() => {
+                    Some(i.request.clone())
+                }
+                _ => None,
+            })
+        })
+    };
+    vscode.until("confirm's question", |v| asked(v).is_some()).await;
+    let request = asked(&vscode).unwrap();
+    let question = serde_json::to_value(&request.questions).unwrap();
+    assert!(question[0]["message"].as_str().unwrap().contains("Ship it?"), "{question}");
+    let seq = vscode
+        .dispatch(
+            &chat,
+            json!({"type": "chat/inputCompleted", "requestId": request.id, "response": "accept",
+                   "answers": {"result": {"state": "submitted", "value": {"kind": "text", "value": "yes"}}}}),
+        )
+        .await;
+    assert!(vscode.echoed("the answer's echo", seq).await.rejection_reason.is_none());
+    completed_as(host, token, session_id, "request_c").await;
+    vscode.settle(host, token, &chat, session_id).await;
+
     // §8: a tool call that needs approval, confirmed as VS Code does; the confirmation's echo
     // carries its origin (VS Code would re-send it after every reconnect otherwise).
     vscode.dispatch(&chat, turn_started("request_2", "/tool deploy {\"target\":\"prod\"}")).await;
@@ -678,9 +713,25 @@ async fn completed_as(host: &TestHost, token: Option<&str>, session: &str, turn_
 async fn each_window_is_told_of_a_session_as_it_named_it() {
     let dir = tempfile::tempdir().unwrap();
     let host = TestHost::start(CONFIG, dir.path()).await;
-    let mut newer = VsCode::connect(&host, None).await.unwrap();
+    windows_are_told_as_they_named(&host, None).await;
+}
+
+/// The same with a token (the sessions are the token's caller's).
+#[tokio::test(flavor = "multi_thread")]
+async fn each_window_is_told_of_a_session_as_it_named_it_with_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!("{CONFIG}\n[auth]\napi_keys_env = \"KEYS\"\n");
+    let host = TestHost::start_with_env(&config, dir.path(), |name| {
+        (name == "KEYS").then(|| "ana:key-ana".to_owned())
+    })
+    .await;
+    windows_are_told_as_they_named(&host, Some("key-ana")).await;
+}
+
+async fn windows_are_told_as_they_named(host: &TestHost, token: Option<&str>) {
+    let mut newer = VsCode::connect(host, token).await.unwrap();
     newer.initialize().await;
-    let mut older = VsCode::connect(&host, None).await.unwrap();
+    let mut older = VsCode::connect(host, token).await.unwrap();
     older.client_id = "5a0c7e13-2b8d-4f61-9e4a-c3d2b1a09f87".to_owned();
     older.ahp_session_uris = false;
     older.initialize().await;
@@ -691,9 +742,14 @@ async fn each_window_is_told_of_a_session_as_it_named_it() {
     );
     let chat_a = newer.create_session(&format!("ahp-session:/{a}")).await;
     newer.create_session(&format!("demo:/{b}")).await;
-    turn_over_http(&host, c, "c-1", "Driven elsewhere").await;
+    let input = json!({"type": "client.message", "agent_id": "demo", "turn_id": "c-1",
+                       "message": {"role": "user", "content": "Driven elsewhere"}});
+    let (code, body) =
+        api(host, token).post_raw(&format!("/v1/sessions/{c}/inputs"), input.to_string()).await;
+    assert_eq!(code, 202, "{body}");
+    completed_as(host, token, c, "c-1").await;
     newer.turn(&chat_a, "request_1", "Named the new way").await;
-    completed_as(&host, None, a, "request_1").await;
+    completed_as(host, token, a, "request_1").await;
 
     let told = |v: &VsCode, method: &str, session: &str| {
         v.notifications.iter().any(|n| {
