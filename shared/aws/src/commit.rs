@@ -194,6 +194,7 @@ pub(crate) fn plan(
     // The snapshot leaves the declared agent config out (the bulk of an agent, and it never
     // changes): the creating commit writes it once as its own item.
     let snapshot = serde_json::to_string(session).map_err(serialize)?;
+    session.wrote_snapshot(snapshot.len());
     chunk_items.extend(chunks::lay_out(session_id, HEAD, snapshot, Some(new_version), &mut head));
 
     let mut puts: Vec<(Item, Role)> = vec![(pack, Role::Pack), (head, Role::Head)];

@@ -715,7 +715,9 @@ impl App {
         // source's commit (`session.forked`).
         let spawned = created && session.init().is_some_and(|i| i.parent.is_some());
         let changed = (shows || titled || !forks.is_empty()) && !created;
-        if changed || spawned {
+        // Nobody follows the catalog (no AHP root subscriber here, no notifier beyond): no notice.
+        let heard = self.notifier.hears_root() || self.changed.receiver_count() > 0;
+        if (changed || spawned) && heard {
             let status = crate::api::SessionStatus::of(session);
             let summary = SessionChanged {
                 session_id: session.id().clone(),
@@ -738,7 +740,9 @@ impl App {
         if created {
             // No listener is no error.
             let _ = self.created.send(session.id().clone());
-            self.notifier.root(crate::notify::RootNotice::SessionAdded(session.id().clone()));
+            if self.notifier.hears_root() {
+                self.notifier.root(crate::notify::RootNotice::SessionAdded(session.id().clone()));
+            }
         }
     }
 

@@ -615,6 +615,7 @@ impl PreparedCommit {
         let session = commit.session;
         let serialize = |source| SqliteError::Serialize { session_id: session_id.to_owned(), source };
         let snapshot = serde_json::to_string(session).map_err(serialize)?;
+        session.wrote_snapshot(snapshot.len());
         let declared = match session.declared() {
             Some(declared) if expected == 0 => Some(serde_json::to_string(declared).map_err(serialize)?),
             _ => None,

@@ -12,10 +12,13 @@ impl Session {
     /// Folds one event in.
     pub fn apply(&mut self, event: &Event) {
         self.events_applied += 1;
+        // The snapshot changes: its written size no longer holds.
+        self.sizes.snapshot.store(0, std::sync::atomic::Ordering::Relaxed);
         match event {
             Event::SessionCreated { session_id, init, at } => {
                 self.id = session_id.clone();
-                self.init = Some(init.clone());
+                self.init = Some(std::sync::Arc::new(init.clone()));
+                self.sizes.declared.store(0, std::sync::atomic::Ordering::Relaxed);
                 self.created_at = *at;
             }
             Event::TurnStarted { turn } => {

@@ -25,6 +25,7 @@ mod versions;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -156,7 +157,7 @@ pub struct Session {
     /// changes and is most of an agent's size (a system prompt, every tool's schema), so stores
     /// keep it apart, written once, and put it back with [`Session::restore_declared`].
     #[serde(serialize_with = "init_without_declared")]
-    init: Option<SessionInit>,
+    init: Option<Arc<SessionInit>>,
     created_at: Timestamp,
     tree: Tree,
     /// Agent state versions (the head holds the current one's value; see [`versions`]).
@@ -218,14 +219,83 @@ pub struct Session {
     /// base of the next request's token estimate (see [`context`]).
     #[serde(default, rename = "prompt", skip_serializing_if = "Option::is_none")]
     prompt_measure: Option<PromptMeasure>,
+    /// Sizes known without serializing again ([`Session::approx_bytes`]).
+    #[serde(skip)]
+    sizes: Sizes,
+}
+
+/// How many times a session's snapshot was serialized in this process: a count the tests that
+/// guard a turn's cost read ([`snapshot_serializations`]).
+static SNAPSHOT_SERIALIZATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// How many session snapshots this process serialized (a store's commit, a size measured).
+pub fn snapshot_serializations() -> u64 {
+    SNAPSHOT_SERIALIZATIONS.load(Ordering::Relaxed)
+}
+
+/// Byte sizes of a session known without serializing it again: its snapshot's JSON as a store
+/// last wrote it (0: unknown since the session last changed) and its declared agent config's
+/// (0: not measured yet). Hints for weighing caches: clones copy them, equality ignores them.
+#[derive(Debug, Default)]
+struct Sizes {
+    snapshot: AtomicUsize,
+    declared: AtomicUsize,
+}
+
+impl Clone for Sizes {
+    fn clone(&self) -> Self {
+        Sizes {
+            snapshot: AtomicUsize::new(self.snapshot.load(Ordering::Relaxed)),
+            declared: AtomicUsize::new(self.declared.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl PartialEq for Sizes {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-fn init_without_declared<S: serde::Serializer>(init: &Option<SessionInit>, s: S) -> Result<S::Ok, S::Error> {
-    init.as_ref().map(|i| SessionInit { declared: None, ..i.clone() }).serialize(s)
+fn init_without_declared<S: serde::Serializer>(
+    init: &Option<Arc<SessionInit>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    // Called once per snapshot serialized: the count the cost guards read.
+    SNAPSHOT_SERIALIZATIONS.fetch_add(1, Ordering::Relaxed);
+    // The fields but the declared config (most of an agent's size), borrowed, not cloned.
+    #[derive(Serialize)]
+    struct Without<'a> {
+        agent_id: &'a str,
+        identity: &'a WorkerIdentity,
+        has_worker: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        parent: Option<&'a ParentLink>,
+        #[serde(skip_serializing_if = "<[SessionId]>::is_empty")]
+        ancestry: &'a [SessionId],
+        #[serde(skip_serializing_if = "Defaults::is_default")]
+        defaults: Defaults,
+        #[serde(skip_serializing_if = "Budget::is_unlimited")]
+        budget: Budget,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        fork: Option<&'a ForkOrigin>,
+    }
+    init.as_deref()
+        .map(|i| Without {
+            agent_id: &i.agent_id,
+            identity: &i.identity,
+            has_worker: i.has_worker,
+            parent: i.parent.as_ref(),
+            ancestry: &i.ancestry,
+            defaults: i.defaults,
+            budget: i.budget,
+            fork: i.fork.as_ref(),
+        })
+        .serialize(s)
 }
 
 /// The result of handling a command: the events to persist, and the session after them.
@@ -274,7 +344,7 @@ impl Session {
 
     /// Agent, owner, parent and defaults; `None` until created.
     pub fn init(&self) -> Option<&SessionInit> {
-        self.init.as_ref()
+        self.init.as_deref()
     }
 
     /// Whether the session has been created.
@@ -303,7 +373,8 @@ impl Session {
     /// written before it was left out still holds it; `None` keeps what the snapshot holds.
     pub fn restore_declared(&mut self, declared: Option<AgentConfig>) {
         if let (Some(init), Some(declared)) = (self.init.as_mut(), declared) {
-            init.declared = Some(declared);
+            Arc::make_mut(init).declared = Some(declared);
+            self.sizes = Sizes::default();
         }
     }
 
@@ -327,7 +398,25 @@ impl Session {
     /// version values it holds), its declared agent config and its message nodes. What a cache
     /// of sessions is bounded by; the memory a session takes is within a small factor of it.
     pub fn approx_bytes(&self) -> usize {
-        crate::json_len(self) + self.declared().map_or(0, crate::json_len) + self.tree.bytes()
+        let snapshot = match self.sizes.snapshot.load(Ordering::Relaxed) {
+            0 => crate::json_len(self),
+            known => known,
+        };
+        let declared = match self.sizes.declared.load(Ordering::Relaxed) {
+            0 => {
+                let measured = self.declared().map_or(0, crate::json_len);
+                self.sizes.declared.store(measured, Ordering::Relaxed);
+                measured
+            }
+            known => known,
+        };
+        snapshot + declared + self.tree.bytes()
+    }
+
+    /// A store wrote the session's snapshot as `len` bytes of JSON: weighing the session
+    /// later need not serialize it again (until it changes).
+    pub fn wrote_snapshot(&self, len: usize) {
+        self.sizes.snapshot.store(len, Ordering::Relaxed);
     }
 
     /// Its title: from its first turn's message, or as a person renamed it.
@@ -666,4 +755,33 @@ impl Session {
 /// `handler` says (a client tool cannot be a worker's).
 pub(crate) fn client_tool(tool: &AgentTool) -> AgentTool {
     AgentTool { handler: Some(crate::protocol::ToolHandler::Client), ..tool.clone() }
+}
+
+#[cfg(test)]
+mod snapshot_tests {
+    use super::*;
+
+    /// A snapshot's `init` is the session's init without its declared config, field for field
+    /// (the borrowed view the snapshot writes must not drift from `SessionInit`'s own shape).
+    #[test]
+    fn a_snapshot_writes_the_init_without_its_declared_config() {
+        let policy = |secs: u64| serde_json::json!({"timeout_secs": secs, "max_retries": 1, "backoff_base_secs": 1, "backoff_max_secs": 2});
+        for init in [
+            serde_json::json!({"agent_id": "demo", "identity": {}, "has_worker": false}),
+            serde_json::json!({
+                "agent_id": "helper", "identity": {"id": "ana", "metadata": {"team": "ops"}},
+                "declared": {"model": "m", "system": "be brief"}, "has_worker": true,
+                "parent": {"session_id": "p", "tool_call_id": "c1"}, "ancestry": ["p", "q"],
+                "defaults": {"llm": policy(9), "tool": policy(30), "client_tool": policy(0), "sub_agent": policy(0),
+                             "decision": policy(5)},
+                "budget": {"max_llm_calls": 3}, "fork": {"session_id": "s0", "turn_id": "t1"}
+            }),
+        ] {
+            let init: SessionInit = serde_json::from_value(init).unwrap();
+            let session = Session { init: Some(Arc::new(init.clone())), ..Session::default() };
+            let written = serde_json::to_value(&session).unwrap();
+            let expected = serde_json::to_value(SessionInit { declared: None, ..init }).unwrap();
+            assert_eq!(written["init"], expected);
+        }
+    }
 }

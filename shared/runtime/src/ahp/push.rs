@@ -1096,6 +1096,10 @@ impl Notifier for Pusher {
     /// A change of the catalog: the root's list hears of sessions at the root (a summary when
     /// the commit changed the status or the title); session channels hear of their catalog's
     /// chats ([`Pushes::tell_catalog`]).
+    fn hears_root(&self) -> bool {
+        true
+    }
+
     fn root(&self, notice: RootNotice) {
         self.inner.root(notice.clone());
         if let RootNotice::SummaryChanged(changed) = &notice

@@ -54,6 +54,12 @@ pub trait Notifier: Send + Sync + 'static {
     /// Announces a change of the catalog of sessions (AHP's root channel) to whoever listens
     /// outside this process (recorded AHP connections on AWS). Nothing by default.
     fn root(&self, _notice: RootNotice) {}
+
+    /// Whether [`Notifier::root`] does anything: when not, and nobody in this process follows
+    /// the catalog, a commit builds no notice at all.
+    fn hears_root(&self) -> bool {
+        false
+    }
 }
 
 /// A change of the catalog of sessions, as AHP's root channel notifies it.
