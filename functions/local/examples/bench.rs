@@ -583,6 +583,8 @@ struct Report {
     events: u64,
     /// CPU time of the whole process (host and clients) during the run.
     cpu: Duration,
+    /// Session snapshots serialized during the run (the engine's count).
+    snapshots: u64,
     sessions: usize,
     turns_per_session: usize,
     wall: Duration,
@@ -677,6 +679,7 @@ async fn run(
     let groups_before = store.group_stats();
     let events_before = probe.events.load(Ordering::Relaxed);
     let cpu_before = cpu_time();
+    let snapshots_before = turnstone_engine::session::snapshot_serializations();
     let io_before = proc_io();
 
     let started = Instant::now();
@@ -703,6 +706,7 @@ async fn run(
 
     let io_after = proc_io();
     let cpu = cpu_time().saturating_sub(cpu_before);
+    let snapshots = turnstone_engine::session::snapshot_serializations() - snapshots_before;
     let stats_after = store.stats();
     let groups = store.group_stats().groups - groups_before.groups;
     let events = probe.events.load(Ordering::Relaxed) - events_before;
@@ -737,6 +741,7 @@ async fn run(
         groups,
         events,
         cpu,
+        snapshots,
         sessions,
         turns_per_session: turns,
         wall,
@@ -881,20 +886,27 @@ fn print_tables(reports: &[Report], args: &Args) {
     let _ = writeln!(out, "\nDurability and cost per turn (CPU: the whole process, host and clients)");
     let _ = writeln!(
         out,
-        "{:<19} {:>10} {:>10} {:>11} {:>11} {:>12}",
-        "run (sess x turns)", "fsyncs/turn", "commits/tx", "events/turn", "bytes/turn", "CPU ms/turn"
+        "{:<19} {:>10} {:>10} {:>11} {:>11} {:>11} {:>12}",
+        "run (sess x turns)",
+        "fsyncs/turn",
+        "commits/tx",
+        "events/turn",
+        "bytes/turn",
+        "snaps/turn",
+        "CPU ms/turn"
     );
     for r in reports {
         let turns = r.turns().max(1) as f64;
         let fsyncs = if r.durability == Durability::Full { r.groups as f64 / turns } else { 0.0 };
         let _ = writeln!(
             out,
-            "{:<19} {:>10.3} {:>10.1} {:>11.1} {:>11.0} {:>12.3}",
+            "{:<19} {:>10.3} {:>10.1} {:>11.1} {:>11.0} {:>11.1} {:>12.3}",
             r.label(),
             fsyncs,
             r.stats.commits as f64 / r.groups.max(1) as f64,
             r.events as f64 / turns,
             r.stats.payload_bytes as f64 / turns,
+            r.snapshots as f64 / turns,
             r.cpu.as_secs_f64() * 1000.0 / turns,
         );
     }
@@ -1089,6 +1101,8 @@ What the figures are
   submit      App::submit in-process; the POST …/inputs round trip over HTTP.
   turn        from the submit to the turn's end as the client sees it (in-process: the commit
               with turn.ended; HTTP: the GET …/turns/{id}?wait= answer with the ended turn).
+  snaps/turn  session snapshots serialized per turn, by the store's commits and anything else
+              (the engine's count; shared/embedded/tests/turn_cost.rs holds a plain turn to 2).
   payload     JSON the store wrote per step: head snapshot + events + new messages (SqliteStore
               counters; --sizes splits it).
   wchar/rchar bytes through write()/read() syscalls of the whole process per step (/proc/self/io):
