@@ -20,8 +20,7 @@ use tokio::sync::{broadcast, watch};
 use turnstone_embedded::{MemoryQueue, SqliteStore};
 use turnstone_engine::ids::{CallId, SessionId, TurnId};
 use turnstone_engine::protocol::{ClientInput, ClientMessageInput, DraftMessage, StreamDelta};
-use turnstone_engine::session::{UsedId, snapshot_serializations};
-use turnstone_engine::time::Timestamp;
+use turnstone_engine::session::snapshot_serializations;
 use turnstone_runtime::api::Placement;
 use turnstone_runtime::assemble::{self, Topology};
 use turnstone_runtime::auth::Caller;
@@ -29,10 +28,8 @@ use turnstone_runtime::clock::SystemClock;
 use turnstone_runtime::config::Config;
 use turnstone_runtime::error::Result;
 use turnstone_runtime::notify::{Delta, Notifier, Progress, RootNotice};
+use turnstone_runtime::observed::{ObservedStore, StoreCall, StoreObserver};
 use turnstone_runtime::queue::Consumer;
-use turnstone_runtime::store::{
-    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
-};
 
 /// The counts, over the whole run.
 #[derive(Default)]
@@ -89,56 +86,24 @@ impl Turn {
     }
 }
 
-/// The SQLite store, counted.
-struct CountingStore {
-    inner: SqliteStore,
-    counts: Arc<Counts>,
-}
+/// The store's calls, counted.
+struct CountingStore(Arc<Counts>);
 
 #[async_trait]
-impl Store for CountingStore {
-    async fn load(&self, session_id: &str) -> Result<Option<Loaded>, StoreError> {
-        self.counts.loads.fetch_add(1, Ordering::SeqCst);
-        self.inner.load(session_id).await
-    }
-    async fn load_since(
-        &self,
-        session_id: &str,
-        from: u64,
-    ) -> Result<Option<(Loaded, Vec<turnstone_engine::protocol::TreeNode>)>, StoreError> {
-        self.counts.loads.fetch_add(1, Ordering::SeqCst);
-        self.inner.load_since(session_id, from).await
-    }
-    async fn used_ids(&self, session_id: &str, ids: &[UsedId]) -> Result<Vec<UsedId>, StoreError> {
-        self.counts.used_ids.fetch_add(1, Ordering::SeqCst);
-        self.inner.used_ids(session_id, ids).await
-    }
-    async fn commit(&self, session_id: &str, expected: u64, commit: Commit<'_>) -> Result<u64, StoreError> {
-        self.counts.commits.fetch_add(1, Ordering::SeqCst);
-        self.counts.events.fetch_add(commit.events.len() as u64, Ordering::SeqCst);
-        let bytes: usize = commit.events.iter().map(turnstone_engine::json_len).sum();
-        self.counts.event_bytes.fetch_add(bytes as u64, Ordering::SeqCst);
-        self.inner.commit(session_id, expected, commit).await
-    }
-    async fn events_after(&self, id: &str, after: u64, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
-        self.inner.events_after(id, after, limit).await
-    }
-    async fn list_sessions(
-        &self,
-        filter: &SessionFilter,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<Page<SessionListing>, StoreError> {
-        self.inner.list_sessions(filter, cursor, limit).await
-    }
-    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.inner.due(now, limit).await
-    }
-    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
-        self.inner.dispose(session_id).await
-    }
-    fn exclusive(&self) -> bool {
-        self.inner.exclusive()
+impl StoreObserver for CountingStore {
+    async fn before(&self, call: StoreCall<'_>) {
+        let counts = &self.0;
+        match call {
+            StoreCall::Load(_) => counts.loads.fetch_add(1, Ordering::SeqCst),
+            StoreCall::UsedIds(_) => counts.used_ids.fetch_add(1, Ordering::SeqCst),
+            StoreCall::Commit(_, commit) => {
+                counts.events.fetch_add(commit.events.len() as u64, Ordering::SeqCst);
+                let bytes: usize = commit.events.iter().map(turnstone_engine::json_len).sum();
+                counts.event_bytes.fetch_add(bytes as u64, Ordering::SeqCst);
+                counts.commits.fetch_add(1, Ordering::SeqCst)
+            }
+            StoreCall::Other => 0,
+        };
     }
 }
 
@@ -179,7 +144,7 @@ async fn a_plain_turn_costs_what_it_did() {
     let secrets = config.resolve_secrets(|_| None).unwrap();
     let counts = Arc::new(Counts::default());
     let inner = SqliteStore::open(dir.path().join("turnstone.sqlite")).unwrap();
-    let store = Arc::new(CountingStore { inner, counts: Arc::clone(&counts) });
+    let store = Arc::new(ObservedStore { inner, observer: CountingStore(Arc::clone(&counts)) });
     let queue = Arc::new(MemoryQueue::new(Duration::from_secs(30)));
     let agents = assemble::agents(&config, &secrets).unwrap();
     let wrap = {

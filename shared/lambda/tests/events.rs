@@ -14,8 +14,6 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use tower::ServiceExt;
 use turnstone_embedded::MemoryQueue;
-use turnstone_engine::session::UsedId;
-use turnstone_engine::time::Timestamp;
 use turnstone_lambda::http::api_router;
 use turnstone_lambda::schedule::handle_schedule;
 use turnstone_lambda::sqs::handle_batch;
@@ -23,10 +21,8 @@ use turnstone_runtime::app::App;
 use turnstone_runtime::assemble::{self, Engine, Topology};
 use turnstone_runtime::config::Config;
 use turnstone_runtime::http::{HttpConfig, StreamEnds};
+use turnstone_runtime::observed::{ObservedStore, StoreCall, StoreObserver};
 use turnstone_runtime::queue::{Consumer, Delivery};
-use turnstone_runtime::store::{
-    Commit, Loaded, LoggedEvent, Page, SessionFilter, SessionListing, Store, StoreError,
-};
 
 const CONFIG: &str = r#"
 [llm.s]
@@ -247,40 +243,15 @@ async fn one_batch_merges_a_sessions_wake_ups() {
     assert_eq!(f.queue.sessions(), 1, "a later look for the announced commit is armed");
 }
 
-/// The SQLite store, its commits written only after `delay` (a throttled or loaded DynamoDB).
-struct SlowCommits {
-    inner: turnstone_embedded::SqliteStore,
-    delay: Duration,
-}
+/// Commits written only after `0` (a throttled or loaded DynamoDB).
+struct SlowCommits(Duration);
 
 #[async_trait::async_trait]
-impl Store for SlowCommits {
-    async fn load(&self, session_id: &str) -> Result<Option<Loaded>, StoreError> {
-        self.inner.load(session_id).await
-    }
-    async fn used_ids(&self, session_id: &str, ids: &[UsedId]) -> Result<Vec<UsedId>, StoreError> {
-        self.inner.used_ids(session_id, ids).await
-    }
-    async fn commit(&self, session_id: &str, expected: u64, commit: Commit<'_>) -> Result<u64, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.commit(session_id, expected, commit).await
-    }
-    async fn events_after(&self, id: &str, after: u64, limit: usize) -> Result<Vec<LoggedEvent>, StoreError> {
-        self.inner.events_after(id, after, limit).await
-    }
-    async fn list_sessions(
-        &self,
-        filter: &SessionFilter,
-        cursor: Option<&str>,
-        limit: usize,
-    ) -> Result<Page<SessionListing>, StoreError> {
-        self.inner.list_sessions(filter, cursor, limit).await
-    }
-    async fn due(&self, now: Timestamp, limit: usize) -> Result<Vec<String>, StoreError> {
-        self.inner.due(now, limit).await
-    }
-    async fn dispose(&self, session_id: &str) -> Result<bool, StoreError> {
-        self.inner.dispose(session_id).await
+impl StoreObserver for SlowCommits {
+    async fn before(&self, call: StoreCall<'_>) {
+        if let StoreCall::Commit(..) = call {
+            tokio::time::sleep(self.0).await;
+        }
     }
 }
 
@@ -294,7 +265,7 @@ async fn a_slow_commit_is_announced_again_once_it_lands() {
     let config = Config::parse(CONFIG, "lambda.toml").unwrap();
     let secrets = config.resolve_secrets(|_| None).unwrap();
     let (inner, _) = turnstone_embedded::open_local(&config, dir.path()).unwrap();
-    let store = SlowCommits { inner, delay: Duration::from_millis(1_500) };
+    let store = ObservedStore { inner, observer: SlowCommits(Duration::from_millis(1_500)) };
     let queue = Arc::new(MemoryQueue::new(Duration::from_secs(30)));
     let agents = assemble::agents(&config, &secrets).unwrap();
     let engine = assemble::engine(&config, agents, Arc::new(store), queue.clone(), Topology::Split).unwrap();

@@ -20,6 +20,7 @@ pub mod memo;
 pub mod metrics;
 pub mod net;
 pub mod notify;
+pub mod observed;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod per_caller;
