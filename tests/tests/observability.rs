@@ -71,6 +71,8 @@ async fn metrics_count_turns_calls_tokens_and_cost() {
     openai.push(Reply::text("Hello.").usage(1000, 200));
     let dir = tempfile::tempdir().unwrap();
     let host = TestHost::start(&config(&openai, ""), dir.path()).await;
+    // EMF lines as a Lambda function keeps them (the local host serves Prometheus only).
+    host.app().metrics().collect_emf();
     let turn = host.submit_ok("s-m", &message("hi")).await;
     host.wait_turn("s-m", &turn).await;
 

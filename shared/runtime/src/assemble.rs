@@ -192,6 +192,10 @@ pub fn engine_at(
         limits: config.limits,
         claim_ahead: topology == Topology::OneProcess,
     });
+    // Lambda functions write what they counted as EMF lines after each invocation.
+    if topology == Topology::Split {
+        app.metrics().collect_emf();
+    }
     let dispatcher = Dispatcher::new(Arc::clone(&app), WorkerClient::new()?);
     Ok(Engine { app, dispatcher })
 }

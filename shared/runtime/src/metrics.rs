@@ -103,6 +103,9 @@ pub struct Metrics {
     total: Mutex<Counts>,
     /// Since the last EMF drain, with the latencies themselves.
     pending: Mutex<(Counts, BTreeMap<Labels, Vec<f64>>)>,
+    /// Whether anything drains EMF lines (a Lambda function does; the local host serves
+    /// Prometheus only): until then a commit keeps one set of counters, not two.
+    emf: std::sync::atomic::AtomicBool,
     started: Mutex<HashMap<(String, CallId, u32), Started>>,
 }
 
@@ -124,6 +127,12 @@ impl Metrics {
     /// Counters whose `model` labels are among `models` (the configured agents' models).
     pub fn for_models(models: impl IntoIterator<Item = String>) -> Self {
         Metrics { models: models.into_iter().collect(), ..Metrics::default() }
+    }
+
+    /// Keeps the increments for [`Metrics::drain_emf`] from now on (a host that writes EMF
+    /// lines says so before its first commit).
+    pub fn collect_emf(&self) {
+        self.emf.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The `model` label of LLM call `call_id` of `session`: the model it asked for, if the
@@ -225,6 +234,9 @@ impl Metrics {
             return;
         }
         apply(&mut lock(&self.total), &delta);
+        if !self.emf.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         let mut pending = lock(&self.pending);
         apply(&mut pending.0, &delta);
         for (labels, seconds) in delta.latency {
@@ -531,6 +543,7 @@ mod tests {
     fn a_compaction_counts_by_kind_and_its_summary_counts_tokens_and_cost_as_a_model_call_does() {
         let session = Session::new("s");
         let compactions = Metrics::for_models(["summarizer".to_owned()]);
+        compactions.collect_emf();
         compactions.observe(
             &session,
             &[
