@@ -172,17 +172,17 @@ fn an_agents_client_tool_no_client_offers_is_asked_of_a_person_and_completes_wit
 #[test]
 fn an_agents_client_tool_the_driving_client_offers_is_that_clients_call() {
     let mut h = harness("s3b", init("demo", Some(agent_with_tools()), false));
-    let pick = AgentTool {
-        name: "pick".into(),
-        description: None,
-        input: None,
-        output: None,
-        handler: None,
-        approval: None,
-        mcp: None,
+    // The window offers its own `pick` (a client's tools carry no handler).
+    let pick = agent_with_tools()
+        .tools()
+        .iter()
+        .find(|t| t.name == "pick")
+        .map(|t| AgentTool { handler: None, ..t.clone() });
+    let client = ClientContext {
+        tools: pick.map(|p| vec![p]),
+        client_id: Some("window-1".into()),
+        ..Default::default()
     };
-    let client =
-        ClientContext { tools: Some(vec![pick]), client_id: Some("window-1".into()), ..Default::default() };
     h.exec(Command::Submit {
         input: ClientInput::Message(ClientMessageInput {
             agent_id: "demo".into(),

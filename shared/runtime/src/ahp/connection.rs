@@ -404,7 +404,7 @@ async fn root_news(
             gone = feeds.removed.recv() => match gone {
                 Ok(gone) => {
                     shown.remove(&gone.session_id);
-                    sessions::removed(&caller, &ledger.spelling(), &gone)
+                    ledger.with_spelling(|spelling| sessions::removed(&caller, spelling, &gone))
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,
@@ -415,7 +415,7 @@ async fn root_news(
                         shown.clear();
                     }
                     let last = shown.entry(changed.session_id.clone()).or_default();
-                    sessions::summary_changed(&caller, &ledger.spelling(), &changed, last)
+                    ledger.with_spelling(|spelling| sessions::summary_changed(&caller, spelling, &changed, last))
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => continue,
                 Err(broadcast::error::RecvError::Closed) => return,

@@ -1093,13 +1093,14 @@ impl Notifier for Pusher {
         self.inner.deltas(session_id)
     }
 
-    /// A change of the catalog: the root's list hears of sessions at the root (a summary when
-    /// the commit changed the status or the title); session channels hear of their catalog's
-    /// chats ([`Pushes::tell_catalog`]).
+    /// Root subscribers and session channels may be anywhere: every notice is pushed.
     fn hears_root(&self) -> bool {
         true
     }
 
+    /// A change of the catalog: the root's list hears of sessions at the root (a summary when
+    /// the commit changed the status or the title); session channels hear of their catalog's
+    /// chats ([`Pushes::tell_catalog`]).
     fn root(&self, notice: RootNotice) {
         self.inner.root(notice.clone());
         if let RootNotice::SummaryChanged(changed) = &notice

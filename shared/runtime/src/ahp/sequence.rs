@@ -102,10 +102,15 @@ impl Ledger {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// How the client is told of sessions (a clone: a root channel's task reads it for each
-    /// notification).
+    /// How the client is told of sessions, a copy (for work that awaits).
     pub fn spelling(&self) -> Spelling {
         self.spelled().clone()
+    }
+
+    /// `f` of how the client is told of sessions, read in place (a root channel's task reads it
+    /// for each notification).
+    pub fn with_spelling<R>(&self, f: impl FnOnce(&Spelling) -> R) -> R {
+        f(&self.spelled())
     }
 
     /// Takes the client's style, and the names of sessions `previous` (its connection before
